@@ -1,0 +1,2 @@
+DROP TABLE jobvisor_jobs_archive;
+DROP TABLE jobvisor_jobs;

@@ -1,0 +1,72 @@
+-- jobvisor schema v1 (PostgreSQL). Times are microseconds since the Unix epoch, UTC.
+CREATE TABLE jobvisor_jobs (
+    id                  BIGSERIAL PRIMARY KEY,
+    queue               TEXT    NOT NULL DEFAULT 'default',
+    kind                TEXT    NOT NULL,
+    unique_key          TEXT    NULL,
+    state               TEXT    NOT NULL CHECK (state IN ('pending', 'running', 'retrying', 'succeeded', 'dead', 'cancelled')),
+    priority            INTEGER NOT NULL DEFAULT 10,
+    payload             JSON    NOT NULL,
+    result              JSON    NULL,
+    last_error          JSON    NULL,
+    errors              JSON    NOT NULL DEFAULT '[]',
+    attempts            INTEGER NOT NULL DEFAULT 0,
+    max_attempts        INTEGER NOT NULL,
+    run_at              BIGINT  NOT NULL,
+    timeout_ms          BIGINT  NOT NULL,
+    timeout_at          BIGINT  NULL,
+    lease_owner         TEXT    NULL,
+    lease_token         TEXT    NULL,
+    lease_expires_at    BIGINT  NULL,
+    heartbeat_at        BIGINT  NULL,
+    version             BIGINT  NOT NULL DEFAULT 1,
+    cancel_requested_at BIGINT  NULL,
+    created_at          BIGINT  NOT NULL,
+    updated_at          BIGINT  NOT NULL,
+    first_started_at    BIGINT  NULL,
+    finished_at         BIGINT  NULL
+);
+-- claim: due jobs of a queue in (priority, run_at, id) order
+CREATE INDEX jobvisor_jobs_claim_idx ON jobvisor_jobs (queue, priority, run_at, id)
+    WHERE state IN ('pending', 'retrying');
+-- sweep: running jobs by lease expiry / deadline
+CREATE INDEX jobvisor_jobs_sweep_idx ON jobvisor_jobs (lease_expires_at) WHERE state = 'running';
+CREATE INDEX jobvisor_jobs_timeout_idx ON jobvisor_jobs (timeout_at) WHERE state = 'running';
+-- archive: terminal jobs by finish time
+CREATE INDEX jobvisor_jobs_archive_idx ON jobvisor_jobs (finished_at)
+    WHERE state IN ('succeeded', 'dead', 'cancelled');
+-- listing and counts
+CREATE INDEX jobvisor_jobs_state_queue_idx ON jobvisor_jobs (state, queue);
+-- dedup: (kind, unique_key) is unique among live rows (NULL keys never collide)
+CREATE UNIQUE INDEX jobvisor_jobs_unique_key_idx ON jobvisor_jobs (kind, unique_key);
+
+CREATE TABLE jobvisor_jobs_archive (
+    id                  BIGINT  PRIMARY KEY,
+    queue               TEXT    NOT NULL,
+    kind                TEXT    NOT NULL,
+    unique_key          TEXT    NULL,
+    state               TEXT    NOT NULL,
+    priority            INTEGER NOT NULL,
+    payload             JSON    NOT NULL,
+    result              JSON    NULL,
+    last_error          JSON    NULL,
+    errors              JSON    NOT NULL,
+    attempts            INTEGER NOT NULL,
+    max_attempts        INTEGER NOT NULL,
+    run_at              BIGINT  NOT NULL,
+    timeout_ms          BIGINT  NOT NULL,
+    timeout_at          BIGINT  NULL,
+    lease_owner         TEXT    NULL,
+    lease_token         TEXT    NULL,
+    lease_expires_at    BIGINT  NULL,
+    heartbeat_at        BIGINT  NULL,
+    version             BIGINT  NOT NULL,
+    cancel_requested_at BIGINT  NULL,
+    created_at          BIGINT  NOT NULL,
+    updated_at          BIGINT  NOT NULL,
+    first_started_at    BIGINT  NULL,
+    finished_at         BIGINT  NULL,
+    archived_at         BIGINT  NOT NULL
+);
+CREATE INDEX jobvisor_jobs_archive_prune_idx ON jobvisor_jobs_archive (archived_at);
+CREATE INDEX jobvisor_jobs_archive_kind_key_idx ON jobvisor_jobs_archive (kind, unique_key);

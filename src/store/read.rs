@@ -1,0 +1,140 @@
+//! Reads: one job by id (live or archived), filtered lists with keyset paging, and counts by
+//! queue and state. Reads take no `now`: they change nothing.
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+
+use super::connect::with_conn;
+use super::rows::{ArchiveRow, JobRow};
+use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
+use super::{ListParams, StateCount, Store};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+
+/// Page size when a list names none.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+/// Largest page size.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+
+impl Store {
+    /// One job by id, from the live table or else the archive (`archived_at` set).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the stored row cannot be read; [`Error::Database`].
+    pub async fn job_get(&self, id: JobId) -> Result<Option<Job>> {
+        let live: Option<JobRow> = with_conn!(self, |conn| {
+            jobs::table
+                .filter(jobs::id.eq(id.0))
+                .select(JobRow::as_select())
+                .first(conn)
+                .await
+                .optional()?
+        });
+        if let Some(row) = live {
+            return row.into_job(None).map(Some);
+        }
+        let archived: Option<ArchiveRow> = with_conn!(self, |conn| {
+            archive::table
+                .filter(archive::id.eq(id.0))
+                .select(ArchiveRow::as_select())
+                .first(conn)
+                .await
+                .optional()?
+        });
+        archived
+            .map(|a| JobRow::from(a.job).into_job(Some(a.archived_at)))
+            .transpose()
+    }
+
+    /// Jobs matching the filters, by ascending id, one page at a time.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a limit over [`MAX_LIST_LIMIT`]; [`Error::Corrupt`];
+    /// [`Error::Database`].
+    pub async fn job_list(&self, p: ListParams) -> Result<Vec<Job>> {
+        if p.limit > MAX_LIST_LIMIT {
+            return Err(Error::invalid(
+                "limit",
+                format!(
+                    "{} is over the maximum page size of {MAX_LIST_LIMIT}",
+                    p.limit
+                ),
+            ));
+        }
+        let limit = i64::from(if p.limit == 0 {
+            DEFAULT_LIST_LIMIT
+        } else {
+            p.limit
+        });
+        let after = p.after.map_or(i64::MIN, |a| a.0);
+        let state = p.state.map(JobState::as_str);
+        if p.archived {
+            let rows: Vec<ArchiveRow> = with_conn!(self, |conn| {
+                let mut q = archive::table
+                    .select(ArchiveRow::as_select())
+                    .filter(archive::id.gt(after))
+                    .order(archive::id.asc())
+                    .limit(limit)
+                    .into_boxed();
+                if let Some(queue) = &p.queue {
+                    q = q.filter(archive::queue.eq(queue.clone()));
+                }
+                if let Some(kind) = &p.kind {
+                    q = q.filter(archive::kind.eq(kind.clone()));
+                }
+                if let Some(st) = state {
+                    q = q.filter(archive::state.eq(st));
+                }
+                q.load(conn).await?
+            });
+            rows.into_iter()
+                .map(|a| JobRow::from(a.job).into_job(Some(a.archived_at)))
+                .collect()
+        } else {
+            let rows: Vec<JobRow> = with_conn!(self, |conn| {
+                let mut q = jobs::table
+                    .select(JobRow::as_select())
+                    .filter(jobs::id.gt(after))
+                    .order(jobs::id.asc())
+                    .limit(limit)
+                    .into_boxed();
+                if let Some(queue) = &p.queue {
+                    q = q.filter(jobs::queue.eq(queue.clone()));
+                }
+                if let Some(kind) = &p.kind {
+                    q = q.filter(jobs::kind.eq(kind.clone()));
+                }
+                if let Some(st) = state {
+                    q = q.filter(jobs::state.eq(st));
+                }
+                q.load(conn).await?
+            });
+            rows.into_iter().map(|r| r.into_job(None)).collect()
+        }
+    }
+
+    /// Live jobs counted by queue and state (states with no jobs are absent).
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::InvalidInput`] naming a stored state jobvisor does not
+    /// know.
+    pub async fn job_counts(&self) -> Result<Vec<StateCount>> {
+        let rows: Vec<(String, String, i64)> = with_conn!(self, |conn| {
+            jobs::table
+                .group_by((jobs::queue, jobs::state))
+                .select((jobs::queue, jobs::state, diesel::dsl::count_star()))
+                .order((jobs::queue.asc(), jobs::state.asc()))
+                .load(conn)
+                .await?
+        });
+        rows.into_iter()
+            .map(|(queue, state, n)| {
+                Ok(StateCount {
+                    queue,
+                    state: state.parse()?,
+                    count: u64::try_from(n).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,244 @@
+//! Rows ↔ domain types: the one place that knows how a [`Job`] is laid out in a table.
+//!
+//! Reading is fallible on purpose: a row written by something other than jobvisor (an unknown
+//! state, an error record that is not an object) becomes [`Error::Corrupt`] naming the job and
+//! the problem, never a panic.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use serde_json::Value;
+
+use super::schema::{jobvisor_jobs, jobvisor_jobs_archive};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobFailure, JobId, JobState, LeaseInfo};
+use crate::lease::NodeId;
+
+/// A live row, exactly as stored.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = jobvisor_jobs)]
+#[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+pub(crate) struct JobRow {
+    pub(crate) id: i64,
+    pub(crate) queue: String,
+    pub(crate) kind: String,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) state: String,
+    pub(crate) priority: i32,
+    pub(crate) payload: Value,
+    pub(crate) result: Option<Value>,
+    pub(crate) last_error: Option<Value>,
+    pub(crate) errors: Value,
+    pub(crate) attempts: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_at: i64,
+    pub(crate) timeout_ms: i64,
+    pub(crate) timeout_at: Option<i64>,
+    pub(crate) lease_owner: Option<String>,
+    pub(crate) lease_token: Option<String>,
+    pub(crate) lease_expires_at: Option<i64>,
+    pub(crate) heartbeat_at: Option<i64>,
+    pub(crate) version: i64,
+    pub(crate) cancel_requested_at: Option<i64>,
+    pub(crate) created_at: i64,
+    pub(crate) updated_at: i64,
+    pub(crate) first_started_at: Option<i64>,
+    pub(crate) finished_at: Option<i64>,
+}
+
+/// An archived row, exactly as stored.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = jobvisor_jobs_archive)]
+#[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+pub(crate) struct ArchiveRow {
+    #[diesel(embed)]
+    pub(crate) job: ArchivedJobColumns,
+    pub(crate) archived_at: i64,
+}
+
+/// The live-table columns of an archived row (same names, other table).
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = jobvisor_jobs_archive)]
+#[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+pub(crate) struct ArchivedJobColumns {
+    pub(crate) id: i64,
+    pub(crate) queue: String,
+    pub(crate) kind: String,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) state: String,
+    pub(crate) priority: i32,
+    pub(crate) payload: Value,
+    pub(crate) result: Option<Value>,
+    pub(crate) last_error: Option<Value>,
+    pub(crate) errors: Value,
+    pub(crate) attempts: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_at: i64,
+    pub(crate) timeout_ms: i64,
+    pub(crate) timeout_at: Option<i64>,
+    pub(crate) lease_owner: Option<String>,
+    pub(crate) lease_token: Option<String>,
+    pub(crate) lease_expires_at: Option<i64>,
+    pub(crate) heartbeat_at: Option<i64>,
+    pub(crate) version: i64,
+    pub(crate) cancel_requested_at: Option<i64>,
+    pub(crate) created_at: i64,
+    pub(crate) updated_at: i64,
+    pub(crate) first_started_at: Option<i64>,
+    pub(crate) finished_at: Option<i64>,
+}
+
+impl From<ArchivedJobColumns> for JobRow {
+    fn from(a: ArchivedJobColumns) -> Self {
+        JobRow {
+            id: a.id,
+            queue: a.queue,
+            kind: a.kind,
+            unique_key: a.unique_key,
+            state: a.state,
+            priority: a.priority,
+            payload: a.payload,
+            result: a.result,
+            last_error: a.last_error,
+            errors: a.errors,
+            attempts: a.attempts,
+            max_attempts: a.max_attempts,
+            run_at: a.run_at,
+            timeout_ms: a.timeout_ms,
+            timeout_at: a.timeout_at,
+            lease_owner: a.lease_owner,
+            lease_token: a.lease_token,
+            lease_expires_at: a.lease_expires_at,
+            heartbeat_at: a.heartbeat_at,
+            version: a.version,
+            cancel_requested_at: a.cancel_requested_at,
+            created_at: a.created_at,
+            updated_at: a.updated_at,
+            first_started_at: a.first_started_at,
+            finished_at: a.finished_at,
+        }
+    }
+}
+
+/// Epoch microseconds → UTC instant (saturating at the representable range).
+pub(crate) fn from_us(us: i64) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_micros(us).unwrap_or(if us < 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    })
+}
+
+/// UTC instant → epoch microseconds.
+pub(crate) fn to_us(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+/// A duration in microseconds, saturating.
+pub(crate) fn dur_us(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A duration in milliseconds, saturating.
+pub(crate) fn dur_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn corrupt(id: i64, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        id: JobId(id),
+        reason: reason.into(),
+    }
+}
+
+fn failure(id: i64, v: Value, what: &str) -> Result<JobFailure> {
+    serde_json::from_value(v)
+        .map_err(|e| corrupt(id, format!("{what} is not an error record: {e}")))
+}
+
+impl JobRow {
+    /// Converts to the domain type; `archived_at` is set for archived rows.
+    pub(crate) fn into_job(self, archived_at: Option<i64>) -> Result<Job> {
+        let id = self.id;
+        let state: JobState = self
+            .state
+            .parse()
+            .map_err(|_| corrupt(id, format!("unknown state {:?}", self.state)))?;
+        let last_error = self
+            .last_error
+            .map(|v| failure(id, v, "last_error"))
+            .transpose()?;
+        let errors = match self.errors {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| failure(id, v, "an element of errors"))
+                .collect::<Result<Vec<_>>>()?,
+            Value::Null => Vec::new(),
+            other => {
+                return Err(corrupt(
+                    id,
+                    format!(
+                        "errors is not a JSON array: {}",
+                        truncate(&other.to_string())
+                    ),
+                ))
+            }
+        };
+        let lease = match (self.lease_owner, self.lease_expires_at) {
+            (Some(owner), Some(exp)) => Some(LeaseInfo {
+                owner: NodeId::from_stored(owner),
+                expires_at: from_us(exp),
+                heartbeat_at: self.heartbeat_at.map(from_us),
+            }),
+            _ => None,
+        };
+        Ok(Job {
+            id: JobId(id),
+            queue: self.queue,
+            kind: self.kind,
+            unique_key: self.unique_key,
+            state,
+            priority: i16::try_from(self.priority)
+                .map_err(|_| corrupt(id, format!("priority {} out of range", self.priority)))?,
+            payload: self.payload,
+            result: self.result,
+            last_error,
+            errors,
+            attempts: u32::try_from(self.attempts).unwrap_or(0),
+            max_attempts: u32::try_from(self.max_attempts).unwrap_or(0),
+            run_at: from_us(self.run_at),
+            timeout: Duration::from_millis(u64::try_from(self.timeout_ms).unwrap_or(0)),
+            timeout_at: self.timeout_at.map(from_us),
+            lease,
+            version: self.version,
+            cancel_requested_at: self.cancel_requested_at.map(from_us),
+            created_at: from_us(self.created_at),
+            updated_at: from_us(self.updated_at),
+            first_started_at: self.first_started_at.map(from_us),
+            finished_at: self.finished_at.map(from_us),
+            archived_at: archived_at.map(from_us),
+        })
+    }
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() > 80 {
+        format!("{}…", s.chars().take(80).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micros_round_trip() {
+        let t = DateTime::<Utc>::from_timestamp_micros(1_795_250_698_229_553).unwrap();
+        assert_eq!(from_us(to_us(t)), t);
+        assert_eq!(dur_us(Duration::from_millis(3)), 3000);
+        assert_eq!(dur_ms(Duration::MAX), i64::MAX);
+    }
+}

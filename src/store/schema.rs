@@ -1,0 +1,69 @@
+//! The `table!` definitions shared by all three backends.
+//!
+//! Only portable SQL types are used (`BigInt`, `Integer`, `Text`, `Json`), so one definition
+//! type-checks every query on PostgreSQL, MySQL and SQLite; the migrations in
+//! `migrations/<backend>` create matching tables. Times are `BigInt` microseconds since the
+//! Unix epoch (UTC).
+
+diesel::table! {
+    /// Live jobs: everything not yet archived.
+    jobvisor_jobs (id) {
+        id -> BigInt,
+        queue -> Text,
+        kind -> Text,
+        unique_key -> Nullable<Text>,
+        state -> Text,
+        priority -> Integer,
+        payload -> Json,
+        result -> Nullable<Json>,
+        last_error -> Nullable<Json>,
+        errors -> Json,
+        attempts -> Integer,
+        max_attempts -> Integer,
+        run_at -> BigInt,
+        timeout_ms -> BigInt,
+        timeout_at -> Nullable<BigInt>,
+        lease_owner -> Nullable<Text>,
+        lease_token -> Nullable<Text>,
+        lease_expires_at -> Nullable<BigInt>,
+        heartbeat_at -> Nullable<BigInt>,
+        version -> BigInt,
+        cancel_requested_at -> Nullable<BigInt>,
+        created_at -> BigInt,
+        updated_at -> BigInt,
+        first_started_at -> Nullable<BigInt>,
+        finished_at -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// Terminal jobs moved out of the live table by the archiver.
+    jobvisor_jobs_archive (id) {
+        id -> BigInt,
+        queue -> Text,
+        kind -> Text,
+        unique_key -> Nullable<Text>,
+        state -> Text,
+        priority -> Integer,
+        payload -> Json,
+        result -> Nullable<Json>,
+        last_error -> Nullable<Json>,
+        errors -> Json,
+        attempts -> Integer,
+        max_attempts -> Integer,
+        run_at -> BigInt,
+        timeout_ms -> BigInt,
+        timeout_at -> Nullable<BigInt>,
+        lease_owner -> Nullable<Text>,
+        lease_token -> Nullable<Text>,
+        lease_expires_at -> Nullable<BigInt>,
+        heartbeat_at -> Nullable<BigInt>,
+        version -> BigInt,
+        cancel_requested_at -> Nullable<BigInt>,
+        created_at -> BigInt,
+        updated_at -> BigInt,
+        first_started_at -> Nullable<BigInt>,
+        finished_at -> Nullable<BigInt>,
+        archived_at -> BigInt,
+    }
+}

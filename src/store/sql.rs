@@ -1,0 +1,390 @@
+//! The few SQL expressions diesel's builder does not have, each rendered once per backend.
+//!
+//! * [`DbNow`]: "now" as epoch microseconds — the bound test-clock instant if there is one,
+//!   else the database's clock — plus an offset. Every stored time and every comparison goes
+//!   through it, so production nodes never compare their own clocks.
+//! * [`PlusColumnMs`]: `now + <millisecond column> * 1000` (a claim's timeout deadline).
+//! * [`JsonAppend`]: append one JSON value to a JSON array column (the `errors` history).
+//! * [`LeasePairs`]: `(id, lease_token) IN (…)` — the guard of batched renew / finalize.
+//!
+//! All render static SQL for a given backend and type, so prepared statements stay cached.
+
+use diesel::backend::Backend;
+use diesel::expression::ValidGrouping;
+use diesel::expression::{is_aggregate, AppearsOnTable, Expression, SelectableExpression};
+use diesel::mysql::Mysql;
+use diesel::pg::Pg;
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::result::QueryResult;
+use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
+use diesel::sqlite::Sqlite;
+
+use super::schema::jobvisor_jobs;
+
+/// The statement's "now" in epoch microseconds plus `plus_us`.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbNow {
+    /// The test clock's instant, or `None` for the database clock.
+    pub(crate) bound: Option<i64>,
+    /// Added to now (a lease, a delay).
+    pub(crate) plus_us: i64,
+}
+
+impl DbNow {
+    pub(crate) fn new(bound: Option<i64>) -> Self {
+        DbNow { bound, plus_us: 0 }
+    }
+
+    pub(crate) fn plus(self, us: i64) -> Self {
+        DbNow {
+            bound: self.bound,
+            plus_us: self.plus_us.saturating_add(us),
+        }
+    }
+}
+
+impl Expression for DbNow {
+    type SqlType = BigInt;
+}
+
+impl<QS> AppearsOnTable<QS> for DbNow {}
+impl<QS> SelectableExpression<QS> for DbNow {}
+impl<GB> ValidGrouping<GB> for DbNow {
+    type IsAggregate = is_aggregate::Never;
+}
+
+/// The database clock, in epoch microseconds, per backend.
+trait ClockSql: Backend {
+    const NOW_US: &'static str;
+}
+
+impl ClockSql for Pg {
+    // now() is the transaction's start: stable within a statement, so indexes stay usable.
+    const NOW_US: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint";
+}
+
+impl ClockSql for Mysql {
+    // UTC_TIMESTAMP is independent of the session time zone (no DST ambiguity).
+    const NOW_US: &'static str =
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+}
+
+impl ClockSql for Sqlite {
+    const NOW_US: &'static str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+}
+
+impl<DB> QueryFragment<DB> for DbNow
+where
+    DB: Backend + ClockSql + diesel::sql_types::HasSqlType<BigInt>,
+    Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.bound)?;
+        out.push_sql(", ");
+        out.push_sql(DB::NOW_US);
+        out.push_sql(") + ");
+        out.push_bind_param::<BigInt, _>(&self.plus_us)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `now + timeout_ms * 1000`: the deadline of an attempt that starts now.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct PlusColumnMs {
+    pub(crate) now: DbNow,
+}
+
+impl Expression for PlusColumnMs {
+    type SqlType = Nullable<BigInt>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for PlusColumnMs {}
+impl SelectableExpression<jobvisor_jobs::table> for PlusColumnMs {}
+impl<GB> ValidGrouping<GB> for PlusColumnMs {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for PlusColumnMs
+where
+    DB: Backend,
+    DbNow: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(");
+        self.now.walk_ast(out.reborrow())?;
+        out.push_sql(" + timeout_ms * 1000)");
+        Ok(())
+    }
+}
+
+/// `errors` with one JSON value appended.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct JsonAppend {
+    /// The value to append (an error record).
+    pub(crate) value: serde_json::Value,
+}
+
+impl Expression for JsonAppend {
+    type SqlType = Json;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for JsonAppend {}
+impl SelectableExpression<jobvisor_jobs::table> for JsonAppend {}
+impl<GB> ValidGrouping<GB> for JsonAppend {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl QueryFragment<Pg> for JsonAppend {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("(COALESCE(errors::jsonb, '[]'::jsonb) || jsonb_build_array(");
+        out.push_bind_param::<Json, _>(&self.value)?;
+        out.push_sql("::jsonb))::json");
+        Ok(())
+    }
+}
+
+impl QueryFragment<Mysql> for JsonAppend {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("JSON_ARRAY_APPEND(COALESCE(errors, JSON_ARRAY()), '$', JSON_EXTRACT(");
+        out.push_bind_param::<Json, _>(&self.value)?;
+        out.push_sql(", '$'))");
+        Ok(())
+    }
+}
+
+impl QueryFragment<Sqlite> for JsonAppend {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql("json_insert(COALESCE(errors, '[]'), '$[#]', json(");
+        out.push_bind_param::<Json, _>(&self.value)?;
+        out.push_sql("))");
+        Ok(())
+    }
+}
+
+/// `(id, lease_token) IN ((?, ?), …)`: a row matches only with its own token.
+#[derive(Debug, Clone)]
+pub(crate) struct LeasePairs {
+    pub(crate) ids: Vec<i64>,
+    pub(crate) tokens: Vec<String>,
+}
+
+// Not a static query id: on MySQL and SQLite the SQL text depends on the number of pairs, so
+// the statement cache must key it by its text, never by its type.
+impl QueryId for LeasePairs {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Expression for LeasePairs {
+    type SqlType = Bool;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for LeasePairs {}
+impl SelectableExpression<jobvisor_jobs::table> for LeasePairs {}
+impl<GB> ValidGrouping<GB> for LeasePairs {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl QueryFragment<Pg> for LeasePairs {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        // Two array binds: the SQL text does not depend on the batch size.
+        out.push_sql("(id, lease_token) IN (SELECT * FROM unnest(");
+        out.push_bind_param::<diesel::sql_types::Array<BigInt>, _>(&self.ids)?;
+        out.push_sql(", ");
+        out.push_bind_param::<diesel::sql_types::Array<Text>, _>(&self.tokens)?;
+        out.push_sql("))");
+        Ok(())
+    }
+}
+
+fn pairs_list<'b, DB>(p: &'b LeasePairs, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()>
+where
+    DB: Backend + diesel::sql_types::HasSqlType<BigInt> + diesel::sql_types::HasSqlType<Text>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+    String: diesel::serialize::ToSql<Text, DB>,
+{
+    if p.ids.is_empty() {
+        out.push_sql("1 = 0");
+        return Ok(());
+    }
+    out.push_sql("(id, lease_token) IN (");
+    for (i, (id, token)) in p.ids.iter().zip(&p.tokens).enumerate() {
+        if i > 0 {
+            out.push_sql(", ");
+        }
+        out.push_sql("(");
+        out.push_bind_param::<BigInt, _>(id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(token)?;
+        out.push_sql(")");
+    }
+    out.push_sql(")");
+    Ok(())
+}
+
+impl QueryFragment<Mysql> for LeasePairs {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        pairs_list(self, out)
+    }
+}
+
+impl QueryFragment<Sqlite> for LeasePairs {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        pairs_list(self, out)
+    }
+}
+
+/// `state IN ('pending', 'retrying')` with the states as SQL literals, so PostgreSQL can
+/// match the partial indexes even under a generic prepared plan. The states come from
+/// [`JobState::as_str`](crate::job::JobState::as_str): constants, never user input.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StateIn(pub(crate) &'static [crate::job::JobState]);
+
+pub(crate) const CLAIMABLE: StateIn = StateIn(&[
+    crate::job::JobState::Pending,
+    crate::job::JobState::Retrying,
+]);
+pub(crate) const RUNNING: StateIn = StateIn(&[crate::job::JobState::Running]);
+pub(crate) const TERMINAL: StateIn = StateIn(&[
+    crate::job::JobState::Succeeded,
+    crate::job::JobState::Dead,
+    crate::job::JobState::Cancelled,
+]);
+pub(crate) const RETRYABLE_BY_HAND: StateIn =
+    StateIn(&[crate::job::JobState::Dead, crate::job::JobState::Cancelled]);
+
+// The text depends on the value, not the type: key the statement cache by text.
+impl QueryId for StateIn {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Expression for StateIn {
+    type SqlType = Bool;
+}
+impl<QS> AppearsOnTable<QS> for StateIn {}
+impl<QS> SelectableExpression<QS> for StateIn {}
+impl<GB> ValidGrouping<GB> for StateIn {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB: Backend> QueryFragment<DB> for StateIn {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("state IN (");
+        for (i, st) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push_sql(", ");
+            }
+            out.push_sql("'");
+            out.push_sql(st.as_str());
+            out.push_sql("'");
+        }
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `COALESCE(first_started_at, now)`: set once, at the first claim.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct FirstStartedAt(pub(crate) DbNow);
+
+impl Expression for FirstStartedAt {
+    type SqlType = Nullable<BigInt>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for FirstStartedAt {}
+impl SelectableExpression<jobvisor_jobs::table> for FirstStartedAt {}
+impl<GB> ValidGrouping<GB> for FirstStartedAt {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for FirstStartedAt
+where
+    DB: Backend,
+    DbNow: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("COALESCE(first_started_at, ");
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// A finalized retry's state: `dead` once attempts are used up, else `retrying`. The store
+/// enforces max_attempts itself rather than trusting the writer.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct RetryState;
+
+impl Expression for RetryState {
+    type SqlType = Text;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for RetryState {}
+impl SelectableExpression<jobvisor_jobs::table> for RetryState {}
+impl<GB> ValidGrouping<GB> for RetryState {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB: Backend> QueryFragment<DB> for RetryState {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'retrying' END");
+        Ok(())
+    }
+}
+
+/// A finalized retry's `finished_at`: now if it became dead, else NULL.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct RetryFinishedAt(pub(crate) DbNow);
+
+impl Expression for RetryFinishedAt {
+    type SqlType = Nullable<BigInt>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for RetryFinishedAt {}
+impl SelectableExpression<jobvisor_jobs::table> for RetryFinishedAt {}
+impl<GB> ValidGrouping<GB> for RetryFinishedAt {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for RetryFinishedAt
+where
+    DB: Backend,
+    DbNow: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("CASE WHEN attempts >= max_attempts THEN ");
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" ELSE NULL END");
+        Ok(())
+    }
+}
+
+/// A row-locking select: `… FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL, so concurrent
+/// sweepers and archivers on other nodes take disjoint batches; plain on SQLite, whose
+/// `BEGIN IMMEDIATE` already makes the transaction the only writer.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct SkipLocked<Q>(pub(crate) Q);
+
+impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for SkipLocked<Q> {
+    type SqlType = Q::SqlType;
+}
+
+impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for SkipLocked<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" FOR UPDATE SKIP LOCKED");
+        Ok(())
+    }
+}
+
+impl<Q: QueryFragment<Mysql>> QueryFragment<Mysql> for SkipLocked<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" FOR UPDATE SKIP LOCKED");
+        Ok(())
+    }
+}
+
+impl<Q: QueryFragment<Sqlite>> QueryFragment<Sqlite> for SkipLocked<Q> {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        self.0.walk_ast(out)
+    }
+}

@@ -1,0 +1,966 @@
+//! The hot path: enqueue, claim, renew, finalize, and the sweeper's reclaim.
+//!
+//! Every write by a lease holder is guarded in SQL by `(id, lease_token)` and `state =
+//! 'running'`; rows that do not match are reported [`Guarded::LeaseLost`]. Backend
+//! differences, all forced by the databases:
+//! * claim: PostgreSQL `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING`;
+//!   SQLite the same statement without row locks inside `BEGIN IMMEDIATE`; MySQL has no
+//!   `UPDATE … RETURNING` (and MariaDB no `LIMIT` in `IN (subquery)`), so it selects with
+//!   `SKIP LOCKED`, updates and reads back in one transaction.
+//! * finalize: PostgreSQL one `UPDATE … FROM unnest(…)` for the whole batch; MySQL and SQLite
+//!   one guarded `UPDATE` per job inside one transaction.
+//! * renew: one `UPDATE` for the batch everywhere (plus a read-back on MySQL).
+
+use std::collections::{HashMap, HashSet};
+
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text};
+use diesel_async::RunQueryDsl;
+use serde_json::Value;
+
+use super::connect::{with_tx, Pool, SqliteConn};
+use super::rows::{dur_ms, dur_us, from_us, to_us, JobRow};
+use super::schema::jobvisor_jobs as jobs;
+use super::sql::{
+    DbNow, FirstStartedAt, JsonAppend, LeasePairs, PlusColumnMs, RetryFinishedAt, RetryState,
+    SkipLocked, CLAIMABLE, RUNNING,
+};
+use super::{
+    ClaimParams, ClaimedJob, EnqueueParams, Enqueued, Finalization, FinalizeParams, Guarded,
+    ReclaimParams, ReclaimReason, Reclaimed, RenewParams, Renewed, Store,
+};
+use crate::error::{Error, Result, StoreError};
+use crate::job::{JobFailure, JobId, JobState, NewJob, RunAt};
+use crate::lease::LeaseToken;
+
+diesel::alias!(jobs as cand: CandidateAlias);
+
+/// Bound `now` in microseconds, if any.
+pub(crate) fn bound(now: Option<chrono::DateTime<chrono::Utc>>) -> Option<i64> {
+    now.map(to_us)
+}
+
+/// The columns of a new row; `run_at` and the timestamps are SQL expressions of `now`.
+macro_rules! new_row {
+    ($job:expr, $now:expr) => {{
+        let j: &NewJob = $job;
+        let now: DbNow = $now;
+        let run_at = match j.run_at {
+            RunAt::Now => now,
+            RunAt::After(d) => now.plus(dur_us(d)),
+            // COALESCE(bound, db-now) + 0 = the given instant.
+            RunAt::At(t) => DbNow::new(Some(to_us(t))),
+        };
+        (
+            jobs::queue.eq(j.queue.clone()),
+            jobs::kind.eq(j.kind.clone()),
+            jobs::unique_key.eq(j.unique_key.clone()),
+            jobs::state.eq(JobState::Pending.as_str()),
+            jobs::priority.eq(i32::from(j.priority)),
+            jobs::payload.eq(j.payload.clone()),
+            jobs::errors.eq(Value::Array(Vec::new())),
+            jobs::attempts.eq(0),
+            jobs::max_attempts.eq(i32::try_from(j.max_attempts).unwrap_or(i32::MAX)),
+            jobs::run_at.eq(run_at),
+            jobs::timeout_ms.eq(dur_ms(j.timeout)),
+            jobs::version.eq(1_i64),
+            jobs::created_at.eq(now),
+            jobs::updated_at.eq(now),
+        )
+    }};
+}
+
+/// Insert with `ON CONFLICT (kind, unique_key) DO NOTHING RETURNING` (PostgreSQL, SQLite),
+/// then look up the existing ids of duplicates.
+macro_rules! upsert_enqueue {
+    ($conn:expr, $jobs:expr, $now:expr) => {{
+        let conn = $conn;
+        let batch: &[NewJob] = $jobs;
+        let now = DbNow::new($now);
+        let rows: Vec<_> = batch.iter().map(|j| new_row!(j, now)).collect();
+        let inserted: Vec<(i64, String, Option<String>)> = diesel::insert_into(jobs::table)
+            .values(rows)
+            .on_conflict((jobs::kind, jobs::unique_key))
+            .do_nothing()
+            .returning((jobs::id, jobs::kind, jobs::unique_key))
+            .get_results(&mut *conn)
+            .await?;
+        let mut out = match_inserted(batch, inserted);
+        for (i, slot) in out.iter_mut().enumerate() {
+            if slot.is_none() {
+                let j = &batch[i];
+                let existing: Option<i64> = jobs::table
+                    .select(jobs::id)
+                    .filter(jobs::kind.eq(&j.kind))
+                    .filter(jobs::unique_key.eq(&j.unique_key))
+                    .first(&mut *conn)
+                    .await
+                    .optional()?;
+                *slot = existing.map(|id| Enqueued {
+                    id: JobId(id),
+                    duplicate: true,
+                });
+            }
+        }
+        Ok::<_, diesel::result::Error>(out)
+    }};
+}
+
+/// Pairs RETURNING rows (a subsequence of the input, in input order) with the input jobs.
+/// `None` marks a duplicate whose existing id must be looked up.
+fn match_inserted(
+    batch: &[NewJob],
+    inserted: Vec<(i64, String, Option<String>)>,
+) -> Vec<Option<Enqueued>> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut first_of_key: HashMap<(&str, &str), JobId> = HashMap::new();
+    let mut next = inserted.into_iter().peekable();
+    for j in batch {
+        let key = j.unique_key.as_deref().map(|k| (j.kind.as_str(), k));
+        if let Some(k) = key {
+            if let Some(id) = first_of_key.get(&k) {
+                out.push(Some(Enqueued {
+                    id: *id,
+                    duplicate: true,
+                }));
+                continue;
+            }
+        }
+        let matches = next
+            .peek()
+            .is_some_and(|(_, kind, uk)| *kind == j.kind && *uk == j.unique_key);
+        match next.next_if(|_| matches) {
+            Some((id, _, _)) => {
+                if let Some(k) = key {
+                    first_of_key.insert(k, JobId(id));
+                }
+                out.push(Some(Enqueued {
+                    id: JobId(id),
+                    duplicate: false,
+                }));
+            }
+            None => out.push(None),
+        }
+    }
+    out
+}
+
+pub(crate) async fn enqueue_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    batch: &[NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
+    upsert_enqueue!(conn, batch, now)
+}
+
+/// SQLite: diesel cannot batch an upsert with RETURNING here, and statements are in-process
+/// calls, so each job is its own `INSERT … ON CONFLICT DO NOTHING RETURNING` (the pooled path
+/// wraps them in one `BEGIN IMMEDIATE` transaction).
+pub(crate) async fn enqueue_sqlite(
+    conn: &mut SqliteConn,
+    batch: &[NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
+    let now = DbNow::new(now);
+    let mut out = Vec::with_capacity(batch.len());
+    for j in batch {
+        let id: Option<i64> = diesel::insert_into(jobs::table)
+            .values(new_row!(j, now))
+            .on_conflict((jobs::kind, jobs::unique_key))
+            .do_nothing()
+            .returning(jobs::id)
+            .get_result(&mut *conn)
+            .await
+            .optional()?;
+        let e = match id {
+            Some(id) => Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }),
+            None => jobs::table
+                .select(jobs::id)
+                .filter(jobs::kind.eq(&j.kind))
+                .filter(jobs::unique_key.eq(&j.unique_key))
+                .first(&mut *conn)
+                .await
+                .optional()?
+                .map(|id| Enqueued {
+                    id: JobId(id),
+                    duplicate: true,
+                }),
+        };
+        out.push(e);
+    }
+    Ok(out)
+}
+
+#[derive(QueryableByName)]
+struct LastId {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// MySQL: no RETURNING, and `INSERT … ON DUPLICATE KEY` reports affected rows differently
+/// per client flag, so each job is a plain insert; a duplicate-key error (which does not abort
+/// a MySQL transaction) means "look up the existing row", read with a locking read so a row
+/// committed after this transaction's snapshot is seen.
+pub(crate) async fn enqueue_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    batch: &[NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
+    use diesel::result::{DatabaseErrorKind, Error as D};
+    let now = DbNow::new(now);
+    let mut out = Vec::with_capacity(batch.len());
+    for j in batch {
+        let res = diesel::insert_into(jobs::table)
+            .values(new_row!(j, now))
+            .execute(&mut *conn)
+            .await;
+        match res {
+            Ok(_) => {
+                let row: LastId =
+                    diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                        .get_result(&mut *conn)
+                        .await?;
+                out.push(Some(Enqueued {
+                    id: JobId(row.id),
+                    duplicate: false,
+                }));
+            }
+            Err(D::DatabaseError(DatabaseErrorKind::UniqueViolation, _))
+                if j.unique_key.is_some() =>
+            {
+                // A shared lock (compatible with the one the failed insert holds, unlike
+                // FOR UPDATE, which deadlocks concurrent losers) that reads the latest
+                // committed row. `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
+                let existing: Option<LastId> = diesel::sql_query(
+                    "SELECT id FROM jobvisor_jobs WHERE kind = ? AND unique_key = ? LOCK IN SHARE MODE",
+                )
+                .bind::<Text, _>(&j.kind)
+                .bind::<Nullable<Text>, _>(&j.unique_key)
+                .get_result(&mut *conn)
+                .await
+                .optional()?;
+                out.push(existing.map(|r| Enqueued {
+                    id: JobId(r.id),
+                    duplicate: true,
+                }));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// One guarded `UPDATE` per job (MySQL, SQLite), inside the caller's transaction. Returns
+/// the applied jobs and the state each reached.
+macro_rules! finalize_each {
+    ($conn:expr, $items:expr, $now:expr, $backend:ident) => {{
+        let conn = $conn;
+        let now = DbNow::new($now);
+        let mut applied: HashMap<i64, JobState> = HashMap::new();
+        for f in $items {
+            let guard = jobs::table
+                .filter(jobs::id.eq(f.id.0))
+                .filter(jobs::lease_token.eq(f.token.as_str().to_string()))
+                .filter(RUNNING);
+            let release = (
+                jobs::lease_owner.eq(None::<String>),
+                jobs::lease_token.eq(None::<String>),
+                jobs::lease_expires_at.eq(None::<i64>),
+                jobs::heartbeat_at.eq(None::<i64>),
+                jobs::timeout_at.eq(None::<i64>),
+                jobs::version.eq(jobs::version + 1),
+                jobs::updated_at.eq(now),
+            );
+            let (n, state) = match &f.outcome {
+                Finalization::Succeeded { result } => {
+                    let n = diesel::update(guard)
+                        .set((
+                            jobs::state.eq(JobState::Succeeded.as_str()),
+                            jobs::result.eq(Some(result.clone())),
+                            jobs::last_error.eq(None::<Value>),
+                            jobs::finished_at.eq(now.nullable()),
+                            release,
+                        ))
+                        .execute(&mut *conn)
+                        .await?;
+                    (n, Some(JobState::Succeeded))
+                }
+                Finalization::Retry { error, delay } => {
+                    let err = serde_json::to_value(error).unwrap_or(Value::Null);
+                    let n = diesel::update(guard)
+                        .set((
+                            jobs::state.eq(RetryState),
+                            jobs::result.eq(None::<Value>),
+                            jobs::last_error.eq(Some(err.clone())),
+                            jobs::errors.eq(JsonAppend { value: err }),
+                            jobs::run_at.eq(now.plus(dur_us(*delay))),
+                            jobs::finished_at.eq(RetryFinishedAt(now)),
+                            release,
+                        ))
+                        .execute(&mut *conn)
+                        .await?;
+                    (n, None)
+                }
+                Finalization::Dead { error } | Finalization::Cancelled { error } => {
+                    let st = if matches!(f.outcome, Finalization::Dead { .. }) {
+                        JobState::Dead
+                    } else {
+                        JobState::Cancelled
+                    };
+                    let err = serde_json::to_value(error).unwrap_or(Value::Null);
+                    let n = diesel::update(guard)
+                        .set((
+                            jobs::state.eq(st.as_str()),
+                            jobs::result.eq(None::<Value>),
+                            jobs::last_error.eq(Some(err.clone())),
+                            jobs::errors.eq(JsonAppend { value: err }),
+                            jobs::finished_at.eq(now.nullable()),
+                            release,
+                        ))
+                        .execute(&mut *conn)
+                        .await?;
+                    (n, Some(st))
+                }
+                Finalization::Requeue { delay } => {
+                    let n = diesel::update(guard)
+                        .set((
+                            jobs::state.eq(JobState::Pending.as_str()),
+                            jobs::attempts.eq(jobs::attempts - 1),
+                            jobs::run_at.eq(now.plus(dur_us(*delay))),
+                            jobs::finished_at.eq(None::<i64>),
+                            release,
+                        ))
+                        .execute(&mut *conn)
+                        .await?;
+                    (n, Some(JobState::Pending))
+                }
+            };
+            if n == 1 {
+                let state = match state {
+                    Some(s) => s,
+                    // A retry may have become dead: the row is ours (updated in this
+                    // transaction), so reading its state back is exact.
+                    None => {
+                        let s: String = jobs::table
+                            .select(jobs::state)
+                            .filter(jobs::id.eq(f.id.0))
+                            .first(&mut *conn)
+                            .await?;
+                        s.parse().unwrap_or(JobState::Retrying)
+                    }
+                };
+                applied.insert(f.id.0, state);
+            }
+        }
+        Ok::<_, diesel::result::Error>(applied)
+    }};
+}
+
+/// Tries a write up to 5 times while it fails transiently (deadlock between concurrent
+/// inserters of one unique key, SQLite busy).
+const TRANSIENT_TRIES: usize = 5;
+
+impl Store {
+    /// Enqueues one job.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the bad field (nothing is written), or
+    /// [`Error::Database`].
+    pub async fn job_enqueue(
+        &self,
+        job: NewJob,
+        now: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Enqueued> {
+        let mut v = self
+            .job_enqueue_many(EnqueueParams {
+                jobs: vec![job],
+                now,
+            })
+            .await?;
+        v.pop()
+            .ok_or_else(|| Error::Database(StoreError::Other("enqueue returned no row".into())))
+    }
+
+    /// Enqueues many jobs in one statement (PostgreSQL, SQLite) or one transaction (MySQL).
+    /// A job whose (kind, unique_key) is already live comes back with `duplicate: true` and
+    /// the existing id; so does a repeat of a key within the batch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the first bad job and field; nothing is written.
+    pub async fn job_enqueue_many(&self, p: EnqueueParams) -> Result<Vec<Enqueued>> {
+        self.validate_jobs(&p.jobs)?;
+        if p.jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = bound(p.now);
+        let mut result: Vec<Option<Enqueued>> = vec![None; p.jobs.len()];
+        // A duplicate whose existing row vanished (archived) between the insert and the
+        // look-up is inserted again; this converges in one more round in practice.
+        for _ in 0..TRANSIENT_TRIES {
+            let todo: Vec<usize> = (0..p.jobs.len()).filter(|i| result[*i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            let batch: Vec<NewJob> = todo.iter().map(|i| p.jobs[*i].clone()).collect();
+            let got = self.enqueue_attempt(&batch, now).await?;
+            for (i, e) in todo.into_iter().zip(got) {
+                result[i] = e;
+            }
+        }
+        result
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::Database(StoreError::Transient(
+                    "a duplicate job kept disappearing while enqueueing; try again".into(),
+                ))
+            })
+    }
+
+    async fn enqueue_attempt(
+        &self,
+        batch: &[NewJob],
+        now: Option<i64>,
+    ) -> Result<Vec<Option<Enqueued>>> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let res: diesel::QueryResult<Vec<Option<Enqueued>>> = match &self.inner.pool {
+                Pool::Pg(p) => {
+                    let mut c = p.get().await.map_err(super::connect::pool_err)?;
+                    enqueue_pg(&mut c, batch, now).await
+                }
+                Pool::Sqlite(p) => {
+                    let mut c = p.get().await.map_err(super::connect::pool_err)?;
+                    c.immediate_transaction(async |c| enqueue_sqlite(c, batch, now).await)
+                        .await
+                }
+                Pool::Mysql(p) => {
+                    let mut c = p.get().await.map_err(super::connect::pool_err)?;
+                    diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                        enqueue_mysql(c, batch, now).await
+                    })
+                    .await
+                }
+            };
+            match res {
+                Err(e) => {
+                    let err = Error::from(e);
+                    if err.is_transient() && tries < TRANSIENT_TRIES {
+                        continue;
+                    }
+                    return Err(err);
+                }
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+
+    pub(crate) fn validate_jobs(&self, batch: &[NewJob]) -> Result<()> {
+        let max = self.inner.opts.max_payload_bytes;
+        for (i, j) in batch.iter().enumerate() {
+            j.validate(max).map_err(|e| match e {
+                Error::InvalidInput { field, reason } if batch.len() > 1 => Error::InvalidInput {
+                    field,
+                    reason: format!("{reason} (job #{i} of the batch, kind {:?})", j.kind),
+                },
+                other => other,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Claims up to `limit` due jobs of a queue, in (priority, run_at, id) order, each with a
+    /// new lease (one fresh token for this claim), attempts + 1 and version + 1.
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::Corrupt`] if a claimed row cannot be read (the claim
+    /// itself stands, and the sweeper reclaims it when its lease expires).
+    pub async fn job_claim(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
+        if p.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let token = LeaseToken::generate();
+        let now = DbNow::new(bound(p.now));
+        let lease_us = dur_us(p.lease);
+        let limit = i64::from(p.limit);
+        let owner = p.owner.as_str().to_string();
+        let tok = token.as_str().to_string();
+        macro_rules! claim_set {
+            () => {
+                (
+                    jobs::state.eq(JobState::Running.as_str()),
+                    jobs::lease_owner.eq(Some(owner.clone())),
+                    jobs::lease_token.eq(Some(tok.clone())),
+                    jobs::lease_expires_at.eq(now.plus(lease_us).nullable()),
+                    jobs::heartbeat_at.eq(now.nullable()),
+                    jobs::attempts.eq(jobs::attempts + 1),
+                    jobs::version.eq(jobs::version + 1),
+                    jobs::updated_at.eq(now),
+                    jobs::first_started_at.eq(FirstStartedAt(now)),
+                    jobs::timeout_at.eq(PlusColumnMs { now }),
+                )
+            };
+        }
+        macro_rules! candidates {
+            () => {
+                cand.select(cand.field(jobs::id))
+                    .filter(cand.field(jobs::queue).eq(p.queue.clone()))
+                    .filter(CLAIMABLE)
+                    .filter(cand.field(jobs::run_at).le(now))
+                    .order((
+                        cand.field(jobs::priority).asc(),
+                        cand.field(jobs::run_at).asc(),
+                        cand.field(jobs::id).asc(),
+                    ))
+                    .limit(limit)
+            };
+        }
+        let rows: Vec<JobRow> = match &self.inner.pool {
+            Pool::Pg(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                diesel::update(
+                    jobs::table.filter(jobs::id.eq_any(candidates!().for_update().skip_locked())),
+                )
+                .set(claim_set!())
+                .returning(JobRow::as_returning())
+                .get_results(&mut *c)
+                .await?
+            }
+            Pool::Sqlite(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                c.immediate_transaction(async |c| {
+                    diesel::update(jobs::table.filter(jobs::id.eq_any(candidates!())))
+                        .set(claim_set!())
+                        .returning(JobRow::as_returning())
+                        .get_results(c)
+                        .await
+                })
+                .await?
+            }
+            Pool::Mysql(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                    let ids: Vec<i64> = jobs::table
+                        .select(jobs::id)
+                        .filter(jobs::queue.eq(p.queue.clone()))
+                        .filter(CLAIMABLE)
+                        .filter(jobs::run_at.le(now))
+                        .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
+                        .limit(limit)
+                        .for_update()
+                        .skip_locked()
+                        .load(c)
+                        .await?;
+                    if ids.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
+                        .set(claim_set!())
+                        .execute(c)
+                        .await?;
+                    jobs::table
+                        .filter(jobs::id.eq_any(&ids))
+                        .filter(jobs::lease_token.eq(&tok))
+                        .select(JobRow::as_select())
+                        .load(c)
+                        .await
+                })
+                .await?
+            }
+        };
+        let mut claimed = rows
+            .into_iter()
+            .map(|r| {
+                Ok(ClaimedJob {
+                    job: r.into_job(None)?,
+                    token: token.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // RETURNING order is unspecified: restore the claim order.
+        claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
+        Ok(claimed)
+    }
+
+    /// Renews many leases in one statement; each comes back applied (with its new expiry and
+    /// whether a cancel was requested) or [`Guarded::LeaseLost`].
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn job_renew_leases(&self, p: RenewParams) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
+        if p.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = DbNow::new(bound(p.now));
+        let lease_us = dur_us(p.lease);
+        let pairs = LeasePairs {
+            ids: p.leases.iter().map(|l| l.id.0).collect(),
+            tokens: p
+                .leases
+                .iter()
+                .map(|l| l.token.as_str().to_string())
+                .collect(),
+        };
+        let set = (
+            jobs::lease_expires_at.eq(now.plus(lease_us).nullable()),
+            jobs::heartbeat_at.eq(now.nullable()),
+        );
+        let ret = (
+            jobs::id,
+            jobs::lease_token,
+            jobs::lease_expires_at,
+            jobs::cancel_requested_at,
+        );
+        type Row = (i64, Option<String>, Option<i64>, Option<i64>);
+        let rows: Vec<Row> = match &self.inner.pool {
+            Pool::Pg(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                diesel::update(jobs::table.filter(pairs).filter(RUNNING))
+                    .set(set)
+                    .returning(ret)
+                    .get_results(&mut *c)
+                    .await?
+            }
+            Pool::Sqlite(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                diesel::update(jobs::table.filter(pairs).filter(RUNNING))
+                    .set(set)
+                    .returning(ret)
+                    .get_results(&mut *c)
+                    .await?
+            }
+            Pool::Mysql(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                    diesel::update(jobs::table.filter(pairs.clone()).filter(RUNNING))
+                        .set(set)
+                        .execute(c)
+                        .await?;
+                    // Rows we just updated stay locked by us and keep their token, so this
+                    // reads back exactly the renewed set.
+                    jobs::table
+                        .filter(pairs)
+                        .filter(RUNNING)
+                        .select(ret)
+                        .load(c)
+                        .await
+                })
+                .await?
+            }
+        };
+        // Keyed by (id, token): the same job presented with a stale token is lost even when
+        // its current token is renewed in the same batch.
+        let renewed: HashMap<(i64, String), Renewed> = rows
+            .into_iter()
+            .map(|(id, token, exp, cancel)| {
+                (
+                    (id, token.unwrap_or_default()),
+                    Renewed {
+                        expires_at: from_us(exp.unwrap_or_default()),
+                        cancel_requested: cancel.is_some(),
+                    },
+                )
+            })
+            .collect();
+        Ok(p.leases
+            .iter()
+            .map(|l| {
+                let key = (l.id.0, l.token.as_str().to_string());
+                (
+                    l.id,
+                    renewed
+                        .get(&key)
+                        .map_or(Guarded::LeaseLost, |r| Guarded::Applied(*r)),
+                )
+            })
+            .collect())
+    }
+
+    /// Finalizes many jobs in one round trip (PostgreSQL) or one transaction (MySQL,
+    /// SQLite). Each comes back applied with the state it reached — a retry of a job whose
+    /// attempts are used up becomes `dead` — or [`Guarded::LeaseLost`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] if a job appears twice; [`Error::Database`].
+    pub async fn job_finalize_many(
+        &self,
+        p: FinalizeParams,
+    ) -> Result<Vec<(JobId, Guarded<JobState>)>> {
+        let mut seen = HashSet::new();
+        for f in &p.items {
+            if !seen.insert(f.id) {
+                return Err(Error::invalid(
+                    "items",
+                    format!("job {} is finalized twice in one batch", f.id),
+                ));
+            }
+        }
+        if p.items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now_b = bound(p.now);
+        let applied: HashMap<i64, JobState> = match &self.inner.pool {
+            Pool::Pg(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                finalize_pg(&mut c, &p.items, now_b).await?
+            }
+            Pool::Sqlite(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                c.immediate_transaction(async |c| finalize_each!(c, &p.items, now_b, sqlite))
+                    .await?
+            }
+            Pool::Mysql(pool) => {
+                let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+                diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                    finalize_each!(c, &p.items, now_b, mysql)
+                })
+                .await?
+            }
+        };
+        Ok(p.items
+            .iter()
+            .map(|f| {
+                (
+                    f.id,
+                    applied
+                        .get(&f.id.0)
+                        .map_or(Guarded::LeaseLost, |s| Guarded::Applied(*s)),
+                )
+            })
+            .collect())
+    }
+
+    /// Reclaims, in one bounded batch, running jobs whose lease expired or whose timeout
+    /// passed: each goes to `retrying` (after `backoff(attempts)`) or, with its attempts used
+    /// up, `dead`; its lease is cleared, version + 1, and the error (`lease_expired` or
+    /// `timeout`) recorded in `last_error` and `errors`. The former holder's writes are
+    /// refused from then on.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn job_reclaim_expired(&self, p: ReclaimParams) -> Result<Vec<Reclaimed>> {
+        if p.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = DbNow::new(bound(p.now));
+        let limit = i64::from(p.limit);
+        let backoff = p.backoff.clone();
+        type Cand = (i64, i64, i32, i32, String, String, Option<i64>, i64);
+        let done: Vec<Reclaimed> = with_tx!(self, |conn| {
+            let cands: Vec<Cand> = SkipLocked(
+                jobs::table
+                    .select((
+                        jobs::id,
+                        jobs::version,
+                        jobs::attempts,
+                        jobs::max_attempts,
+                        jobs::kind,
+                        jobs::queue,
+                        jobs::timeout_at,
+                        now,
+                    ))
+                    .filter(RUNNING)
+                    .filter(
+                        jobs::lease_expires_at
+                            .lt(now.nullable())
+                            .or(jobs::timeout_at.lt(now.nullable())),
+                    )
+                    .order(jobs::id.asc())
+                    .limit(limit),
+            )
+            .load(conn)
+            .await?;
+            let mut done = Vec::with_capacity(cands.len());
+            for (id, version, attempts, max_attempts, kind, queue, timeout_at, db_now) in cands {
+                let reason = if timeout_at.is_some_and(|t| t < db_now) {
+                    ReclaimReason::Timeout
+                } else {
+                    ReclaimReason::LeaseExpired
+                };
+                let attempt = u32::try_from(attempts).unwrap_or(0);
+                let dead = attempts >= max_attempts;
+                let new_state = if dead {
+                    JobState::Dead
+                } else {
+                    JobState::Retrying
+                };
+                let message = match reason {
+                    ReclaimReason::Timeout => "the attempt ran past its timeout",
+                    ReclaimReason::LeaseExpired => {
+                        "the lease expired: its node stopped renewing (crashed, paused or cut off)"
+                    }
+                };
+                let err = serde_json::to_value(
+                    JobFailure::new(reason.code(), message, attempt).at(from_us(db_now)),
+                )
+                .unwrap_or(Value::Null);
+                let run_at_us = if dead {
+                    db_now
+                } else {
+                    db_now.saturating_add(dur_us(backoff(attempt)))
+                };
+                let n = diesel::update(
+                    jobs::table
+                        .filter(jobs::id.eq(id))
+                        .filter(jobs::version.eq(version)),
+                )
+                .set((
+                    jobs::state.eq(new_state.as_str()),
+                    jobs::last_error.eq(Some(err.clone())),
+                    jobs::errors.eq(JsonAppend { value: err }),
+                    jobs::run_at.eq(run_at_us),
+                    jobs::finished_at.eq(dead.then_some(db_now)),
+                    jobs::updated_at.eq(db_now),
+                    jobs::version.eq(jobs::version + 1),
+                    jobs::lease_owner.eq(None::<String>),
+                    jobs::lease_token.eq(None::<String>),
+                    jobs::lease_expires_at.eq(None::<i64>),
+                    jobs::heartbeat_at.eq(None::<i64>),
+                    jobs::timeout_at.eq(None::<i64>),
+                ))
+                .execute(conn)
+                .await?;
+                if n == 1 {
+                    done.push(Reclaimed {
+                        id: JobId(id),
+                        kind,
+                        queue,
+                        reason,
+                        new_state,
+                        attempts: attempt,
+                    });
+                }
+            }
+            Ok::<_, diesel::result::Error>(done)
+        })?;
+        Ok(done)
+    }
+}
+
+#[derive(QueryableByName)]
+struct Finalized {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+}
+
+/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token.
+async fn finalize_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    items: &[super::Finalize],
+    now: Option<i64>,
+) -> diesel::QueryResult<HashMap<i64, JobState>> {
+    let n = items.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tokens = Vec::with_capacity(n);
+    let mut states = Vec::with_capacity(n);
+    let mut results: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut errors: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut refunds: Vec<i32> = Vec::with_capacity(n);
+    for f in items {
+        ids.push(f.id.0);
+        tokens.push(f.token.as_str().to_string());
+        let json = |v: &JobFailure| serde_json::to_string(v).ok();
+        let (st, res, err, delay, refund) = match &f.outcome {
+            Finalization::Succeeded { result } => (
+                "succeeded",
+                serde_json::to_string(result).ok(),
+                None,
+                None,
+                0,
+            ),
+            Finalization::Retry { error, delay } => {
+                ("retrying", None, json(error), Some(dur_us(*delay)), 0)
+            }
+            Finalization::Dead { error } => ("dead", None, json(error), None, 0),
+            Finalization::Cancelled { error } => ("cancelled", None, json(error), None, 0),
+            Finalization::Requeue { delay } => ("pending", None, None, Some(dur_us(*delay)), 1),
+        };
+        states.push(st.to_string());
+        results.push(res);
+        errors.push(err);
+        delays.push(delay);
+        refunds.push(refund);
+    }
+    let rows: Vec<Finalized> = diesel::sql_query(FINALIZE_PG)
+        .bind::<Array<BigInt>, _>(ids)
+        .bind::<Array<Text>, _>(tokens)
+        .bind::<Array<Text>, _>(states)
+        .bind::<Array<Nullable<Text>>, _>(results)
+        .bind::<Array<Nullable<Text>>, _>(errors)
+        .bind::<Array<Nullable<BigInt>>, _>(delays)
+        .bind::<Array<Integer>, _>(refunds)
+        .bind::<Nullable<BigInt>, _>(now)
+        .load(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
+        .collect())
+}
+
+const FINALIZE_PG: &str = "\
+WITH v AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[])
+        AS v(id, token, state, result, error, delay_us, refund)
+), n AS (
+    SELECT COALESCE($8::bigint, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint) AS now
+), upd AS (
+    UPDATE jobvisor_jobs AS j SET
+        state = CASE WHEN v.state = 'retrying' AND j.attempts >= j.max_attempts THEN 'dead' ELSE v.state END,
+        result = v.result::json,
+        last_error = CASE WHEN v.state = 'succeeded' THEN NULL
+                          WHEN v.error IS NULL THEN j.last_error
+                          ELSE v.error::json END,
+        errors = CASE WHEN v.error IS NULL THEN j.errors
+                      ELSE (COALESCE(j.errors::jsonb, '[]'::jsonb) || jsonb_build_array(v.error::jsonb))::json END,
+        attempts = j.attempts - v.refund,
+        run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END,
+        finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled')
+                             OR (v.state = 'retrying' AND j.attempts >= j.max_attempts) THEN n.now
+                           ELSE NULL END,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
+        timeout_at = NULL,
+        version = j.version + 1,
+        updated_at = n.now
+    FROM v, n
+    WHERE j.id = v.id AND j.lease_token = v.token AND j.state = 'running'
+    RETURNING j.id, j.state
+)
+SELECT id, state FROM upd";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn inserted_rows_are_matched_in_order_and_duplicates_marked() {
+        let batch = vec![
+            NewJob::new("a", json!(1)),
+            NewJob::new("a", json!(2)).unique_key("k"),
+            NewJob::new("a", json!(3)).unique_key("k"),
+            NewJob::new("b", json!(4)).unique_key("x"),
+            NewJob::new("a", json!(5)),
+        ];
+        // "x" already existed: the database skipped it.
+        let inserted = vec![
+            (10, "a".into(), None),
+            (11, "a".into(), Some("k".into())),
+            (12, "a".into(), None),
+        ];
+        let m = match_inserted(&batch, inserted);
+        let id = |i: usize| m[i].map(|e| (e.id.0, e.duplicate));
+        assert_eq!(id(0), Some((10, false)));
+        assert_eq!(id(1), Some((11, false)));
+        assert_eq!(id(2), Some((11, true)));
+        assert_eq!(id(3), None);
+        assert_eq!(id(4), Some((12, false)));
+    }
+}

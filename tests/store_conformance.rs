@@ -1,0 +1,15 @@
+//! The store conformance suite, run unchanged against every backend. PostgreSQL and MariaDB
+//! must be reachable (`JOBVISOR_PG_URL`, `JOBVISOR_MYSQL_URL`, default: the local services):
+//! a missing server fails these tests, it never skips them.
+
+mod postgres {
+    jobvisor::conformance_tests!(jobvisor::Backend::Postgres);
+}
+
+mod mysql {
+    jobvisor::conformance_tests!(jobvisor::Backend::Mysql);
+}
+
+mod sqlite {
+    jobvisor::conformance_tests!(jobvisor::Backend::Sqlite);
+}
