@@ -187,6 +187,7 @@ impl Drop for TestDb {
 }
 
 /// Everything a case needs.
+#[derive(Debug)]
 pub struct Bundle {
     pub db: TestDb,
     pub store: Store,
