@@ -77,6 +77,16 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// [`Client::wait`](crate::Client::wait) gave up before the job finished.
+    #[error("job {id} did not finish within {waited:?} (it is {state})")]
+    WaitTimeout {
+        /// The job.
+        id: JobId,
+        /// How long was waited.
+        waited: std::time::Duration,
+        /// Its state when the wait ended.
+        state: JobState,
+    },
     /// The database failed the operation; see [`Error::is_transient`].
     #[error("database error: {0}")]
     Database(#[from] StoreError),

@@ -27,15 +27,27 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backoff;
+pub mod client;
 pub mod clock;
+pub mod config;
 pub mod error;
+pub mod handler;
 pub mod job;
 pub mod lease;
+pub mod scheduler;
 pub mod store;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
+pub use backoff::RetryPolicy;
+pub use client::Client;
+pub use config::{QueueConfig, SchedulerConfig};
 pub use error::{Error, Result, StoreError};
+pub use handler::{handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult};
 pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt};
 pub use lease::{LeaseToken, NodeId};
+pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 pub use store::{
     ArchiveParams, Backend, CancelOutcome, CancelParams, ClaimParams, ClaimedJob, EnqueueParams,
     Enqueued, Finalization, Finalize, FinalizeParams, Guarded, LeaseRef, ListParams, PruneParams,

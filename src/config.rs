@@ -1,0 +1,285 @@
+//! Scheduler and queue settings. Every default is a named constant and every setting is
+//! checked by `validate()`, which names the offending field; the scheduler refuses to start
+//! with a bad one.
+
+use std::time::Duration;
+
+use crate::backoff::RetryPolicy;
+use crate::error::{Error, Result};
+use crate::job::check_name;
+
+/// Jobs of one queue run at once on one node.
+pub const DEFAULT_CONCURRENCY: u32 = 10;
+/// How often an idle fetcher looks for due jobs.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Lease length.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Heartbeat: how often a node renews all its leases.
+pub const DEFAULT_RENEW_EVERY: Duration = Duration::from_secs(10);
+/// How often running jobs' deadlines (timeout, cancel grace, lease) are checked.
+pub const DEFAULT_DEADLINE_CHECK_EVERY: Duration = Duration::from_millis(200);
+/// How often the sweeper reclaims expired leases.
+pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(15);
+/// Jobs reclaimed per sweep batch.
+pub const DEFAULT_SWEEP_BATCH: u32 = 100;
+/// How often the archiver runs.
+pub const DEFAULT_ARCHIVE_EVERY: Duration = Duration::from_secs(60);
+/// Terminal jobs stay in the live table this long.
+pub const DEFAULT_ARCHIVE_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// Archived jobs are deleted after this long.
+pub const DEFAULT_PRUNE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Rows moved or deleted per archiver batch.
+pub const DEFAULT_ARCHIVE_BATCH: u32 = 1000;
+/// How long a cancelled handler may take to return before it is stopped.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// How long graceful shutdown waits for running jobs.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Settings of one queue on one node.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct QueueConfig {
+    /// Jobs run at once (≥ 1).
+    pub concurrency: u32,
+    /// How often an idle fetcher polls.
+    pub poll_interval: Duration,
+    /// Retry policy for this queue (else the scheduler's).
+    pub retry: Option<RetryPolicy>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            concurrency: DEFAULT_CONCURRENCY,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            retry: None,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// Sets the concurrency.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Sets the poll interval.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// Sets this queue's retry policy.
+    pub fn retry(mut self, p: RetryPolicy) -> Self {
+        self.retry = Some(p);
+        self
+    }
+
+    pub(crate) fn validate(&self, name: &str) -> Result<()> {
+        check_name("queue", name, crate::job::MAX_QUEUE_LEN).map_err(|e| Error::Config {
+            field: "queue",
+            reason: e.to_string(),
+        })?;
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return Err(Error::Config {
+                field: "queue.concurrency",
+                reason: format!(
+                    "{} for queue {name:?}; expected 1..=10000",
+                    self.concurrency
+                ),
+            });
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::Config {
+                field: "queue.poll_interval",
+                reason: format!("zero for queue {name:?}; expected more than 0"),
+            });
+        }
+        if let Some(r) = &self.retry {
+            r.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// Node-wide settings.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SchedulerConfig {
+    /// Lease length.
+    pub lease: Duration,
+    /// Heartbeat interval; at most a third of `lease`, so two renewals can fail before it
+    /// expires.
+    pub renew_every: Duration,
+    /// How often deadlines are checked.
+    pub deadline_check_every: Duration,
+    /// Sweeper interval.
+    pub sweep_every: Duration,
+    /// Sweeper batch size.
+    pub sweep_batch: u32,
+    /// Archiver interval.
+    pub archive_every: Duration,
+    /// Live-table retention of terminal jobs.
+    pub archive_after: Duration,
+    /// Archive retention.
+    pub prune_after: Duration,
+    /// Archiver batch size.
+    pub archive_batch: u32,
+    /// Default retry policy.
+    pub retry: RetryPolicy,
+    /// Threads that run handlers (default: the number of CPUs).
+    pub handler_threads: usize,
+    /// Grace given to a cancelled handler.
+    pub cancel_grace: Duration,
+    /// Graceful shutdown's wait for running jobs.
+    pub shutdown_timeout: Duration,
+    /// Install interval timers (false in simulation: tests send the ticks).
+    pub timers: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            lease: DEFAULT_LEASE,
+            renew_every: DEFAULT_RENEW_EVERY,
+            deadline_check_every: DEFAULT_DEADLINE_CHECK_EVERY,
+            sweep_every: DEFAULT_SWEEP_EVERY,
+            sweep_batch: DEFAULT_SWEEP_BATCH,
+            archive_every: DEFAULT_ARCHIVE_EVERY,
+            archive_after: DEFAULT_ARCHIVE_AFTER,
+            prune_after: DEFAULT_PRUNE_AFTER,
+            archive_batch: DEFAULT_ARCHIVE_BATCH,
+            retry: RetryPolicy::default(),
+            handler_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            cancel_grace: DEFAULT_CANCEL_GRACE,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            timers: true,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Checks every field.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the first bad field and what was expected.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("lease", self.lease),
+            ("renew_every", self.renew_every),
+            ("deadline_check_every", self.deadline_check_every),
+            ("sweep_every", self.sweep_every),
+            ("archive_every", self.archive_every),
+        ];
+        for (field, d) in positive {
+            if d.is_zero() {
+                return Err(Error::Config {
+                    field,
+                    reason: "must be more than 0".into(),
+                });
+            }
+        }
+        if self.renew_every * 3 > self.lease {
+            return Err(Error::Config {
+                field: "renew_every",
+                reason: format!(
+                    "{:?} is more than a third of the lease {:?}; a lease must survive two \
+                     missed renewals",
+                    self.renew_every, self.lease
+                ),
+            });
+        }
+        if self.sweep_batch == 0 || self.archive_batch == 0 {
+            return Err(Error::Config {
+                field: if self.sweep_batch == 0 {
+                    "sweep_batch"
+                } else {
+                    "archive_batch"
+                },
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.handler_threads == 0 {
+            return Err(Error::Config {
+                field: "handler_threads",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.prune_after.is_zero() {
+            return Err(Error::Config {
+                field: "prune_after",
+                reason: "must be more than 0".into(),
+            });
+        }
+        self.retry.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::Config { field, .. }) => field,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        SchedulerConfig::default().validate().unwrap();
+        QueueConfig::default().validate("default").unwrap();
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let d = SchedulerConfig::default();
+        assert_eq!(
+            field(
+                SchedulerConfig {
+                    lease: Duration::ZERO,
+                    ..d
+                }
+                .validate()
+            ),
+            "lease"
+        );
+        assert_eq!(
+            field(
+                SchedulerConfig {
+                    renew_every: Duration::from_secs(20),
+                    ..d
+                }
+                .validate()
+            ),
+            "renew_every"
+        );
+        assert_eq!(
+            field(
+                SchedulerConfig {
+                    sweep_batch: 0,
+                    ..d
+                }
+                .validate()
+            ),
+            "sweep_batch"
+        );
+        assert_eq!(
+            field(
+                SchedulerConfig {
+                    handler_threads: 0,
+                    ..d
+                }
+                .validate()
+            ),
+            "handler_threads"
+        );
+        assert_eq!(
+            field(QueueConfig::default().concurrency(0).validate("q")),
+            "queue.concurrency"
+        );
+        assert_eq!(field(QueueConfig::default().validate("")), "queue");
+    }
+}

@@ -1,0 +1,137 @@
+//! Archiver: moves terminal jobs older than the retention (default 24 h) to the archive table
+//! and deletes archived jobs older than theirs (default 7 days), in bounded batches, so the
+//! live table stays small however many jobs pass through.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+
+use super::{report_store_error, Event, Shared, StopActor};
+use crate::store::{ArchiveParams, PruneParams};
+
+/// Store errors are logged at most this often.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+/// Batches run back to back in one pass at most (the next tick continues).
+const MAX_BATCHES_PER_PASS: usize = 10;
+
+/// Archives and prunes.
+pub struct Archiver {
+    shared: Arc<Shared>,
+    /// A pass is in flight; overlapping ticks are skipped.
+    running: bool,
+    last_error: Option<Instant>,
+}
+
+impl std::fmt::Debug for Archiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Archiver")
+            .field("running", &self.running)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Archiver {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Archiver {
+            shared,
+            running: false,
+            last_error: None,
+        }
+    }
+}
+
+impl Actor for Archiver {
+    type Context = Context<Self>;
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, MessageResponse)]
+pub struct ArchiveReport {
+    /// Jobs moved to the archive.
+    pub moved: u64,
+    /// Archived jobs deleted.
+    pub pruned: u64,
+}
+
+/// Archive and prune now, in bounded batches.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "ArchiveReport")]
+pub struct ArchiveNow;
+
+impl Handler<ArchiveNow> for Archiver {
+    type Result = ResponseActFuture<Self, ArchiveReport>;
+
+    fn handle(&mut self, _: ArchiveNow, _ctx: &mut Context<Self>) -> Self::Result {
+        if self.running {
+            return Box::pin(fut::ready(ArchiveReport::default()));
+        }
+        self.running = true;
+        let shared = self.shared.clone();
+        let fut = async move {
+            let cfg = &shared.config;
+            let mut report = ArchiveReport::default();
+            for _ in 0..MAX_BATCHES_PER_PASS {
+                let n = shared
+                    .store
+                    .job_archive(ArchiveParams {
+                        older_than: cfg.archive_after,
+                        limit: cfg.archive_batch,
+                        now: shared.clock.bound_now(),
+                    })
+                    .await?;
+                report.moved += n;
+                if n < u64::from(cfg.archive_batch) {
+                    break;
+                }
+            }
+            for _ in 0..MAX_BATCHES_PER_PASS {
+                let n = shared
+                    .store
+                    .job_prune_archive(PruneParams {
+                        older_than: cfg.prune_after,
+                        limit: cfg.archive_batch,
+                        now: shared.clock.bound_now(),
+                    })
+                    .await?;
+                report.pruned += n;
+                if n < u64::from(cfg.archive_batch) {
+                    break;
+                }
+            }
+            Ok::<_, crate::Error>(report)
+        };
+        Box::pin(fut.into_actor(self).map(|res, act, _ctx| {
+            act.running = false;
+            match res {
+                Ok(r) => {
+                    if r.moved + r.pruned > 0 {
+                        act.shared.events.emit(Event::Archived {
+                            moved: r.moved,
+                            pruned: r.pruned,
+                        });
+                    }
+                    r
+                }
+                Err(e) => {
+                    report_store_error(
+                        &act.shared.events,
+                        "archiver",
+                        &mut act.last_error,
+                        ERROR_LOG_EVERY,
+                        &e,
+                    );
+                    ArchiveReport::default()
+                }
+            }
+        }))
+    }
+}
+
+impl Handler<StopActor> for Archiver {
+    type Result = ();
+
+    fn handle(&mut self, _: StopActor, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,276 @@
+//! JobSupervisor: one per running job. It runs the handler on the handler threads (never on
+//! the actors' arbiter), turns a panic into a failure with code `panic`, reports the outcome
+//! to the [`LeaseManager`] and stops.
+//!
+//! Told to stop ([`StopJob`]) it acts at once and does not wait for the handler: on timeout
+//! it reports a `timeout` failure, on release (shutdown) it gives the lease back, on lease
+//! loss or self-fencing it reports nothing — the job belongs to someone else now, or will once
+//! the sweeper reclaims it. A handler that ignores the signal and keeps computing has its
+//! eventual result discarded.
+//!
+//! Durability never depends on this actor: if the process dies with the job running, the
+//! lease expires and the sweeper on any node reclaims the job.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+use tokio::task::{AbortHandle, JoinError};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::lease_manager::{JobFinished, LeaseManager};
+use super::{Shared, StopActor};
+use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
+use crate::job::{Job, JobFailure};
+use crate::lease::LeaseToken;
+use crate::store::Finalization;
+
+/// Supervises one running job.
+pub struct JobSupervisor {
+    shared: Arc<Shared>,
+    job: Job,
+    token: LeaseToken,
+    deadline: DateTime<Utc>,
+    lease_manager: Addr<LeaseManager>,
+    /// Signalled on cancel, timeout, lease loss and shutdown; handlers can await it.
+    cancel: CancellationToken,
+    /// Stops the handler task at its next await.
+    abort: Option<AbortHandle>,
+    /// A cancel was requested: whatever the handler returns, the job ends `cancelled`.
+    cancel_requested: bool,
+    /// The outcome was reported (or deliberately withheld): ignore anything later.
+    done: bool,
+}
+
+impl std::fmt::Debug for JobSupervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobSupervisor")
+            .field("job", &self.job.id)
+            .field("kind", &self.job.kind)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobSupervisor {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        job: Job,
+        token: LeaseToken,
+        deadline: DateTime<Utc>,
+        lease_manager: Addr<LeaseManager>,
+    ) -> Self {
+        JobSupervisor {
+            shared,
+            job,
+            token,
+            deadline,
+            lease_manager,
+            cancel: CancellationToken::new(),
+            abort: None,
+            cancel_requested: false,
+            done: false,
+        }
+    }
+
+    fn failure(&self, code: &str, message: String) -> JobFailure {
+        JobFailure::new(code, message, self.job.attempts).at(self.shared.clock.now())
+    }
+
+    /// A failed attempt: retry with backoff while attempts remain, else dead.
+    fn failed(&self, err: &JobError) -> Finalization {
+        let error = err.to_failure(self.job.attempts, self.shared.clock.now());
+        match err.next {
+            Next::Fail => Finalization::Dead { error },
+            Next::Retry(_) if self.job.attempts >= self.job.max_attempts => {
+                Finalization::Dead { error }
+            }
+            Next::Retry(after) => {
+                let delay = after.unwrap_or_else(|| {
+                    self.shared
+                        .retry_policy(&self.job.kind, &self.job.queue)
+                        .delay(self.job.attempts)
+                });
+                Finalization::Retry { error, delay }
+            }
+        }
+    }
+
+    fn report(&mut self, outcome: Finalization, ctx: &mut Context<Self>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.lease_manager.do_send(JobFinished {
+            id: self.job.id,
+            token: self.token.clone(),
+            outcome,
+            queue: self.job.queue.clone(),
+            kind: self.job.kind.clone(),
+            attempt: self.job.attempts,
+        });
+        ctx.stop();
+    }
+
+    fn withhold(&mut self, ctx: &mut Context<Self>) {
+        self.done = true;
+        ctx.stop();
+    }
+
+    fn handler_done(&mut self, res: Result<JobResult, JoinError>, ctx: &mut Context<Self>) {
+        if self.done {
+            return;
+        }
+        if self.cancel_requested {
+            let error = self.failure("cancelled", "cancelled on request while running".into());
+            self.report(Finalization::Cancelled { error }, ctx);
+            return;
+        }
+        let outcome = match res {
+            Ok(Ok(JobOutcome::Succeeded(result))) => Finalization::Succeeded { result },
+            Ok(Ok(JobOutcome::Snooze(delay))) => Finalization::Requeue { delay },
+            Ok(Err(e)) => self.failed(&e),
+            Err(join) if join.is_panic() => {
+                let msg = panic_message(join);
+                self.failed(
+                    &JobError::retry(format!("the handler panicked: {msg}")).with_code("panic"),
+                )
+            }
+            Err(_) => {
+                // Aborted without a stop reason: only shutdown aborts tasks, so give it back.
+                Finalization::Requeue {
+                    delay: std::time::Duration::ZERO,
+                }
+            }
+        };
+        self.report(outcome, ctx);
+    }
+}
+
+fn panic_message(e: JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic payload".into()),
+        Err(_) => "unknown".into(),
+    }
+}
+
+impl Actor for JobSupervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let Some(reg) = self.shared.handlers.get(&self.job.kind).cloned() else {
+            // Perhaps another node (a newer deploy) knows this kind: retry with backoff, and
+            // say plainly why; after max_attempts it is dead.
+            let err = JobError::retry(format!(
+                "no handler is registered for kind {:?} on node {}",
+                self.job.kind, self.shared.node
+            ))
+            .with_code("unknown_kind");
+            let outcome = self.failed(&err);
+            self.report(outcome, ctx);
+            return;
+        };
+        let job_ctx = JobContext::new(&self.job, self.deadline, self.cancel.clone());
+        let span = tracing::info_span!(
+            "job",
+            job.id = self.job.id.0,
+            job.kind = %self.job.kind,
+            job.queue = %self.job.queue,
+            attempt = self.job.attempts,
+        );
+        let task = self
+            .shared
+            .handler_rt
+            .spawn(reg.handler.call(job_ctx).instrument(span));
+        self.abort = Some(task.abort_handle());
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(task).map(|res, act, ctx| act.handler_done(res, ctx)),
+        );
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.cancel.cancel();
+        if let Some(a) = self.abort.take() {
+            a.abort();
+        }
+    }
+}
+
+/// Why a supervisor must stop its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// Someone asked to cancel the job: signal the handler; the job ends `cancelled`.
+    Cancel,
+    /// The cancel grace is over and the handler has not returned: stop it now.
+    CancelGraceOver,
+    /// The attempt ran past its timeout: stop it and fail it with code `timeout`.
+    Timeout,
+    /// The lease was found lost: stop and report nothing.
+    LeaseLost,
+    /// The lease could not be renewed before it would expire: stop and report nothing.
+    SelfFence,
+    /// Shutdown: stop and give the lease back.
+    Release,
+}
+
+/// Tells a supervisor to stop its handler, and why.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct StopJob(pub StopReason);
+
+impl Handler<StopJob> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, StopJob(reason): StopJob, ctx: &mut Context<Self>) {
+        if self.done {
+            return;
+        }
+        self.cancel.cancel();
+        match reason {
+            StopReason::Cancel => {
+                // Let the handler see the signal and return within the grace period.
+                self.cancel_requested = true;
+                return;
+            }
+            StopReason::CancelGraceOver => {
+                let error = self.failure(
+                    "cancelled",
+                    "cancelled on request; the handler was stopped after its grace period".into(),
+                );
+                self.report(Finalization::Cancelled { error }, ctx);
+            }
+            StopReason::Timeout => {
+                let timeout = self.job.timeout;
+                let err = JobError::retry(format!(
+                    "the attempt ran longer than its timeout of {timeout:?}"
+                ))
+                .with_code("timeout");
+                let outcome = self.failed(&err);
+                self.report(outcome, ctx);
+            }
+            StopReason::LeaseLost | StopReason::SelfFence => self.withhold(ctx),
+            StopReason::Release => self.report(
+                Finalization::Requeue {
+                    delay: std::time::Duration::ZERO,
+                },
+                ctx,
+            ),
+        }
+        if let Some(a) = self.abort.take() {
+            a.abort();
+        }
+    }
+}
+
+impl Handler<StopActor> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: StopActor, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

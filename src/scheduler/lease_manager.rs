@@ -1,0 +1,533 @@
+//! LeaseManager: owns every lease this node holds.
+//!
+//! * Heartbeat ([`RenewLeases`]): one statement renews all leases; a lease found lost is
+//!   reported to its supervisor at once (the handler is stopped, its result discarded), and a
+//!   cancel request seen on renewal is passed on.
+//! * Deadlines ([`CheckDeadlines`]): stops handlers past their timeout or cancel grace, and
+//!   self-fences a job whose lease could not be renewed before it would expire — so it cannot
+//!   keep running alongside the node that reclaims it.
+//! * Finalizations ([`JobFinished`]): buffered and written in batches, one flush in flight
+//!   at a time (what arrives meanwhile forms the next batch). A slot is freed only once its
+//!   write is confirmed applied or lease-lost; a failed flush is retried with backoff and the
+//!   leases of its jobs keep being renewed meanwhile.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+
+use super::fetcher::{Fetcher, SlotFreed};
+use super::job_supervisor::{StopJob, StopReason};
+use super::{report_store_error, Event, Shared, StopActor};
+use crate::job::{JobId, JobState};
+use crate::lease::LeaseToken;
+use crate::store::{Finalization, Finalize, FinalizeParams, Guarded, LeaseRef, RenewParams};
+
+/// Store errors are logged at most this often.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
+/// Most finalizations written in one statement.
+const MAX_FLUSH: usize = 1000;
+/// Longest wait between flush retries while the store fails.
+const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(5);
+
+/// One lease held by this node.
+struct Lease {
+    token: LeaseToken,
+    queue: String,
+    kind: String,
+    supervisor: Recipient<StopJob>,
+    /// When the lease surely still holds until, by this node's clock: the send time of the
+    /// last successful renewal (or the claim) plus the lease. The database computed the real
+    /// expiry from its own later "now", so this is conservative.
+    valid_until: DateTime<Utc>,
+    /// The attempt's timeout.
+    deadline: DateTime<Utc>,
+    /// Set once the handler was told to cancel: stop it for good after this.
+    cancel_deadline: Option<DateTime<Utc>>,
+    /// The supervisor reported: a finalization is buffered or being written.
+    finishing: bool,
+    /// The supervisor was told to stop (timeout, fence, lease lost, release).
+    stopped: bool,
+}
+
+/// A buffered finalization and what to tell when it is written.
+struct Pending {
+    item: Finalize,
+    queue: String,
+    kind: String,
+    attempt: u32,
+    code: Option<String>,
+}
+
+/// Owns the node's leases; see the module docs.
+pub struct LeaseManager {
+    shared: Arc<Shared>,
+    leases: HashMap<JobId, Lease>,
+    pending: Vec<Pending>,
+    fetchers: HashMap<String, Addr<Fetcher>>,
+    flushing: bool,
+    renewing: bool,
+    /// After a failed flush, the next one waits until this (the node's clock).
+    flush_not_before: Option<Instant>,
+    flush_failures: u32,
+    last_error: Option<Instant>,
+}
+
+impl std::fmt::Debug for LeaseManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseManager")
+            .field("leases", &self.leases.len())
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseManager {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        LeaseManager {
+            shared,
+            leases: HashMap::new(),
+            pending: Vec::new(),
+            fetchers: HashMap::new(),
+            flushing: false,
+            renewing: false,
+            flush_not_before: None,
+            flush_failures: 0,
+            last_error: None,
+        }
+    }
+
+    fn lease_span(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.shared.config.lease).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// Self-fence this long before the lease would expire.
+    fn fence_margin(&self) -> chrono::Duration {
+        let m = (self.shared.config.lease / 6).min(Duration::from_secs(5));
+        chrono::Duration::from_std(m).unwrap_or_default()
+    }
+
+    fn free_slot(&self, queue: &str) {
+        if let Some(f) = self.fetchers.get(queue) {
+            f.do_send(SlotFreed);
+        }
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flushing || self.pending.is_empty() {
+            return;
+        }
+        if self.flush_not_before.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        self.flushing = true;
+        let take = self.pending.len().min(MAX_FLUSH);
+        let batch: Vec<Pending> = self.pending.drain(..take).collect();
+        let params = FinalizeParams {
+            items: batch.iter().map(|p| p.item.clone()).collect(),
+            now: self.shared.clock.bound_now(),
+        };
+        let store = self.shared.store.clone();
+        let fut = async move { store.job_finalize_many(params).await };
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            act.flushing = false;
+            match res {
+                Ok(results) => {
+                    act.flush_failures = 0;
+                    act.flush_not_before = None;
+                    for (p, (_, outcome)) in batch.into_iter().zip(results) {
+                        let id = p.item.id;
+                        act.leases.remove(&id);
+                        match outcome {
+                            Guarded::Applied(state) => act.shared.events.emit(Event::Finished {
+                                id,
+                                kind: p.kind,
+                                queue: p.queue.clone(),
+                                attempt: p.attempt,
+                                state,
+                                code: if state == JobState::Succeeded {
+                                    None
+                                } else {
+                                    p.code
+                                },
+                            }),
+                            Guarded::LeaseLost | Guarded::Stale => act
+                                .shared
+                                .events
+                                .emit(Event::LeaseLost { id, kind: p.kind }),
+                        }
+                        act.free_slot(&p.queue);
+                    }
+                }
+                Err(e) => {
+                    report_store_error(
+                        &act.shared.events,
+                        "lease_manager",
+                        &mut act.last_error,
+                        ERROR_LOG_EVERY,
+                        &e,
+                    );
+                    act.flush_failures += 1;
+                    let exp = act.flush_failures.min(8);
+                    let wait = (Duration::from_millis(50) * 2u32.pow(exp)).min(MAX_FLUSH_BACKOFF);
+                    act.flush_not_before = Some(Instant::now() + wait);
+                    // Put the batch back in front; its leases are still renewed meanwhile.
+                    let mut rest = std::mem::take(&mut act.pending);
+                    act.pending = batch;
+                    act.pending.append(&mut rest);
+                }
+            }
+            if !act.pending.is_empty() && act.flush_not_before.is_none() {
+                act.flush(ctx);
+            }
+        }));
+    }
+}
+
+impl Actor for LeaseManager {
+    type Context = Context<Self>;
+}
+
+/// Tells the lease manager which fetcher frees which queue's slots (sent once at start).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct RegisterFetchers(pub(crate) HashMap<String, Addr<Fetcher>>);
+
+impl Handler<RegisterFetchers> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: RegisterFetchers, _ctx: &mut Context<Self>) {
+        self.fetchers = msg.0;
+    }
+}
+
+/// A fetcher claimed a job: track its lease.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct TrackLease {
+    /// The job.
+    pub id: JobId,
+    /// The claim's token.
+    pub token: LeaseToken,
+    /// Its queue (whose slot to free).
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its supervisor.
+    pub supervisor: Recipient<StopJob>,
+    /// When the claim was sent (this node's clock).
+    pub claimed_at: DateTime<Utc>,
+    /// The attempt's timeout.
+    pub deadline: DateTime<Utc>,
+}
+
+impl Handler<TrackLease> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, m: TrackLease, _ctx: &mut Context<Self>) {
+        let valid_until = m.claimed_at + self.lease_span();
+        self.leases.insert(
+            m.id,
+            Lease {
+                token: m.token,
+                queue: m.queue,
+                kind: m.kind,
+                supervisor: m.supervisor,
+                valid_until,
+                deadline: m.deadline,
+                cancel_deadline: None,
+                finishing: false,
+                stopped: false,
+            },
+        );
+    }
+}
+
+/// A supervisor's outcome for its job, to be written.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct JobFinished {
+    /// The job.
+    pub id: JobId,
+    /// The holder's token.
+    pub token: LeaseToken,
+    /// What to write.
+    pub outcome: Finalization,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// The attempt that ended.
+    pub attempt: u32,
+}
+
+impl Handler<JobFinished> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, m: JobFinished, ctx: &mut Context<Self>) {
+        if let Some(l) = self.leases.get_mut(&m.id) {
+            l.finishing = true;
+        }
+        let code = match &m.outcome {
+            Finalization::Retry { error, .. }
+            | Finalization::Dead { error }
+            | Finalization::Cancelled { error } => Some(error.code.clone()),
+            _ => None,
+        };
+        self.pending.push(Pending {
+            item: Finalize {
+                id: m.id,
+                token: m.token,
+                outcome: m.outcome,
+            },
+            queue: m.queue,
+            kind: m.kind,
+            attempt: m.attempt,
+            code,
+        });
+        self.flush(ctx);
+    }
+}
+
+/// Writes buffered finalizations now (normally automatic).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct FlushFinalizations;
+
+impl Handler<FlushFinalizations> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, _: FlushFinalizations, ctx: &mut Context<Self>) {
+        self.flush_not_before = None;
+        self.flush(ctx);
+    }
+}
+
+/// What one heartbeat did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, MessageResponse)]
+pub struct RenewReport {
+    /// Leases renewed.
+    pub renewed: usize,
+    /// Leases found lost (their handlers were stopped).
+    pub lost: usize,
+    /// Statements used (one per heartbeat, zero when there was nothing to renew).
+    pub statements: usize,
+}
+
+/// Heartbeat: renew every lease in one statement.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "RenewReport")]
+pub struct RenewLeases;
+
+impl Handler<RenewLeases> for LeaseManager {
+    type Result = ResponseActFuture<Self, RenewReport>;
+
+    fn handle(&mut self, _: RenewLeases, _ctx: &mut Context<Self>) -> Self::Result {
+        if self.renewing || self.leases.is_empty() {
+            return Box::pin(fut::ready(RenewReport::default()));
+        }
+        self.renewing = true;
+        let leases: Vec<LeaseRef> = self
+            .leases
+            .iter()
+            .map(|(id, l)| LeaseRef {
+                id: *id,
+                token: l.token.clone(),
+            })
+            .collect();
+        let sent_at = self.shared.clock.now();
+        let params = RenewParams {
+            leases,
+            lease: self.shared.config.lease,
+            now: self.shared.clock.bound_now(),
+        };
+        let store = self.shared.store.clone();
+        let fut = async move { store.job_renew_leases(params).await };
+        Box::pin(fut.into_actor(self).map(move |res, act, _ctx| {
+            act.renewing = false;
+            let results = match res {
+                Ok(r) => r,
+                Err(e) => {
+                    report_store_error(
+                        &act.shared.events,
+                        "lease_manager",
+                        &mut act.last_error,
+                        ERROR_LOG_EVERY,
+                        &e,
+                    );
+                    return RenewReport::default();
+                }
+            };
+            let mut report = RenewReport {
+                statements: 1,
+                ..RenewReport::default()
+            };
+            let valid_until = sent_at + act.lease_span();
+            let grace =
+                chrono::Duration::from_std(act.shared.config.cancel_grace).unwrap_or_default();
+            for (id, outcome) in results {
+                match outcome {
+                    Guarded::Applied(r) => {
+                        report.renewed += 1;
+                        if let Some(l) = act.leases.get_mut(&id) {
+                            l.valid_until = l.valid_until.max(valid_until);
+                            if r.cancel_requested && l.cancel_deadline.is_none() && !l.finishing {
+                                l.cancel_deadline = Some(act.shared.clock.now() + grace);
+                                l.supervisor.do_send(StopJob(StopReason::Cancel));
+                                act.shared.events.emit(Event::CancelSignalled {
+                                    id,
+                                    kind: l.kind.clone(),
+                                });
+                            }
+                        }
+                    }
+                    Guarded::LeaseLost | Guarded::Stale => {
+                        report.lost += 1;
+                        // A job whose finalization is in flight learns its fate from the
+                        // finalization itself.
+                        if act.leases.get(&id).is_some_and(|l| !l.finishing) {
+                            if let Some(l) = act.leases.remove(&id) {
+                                l.supervisor.do_send(StopJob(StopReason::LeaseLost));
+                                act.shared
+                                    .events
+                                    .emit(Event::LeaseLost { id, kind: l.kind });
+                                act.free_slot(&l.queue);
+                            }
+                        }
+                    }
+                }
+            }
+            act.shared.events.emit(Event::LeasesRenewed {
+                renewed: report.renewed,
+                lost: report.lost,
+            });
+            report
+        }))
+    }
+}
+
+/// Checks timeouts, cancel grace and lease validity of every running job (and retries a
+/// pending flush). Answers how many handlers were told to stop.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "usize")]
+pub struct CheckDeadlines;
+
+impl Handler<CheckDeadlines> for LeaseManager {
+    type Result = usize;
+
+    fn handle(&mut self, _: CheckDeadlines, ctx: &mut Context<Self>) -> usize {
+        let now = self.shared.clock.now();
+        let margin = self.fence_margin();
+        let mut stopped = 0;
+        let mut fenced = Vec::new();
+        for (id, l) in &mut self.leases {
+            if l.finishing || l.stopped {
+                continue;
+            }
+            let reason = if now >= l.valid_until - margin {
+                Some(StopReason::SelfFence)
+            } else if now >= l.deadline {
+                Some(StopReason::Timeout)
+            } else if l.cancel_deadline.is_some_and(|d| now >= d) {
+                Some(StopReason::CancelGraceOver)
+            } else {
+                None
+            };
+            if let Some(r) = reason {
+                l.stopped = true;
+                stopped += 1;
+                l.supervisor.do_send(StopJob(r));
+                match r {
+                    StopReason::SelfFence => fenced.push(*id),
+                    StopReason::Timeout => self.shared.events.emit(Event::TimedOut {
+                        id: *id,
+                        kind: l.kind.clone(),
+                    }),
+                    _ => {}
+                }
+            }
+        }
+        // A fenced job reports nothing: forget its lease and free its slot; the sweeper
+        // reclaims it once the lease has expired.
+        for id in fenced {
+            if let Some(l) = self.leases.remove(&id) {
+                self.shared
+                    .events
+                    .emit(Event::SelfFenced { id, kind: l.kind });
+                self.free_slot(&l.queue);
+            }
+        }
+        self.flush(ctx);
+        stopped
+    }
+}
+
+/// Shutdown: stop every running handler and give its lease back (the job returns to
+/// `pending` without using an attempt). Answers how many.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "usize")]
+pub struct ReleaseAll;
+
+impl Handler<ReleaseAll> for LeaseManager {
+    type Result = usize;
+
+    fn handle(&mut self, _: ReleaseAll, _ctx: &mut Context<Self>) -> usize {
+        let mut n = 0;
+        for l in self.leases.values_mut() {
+            if !l.finishing && !l.stopped {
+                l.stopped = true;
+                l.supervisor.do_send(StopJob(StopReason::Release));
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// What the lease manager holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, MessageResponse)]
+pub struct LeaseManagerStatus {
+    /// Leases held (running jobs and jobs whose finalization is not yet written).
+    pub tracked: usize,
+    /// Finalizations waiting to be written.
+    pub pending: usize,
+}
+
+/// Asks for the [`LeaseManagerStatus`].
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "LeaseManagerStatus")]
+pub struct GetLeaseManagerStatus;
+
+impl Handler<GetLeaseManagerStatus> for LeaseManager {
+    type Result = LeaseManagerStatus;
+
+    fn handle(&mut self, _: GetLeaseManagerStatus, _ctx: &mut Context<Self>) -> LeaseManagerStatus {
+        LeaseManagerStatus {
+            tracked: self.leases.len(),
+            pending: self.pending.len() + usize::from(self.flushing),
+        }
+    }
+}
+
+impl Handler<StopActor> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, _: StopActor, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+/// The token of a tracked job (for tests that play a zombie).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Option<LeaseToken>")]
+pub struct TokenOf(pub JobId);
+
+impl Handler<TokenOf> for LeaseManager {
+    type Result = Option<LeaseToken>;
+
+    fn handle(&mut self, m: TokenOf, _ctx: &mut Context<Self>) -> Option<LeaseToken> {
+        self.leases.get(&m.0).map(|l| l.token.clone())
+    }
+}

@@ -1,0 +1,230 @@
+//! Simulation harness for testing handlers and the runtime: a [`ManualClock`], the actors
+//! started on a temp SQLite store (or any store) with **no timers**, and each actor's address,
+//! so a test drives everything through mailboxes — fetch, renew, check deadlines, sweep,
+//! archive, advance the clock — deterministically, without sleeping.
+//!
+//! Handlers still run on their own threads; a test waits for the [`Event`]s that report what
+//! they did ([`Simulation::next_event`]), with a generous real-time safety net that only fires
+//! if something is broken.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use std::time::Duration;
+//! use jobvisor::{handler_fn, JobOutcome, NewJob, testing::Simulation};
+//!
+//! let mut sim = Simulation::sqlite(|b| {
+//!     b.handler("hello", handler_fn(|_: serde_json::Value, _ctx| async { JobOutcome::success("hi") }))
+//! })
+//! .await;
+//! let id = sim.client.enqueue(NewJob::new("hello", serde_json::json!({}))).await.unwrap().id;
+//! sim.fetch("default").await;
+//! assert_eq!(sim.finished(id).await, jobvisor::JobState::Succeeded);
+//! sim.clock.advance(Duration::from_secs(60));
+//! # }
+//! ```
+
+#![allow(clippy::missing_panics_doc)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use tokio::sync::broadcast;
+
+use crate::client::Client;
+use crate::clock::ManualClock;
+use crate::config::{QueueConfig, SchedulerConfig};
+use crate::job::{JobId, JobState};
+use crate::scheduler::{
+    ArchiveNow, ArchiveReport, CheckDeadlines, Event, FetchNow, Fetcher, LeaseManager, RenewLeases,
+    RenewReport, Scheduler, SchedulerBuilder, SchedulerHandle, SweepNow,
+};
+use crate::store::conformance::TestDb;
+use crate::store::{Backend, Store};
+
+/// Real-time safety net for waiting on events; only reached when something is broken.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Settings for simulation: no timers, a 30 s lease renewed every 10 s, two handler threads,
+/// and a 1 s fixed retry backoff so tests can reason about `run_at`.
+pub fn sim_config() -> SchedulerConfig {
+    SchedulerConfig {
+        timers: false,
+        handler_threads: 2,
+        retry: crate::backoff::RetryPolicy::fixed(Duration::from_secs(1)),
+        ..SchedulerConfig::default()
+    }
+}
+
+/// A running node under a manual clock.
+pub struct Simulation {
+    /// The node.
+    pub handle: SchedulerHandle,
+    /// The clock every statement of this node binds.
+    pub clock: ManualClock,
+    /// A client on the same store and clock (it wakes nothing: tests fetch explicitly).
+    pub client: Client,
+    events: broadcast::Receiver<Event>,
+    /// Received but not yet matched by `next_event`.
+    backlog: std::collections::VecDeque<Event>,
+    seen: Vec<Event>,
+    _db: Option<Arc<TestDb>>,
+}
+
+impl std::fmt::Debug for Simulation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulation")
+            .field("node", self.handle.node_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Simulation {
+    /// A node on a fresh temp SQLite file with one queue `default` (concurrency 10); add
+    /// handlers and settings in `configure`. Must run inside an actix system
+    /// (`#[actix::test]`).
+    pub async fn sqlite(
+        configure: impl FnOnce(SchedulerBuilder) -> SchedulerBuilder,
+    ) -> Simulation {
+        let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+        let store = db.store().await;
+        let mut sim =
+            Simulation::on_store(store, ManualClock::at_fixed_start(), "sim-node", configure);
+        sim._db = Some(db);
+        sim
+    }
+
+    /// A node named `node` on `store`, driven by `clock` (share one clock between nodes of
+    /// one simulation).
+    pub fn on_store(
+        store: Store,
+        clock: ManualClock,
+        node: &str,
+        configure: impl FnOnce(SchedulerBuilder) -> SchedulerBuilder,
+    ) -> Simulation {
+        let builder = Scheduler::builder(store.clone())
+            .config(sim_config())
+            .clock(Arc::new(clock.clone()))
+            .node_id(
+                crate::lease::NodeId::new(node).unwrap_or_else(|_| crate::lease::NodeId::random()),
+            );
+        let builder = configure(builder);
+        let builder = if builder.has_queues() {
+            builder
+        } else {
+            builder.queue("default", QueueConfig::default())
+        };
+        let handle = builder
+            .start()
+            .unwrap_or_else(|e| panic!("simulation did not start: {e}"));
+        let events = handle.events();
+        Simulation {
+            client: Client::with_clock(store, Arc::new(clock.clone())),
+            clock,
+            handle,
+            events,
+            backlog: std::collections::VecDeque::new(),
+            seen: Vec::new(),
+            _db: None,
+        }
+    }
+
+    /// Keeps `db` alive as long as this simulation (for nodes sharing a test database).
+    pub fn keep(mut self, db: Arc<TestDb>) -> Self {
+        self._db = Some(db);
+        self
+    }
+
+    /// The fetcher of `queue`.
+    pub fn fetcher(&self, queue: &str) -> Addr<Fetcher> {
+        self.handle
+            .fetcher(queue)
+            .unwrap_or_else(|| panic!("no queue {queue:?}"))
+    }
+
+    /// The lease manager.
+    pub fn lease_manager(&self) -> Addr<LeaseManager> {
+        self.handle.lease_manager()
+    }
+
+    /// Sends `FetchNow` to a queue's fetcher; answers how many jobs it claimed.
+    pub async fn fetch(&self, queue: &str) -> usize {
+        self.fetcher(queue).send(FetchNow).await.unwrap_or(0)
+    }
+
+    /// Sends the heartbeat.
+    pub async fn renew(&self) -> RenewReport {
+        self.lease_manager()
+            .send(RenewLeases)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Checks deadlines; answers how many handlers were told to stop.
+    pub async fn check_deadlines(&self) -> usize {
+        self.lease_manager().send(CheckDeadlines).await.unwrap_or(0)
+    }
+
+    /// Sweeps; answers how many jobs were reclaimed.
+    pub async fn sweep(&self) -> usize {
+        self.handle.sweeper().send(SweepNow).await.unwrap_or(0)
+    }
+
+    /// Archives and prunes.
+    pub async fn archive(&self) -> ArchiveReport {
+        self.handle
+            .archiver()
+            .send(ArchiveNow)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+
+    /// Waits for the first not-yet-matched event matching `pred`. Events that do not match
+    /// stay available to later calls; all are listed in [`Simulation::seen`].
+    pub async fn next_event(&mut self, pred: impl Fn(&Event) -> bool) -> Event {
+        if let Some(i) = self.backlog.iter().position(&pred) {
+            if let Some(e) = self.backlog.remove(i) {
+                return e;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let got = tokio::time::timeout_at(deadline, self.events.recv()).await;
+            match got {
+                Ok(Ok(e)) => {
+                    self.seen.push(e.clone());
+                    if pred(&e) {
+                        return e;
+                    }
+                    self.backlog.push_back(e);
+                }
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => continue,
+                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => panic!(
+                    "no matching event within {EVENT_TIMEOUT:?}; events seen: {:#?}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
+    /// Waits until job `id`'s finalization is written and answers the state it reached.
+    pub async fn finished(&mut self, id: JobId) -> JobState {
+        match self
+            .next_event(|e| matches!(e, Event::Finished { id: i, .. } if *i == id))
+            .await
+        {
+            Event::Finished { state, .. } => state,
+            _ => unreachable!("filtered above"),
+        }
+    }
+
+    /// Every event seen so far by [`Simulation::next_event`].
+    pub fn seen(&self) -> &[Event] {
+        &self.seen
+    }
+}
