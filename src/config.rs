@@ -159,7 +159,51 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Generates a chainable setter per field.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty),+ $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, v: $ty) -> Self {
+                self.$name = v;
+                self
+            }
+        )+
+    };
+}
+
 impl SchedulerConfig {
+    setters! {
+        /// Sets the lease length.
+        lease: Duration,
+        /// Sets the heartbeat interval.
+        renew_every: Duration,
+        /// Sets how often deadlines are checked.
+        deadline_check_every: Duration,
+        /// Sets the sweeper interval.
+        sweep_every: Duration,
+        /// Sets the sweeper batch size.
+        sweep_batch: u32,
+        /// Sets the archiver interval.
+        archive_every: Duration,
+        /// Sets how long terminal jobs stay in the live table.
+        archive_after: Duration,
+        /// Sets how long archived jobs are kept.
+        prune_after: Duration,
+        /// Sets the archiver batch size.
+        archive_batch: u32,
+        /// Sets the default retry policy.
+        retry: RetryPolicy,
+        /// Sets the number of handler threads.
+        handler_threads: usize,
+        /// Sets the grace a cancelled handler gets.
+        cancel_grace: Duration,
+        /// Sets graceful shutdown's wait.
+        shutdown_timeout: Duration,
+        /// Installs interval timers or not (simulation sends ticks itself).
+        timers: bool,
+    }
+
     /// Checks every field.
     ///
     /// # Errors

@@ -1,6 +1,6 @@
 //! Simulation tests of the runtime: actors on a real store, a manual clock, ticks sent to
 //! mailboxes — no timers, no sleeps. Key scenarios also run with two nodes sharing one
-//! PostgreSQL database (`two_nodes_on_postgres_*`).
+//! database on PostgreSQL, MySQL and SQLite (`two_nodes::*`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -497,11 +497,10 @@ async fn wait_returns_the_finished_job() {
     assert_eq!(job.result, Some(json!(7)));
 }
 
-// ---- two nodes sharing one PostgreSQL database ----------------------------------------
+// ---- two nodes sharing one database, on every backend -----------------------------------
 
-#[actix::test]
-async fn two_nodes_on_postgres_reclaim_and_fence_a_zombie() {
-    let db = Arc::new(TestDb::create(Backend::Postgres).await);
+async fn two_nodes_reclaim_and_fence_a_zombie(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
     let clock = jobvisor::clock::ManualClock::at_fixed_start();
     let gate_a = Arc::new(Semaphore::new(0));
     let mut a = Simulation::on_store(db.store().await, clock.clone(), "pg-a", |b| {
@@ -529,9 +528,8 @@ async fn two_nodes_on_postgres_reclaim_and_fence_a_zombie() {
     assert_eq!((job.result, job.attempts), (Some(json!("from B")), 2));
 }
 
-#[actix::test]
-async fn two_nodes_on_postgres_share_a_queue_without_double_claims() {
-    let db = Arc::new(TestDb::create(Backend::Postgres).await);
+async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
     let clock = jobvisor::clock::ManualClock::at_fixed_start();
     let ok = || handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) });
     let mut a = Simulation::on_store(db.store().await, clock.clone(), "pg-a", |b| {
@@ -550,7 +548,13 @@ async fn two_nodes_on_postgres_share_a_queue_without_double_claims() {
         .map(|e| e.id)
         .collect();
     let (na, nb) = tokio::join!(a.fetch("default"), b.fetch("default"));
-    assert_eq!(na + nb, 20, "each claims its 10 free slots");
+    assert_eq!(
+        na + nb,
+        20,
+        "each claims its 10 free slots (a: {na}, b: {nb}; seen a: {:?}, b: {:?})",
+        a.seen(),
+        b.seen()
+    );
     // Each finished job frees a slot and its fetcher claims again by itself.
     for id in &ids {
         let job = a.client.wait(*id, Duration::from_secs(20)).await.unwrap();
@@ -564,4 +568,31 @@ async fn two_nodes_on_postgres_share_a_queue_without_double_claims() {
     let _ = (finished_a, b.seen().len());
     a.next_event(|e| matches!(e, Event::Finished { .. })).await;
     b.next_event(|e| matches!(e, Event::Finished { .. })).await;
+}
+
+macro_rules! two_node_tests {
+    ($($name:ident => $backend:expr),+ $(,)?) => {
+        mod two_nodes {
+            use super::*;
+            $(
+                mod $name {
+                    use super::*;
+                    #[actix::test]
+                    async fn reclaim_and_fence_a_zombie() {
+                        two_nodes_reclaim_and_fence_a_zombie($backend).await;
+                    }
+                    #[actix::test]
+                    async fn share_a_queue_without_double_claims() {
+                        two_nodes_share_a_queue_without_double_claims($backend).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+two_node_tests! {
+    postgres => Backend::Postgres,
+    mysql => Backend::Mysql,
+    sqlite => Backend::Sqlite,
 }

@@ -163,6 +163,7 @@ impl SchedulerBuilder {
         self
     }
 
+    #[cfg(feature = "test-util")]
     pub(crate) fn has_queues(&self) -> bool {
         !self.queues.is_empty()
     }

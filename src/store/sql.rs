@@ -388,3 +388,26 @@ impl<Q: QueryFragment<Sqlite>> QueryFragment<Sqlite> for SkipLocked<Q> {
         self.0.walk_ast(out)
     }
 }
+
+/// MySQL only: `claim_queue = ?`, the stored generated column that is the queue while a job
+/// is claimable (see the MySQL migration). Matching it scans the claim index in order, so
+/// `FOR UPDATE SKIP LOCKED … LIMIT n` locks only the rows it returns.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct ClaimQueueIs(pub(crate) String);
+
+impl Expression for ClaimQueueIs {
+    type SqlType = Bool;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for ClaimQueueIs {}
+impl SelectableExpression<jobvisor_jobs::table> for ClaimQueueIs {}
+impl<GB> ValidGrouping<GB> for ClaimQueueIs {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl QueryFragment<Mysql> for ClaimQueueIs {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("claim_queue = ");
+        out.push_bind_param::<Text, _>(&self.0)?;
+        Ok(())
+    }
+}

@@ -22,8 +22,8 @@ use super::connect::{with_tx, Pool, SqliteConn};
 use super::rows::{dur_ms, dur_us, from_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::sql::{
-    DbNow, FirstStartedAt, JsonAppend, LeasePairs, PlusColumnMs, RetryFinishedAt, RetryState,
-    SkipLocked, CLAIMABLE, RUNNING,
+    ClaimQueueIs, DbNow, FirstStartedAt, JsonAppend, LeasePairs, PlusColumnMs, RetryFinishedAt,
+    RetryState, SkipLocked, CLAIMABLE, RUNNING,
 };
 use super::{
     ClaimParams, ClaimedJob, EnqueueParams, Enqueued, Finalization, FinalizeParams, Guarded,
@@ -546,8 +546,7 @@ impl Store {
                 diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
                     let ids: Vec<i64> = jobs::table
                         .select(jobs::id)
-                        .filter(jobs::queue.eq(p.queue.clone()))
-                        .filter(CLAIMABLE)
+                        .filter(ClaimQueueIs(p.queue.clone()))
                         .filter(jobs::run_at.le(now))
                         .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
                         .limit(limit)

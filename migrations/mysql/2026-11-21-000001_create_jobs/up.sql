@@ -25,8 +25,13 @@ CREATE TABLE jobvisor_jobs (
     updated_at          BIGINT       NOT NULL,
     first_started_at    BIGINT       NULL,
     finished_at         BIGINT       NULL,
+    -- The queue while the job is claimable, else NULL: lets the claim scan one index in
+    -- (priority, run_at, id) order. With `state IN (...)` InnoDB would filesort and lock every
+    -- examined row, starving concurrent claimers.
+    claim_queue         VARCHAR(128) AS (CASE WHEN state IN ('pending', 'retrying') THEN queue END) STORED,
     CONSTRAINT jobvisor_jobs_state_check CHECK (state IN ('pending', 'running', 'retrying', 'succeeded', 'dead', 'cancelled')),
-    INDEX jobvisor_jobs_claim_idx (queue, state, priority, run_at, id),
+    INDEX jobvisor_jobs_claim_idx (claim_queue, priority, run_at, id),
+    INDEX jobvisor_jobs_state_queue_idx (state, queue),
     INDEX jobvisor_jobs_sweep_idx (state, lease_expires_at),
     INDEX jobvisor_jobs_timeout_idx (state, timeout_at),
     INDEX jobvisor_jobs_archive_idx (state, finished_at),

@@ -1,0 +1,336 @@
+//! Quickstart: a scheduler on an SQLite file, a realistic mix of jobs, progress as they run
+//! and a table of what happened to each. No set-up:
+//!
+//! ```sh
+//! cargo run --example quickstart
+//! ```
+//!
+//! It exits non-zero if any job ends differently from what its comment below promises, so CI
+//! runs it as a test too. Set `RUST_LOG=jobvisor=debug` to see the runtime's own log.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use jobvisor::scheduler::Event;
+use jobvisor::{
+    handler_fn, JobContext, JobError, JobId, JobOutcome, JobState, NewJob, QueueConfig,
+    RetryPolicy, Scheduler, SchedulerConfig, Store, StoreOptions,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize)]
+struct Email {
+    user: String,
+}
+
+#[derive(Deserialize)]
+struct Charge {
+    order: u32,
+    cents: u64,
+}
+
+#[actix::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
+        )
+        .init();
+    // A handler panic is caught and recorded as a failure with code `panic`; print it as one
+    // line instead of the default hook's backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("         (a handler panicked: {msg})");
+    }));
+
+    // A fresh SQLite file: created, migrated, WAL mode. Nothing to install.
+    let path = std::env::temp_dir().join("jobvisor-quickstart.sqlite");
+    for ext in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
+    }
+    let url = format!("sqlite://{}", path.display());
+    let store = Store::connect_with(&url, StoreOptions::default().migrate(true)).await?;
+    println!("jobvisor quickstart — jobs stored in {}\n", path.display());
+
+    let scheduler = Scheduler::builder(store)
+        .config(
+            // Short lease and heartbeat so a cancel reaches a running job within a second.
+            SchedulerConfig::default()
+                .lease(Duration::from_secs(3))
+                .renew_every(Duration::from_secs(1))
+                .retry(RetryPolicy {
+                    base: Duration::from_millis(300),
+                    factor: 2.0,
+                    cap: Duration::from_secs(2),
+                    jitter: 0.2,
+                }),
+        )
+        .queue(
+            "default",
+            QueueConfig::default()
+                .concurrency(4)
+                .poll_interval(Duration::from_millis(200)),
+        )
+        .queue(
+            "mail",
+            QueueConfig::default()
+                .concurrency(2)
+                .poll_interval(Duration::from_millis(200)),
+        )
+        .handler(
+            "send_welcome_email",
+            handler_fn(|email: Email, _ctx| async move {
+                tokio::time::sleep(Duration::from_millis(80)).await;
+                JobOutcome::success(format!("welcome mail sent to {}", email.user))
+            }),
+        )
+        .handler(
+            "charge_card",
+            handler_fn(|c: Charge, ctx: JobContext| async move {
+                if ctx.attempt == 1 {
+                    return Err(JobError::retry("card network timed out").with_code("network"));
+                }
+                JobOutcome::success(json!({"order": c.order, "charged_cents": c.cents}))
+            }),
+        )
+        .handler(
+            "parse_invoice",
+            handler_fn(|_: Value, _ctx| async move {
+                Err::<JobOutcome, _>(
+                    JobError::fail("invoice 17 is not a PDF").with_code("bad_input"),
+                )
+            }),
+        )
+        .handler(
+            "resize_image",
+            handler_fn(|_: Value, _ctx| async move {
+                if true {
+                    panic!("image decoder crashed on a truncated PNG");
+                }
+                Ok(JobOutcome::done())
+            }),
+        )
+        .handler(
+            "build_report",
+            handler_fn(|_: Value, ctx: JobContext| async move {
+                // Far slower than its 500 ms timeout; it stops when told to.
+                ctx.cancelled().await;
+                Err::<JobOutcome, _>(JobError::retry("interrupted"))
+            }),
+        )
+        .handler(
+            "long_export",
+            handler_fn(|_: Value, ctx: JobContext| async move {
+                ctx.cancelled().await;
+                Err::<JobOutcome, _>(JobError::retry("export interrupted"))
+            }),
+        )
+        .handler(
+            "send_reminder",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success("reminder sent") }),
+        )
+        .handler(
+            "sync_account",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success("account synced") }),
+        )
+        .handler(
+            "nightly_cleanup",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success("cleaned") }),
+        )
+        .start()?;
+
+    let client = scheduler.client();
+    let started = Instant::now();
+    let mut events = scheduler.events();
+    let names = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<JobId, String>::new()));
+    let printer_names = names.clone();
+    let printer = actix::spawn(async move {
+        while let Ok(e) = events.recv().await {
+            let t = started.elapsed().as_secs_f64();
+            let name = |id: &JobId| {
+                printer_names
+                    .lock()
+                    .map(|m| m.get(id).cloned().unwrap_or_default())
+                    .unwrap_or_default()
+            };
+            match e {
+                Event::Claimed { id, attempt, .. } => {
+                    println!(
+                        "{t:6.2}s  #{id:<3} {:<20} started (attempt {attempt})",
+                        name(&id)
+                    )
+                }
+                Event::Finished {
+                    id, state, code, ..
+                } => {
+                    let what = match (state, code) {
+                        (JobState::Succeeded, _) => "succeeded".to_string(),
+                        (JobState::Retrying, Some(c)) => format!("failed ({c}), will retry"),
+                        (JobState::Dead, Some(c)) => format!("failed ({c}), dead"),
+                        (JobState::Cancelled, _) => "cancelled while running".to_string(),
+                        (s, _) => s.to_string(),
+                    };
+                    println!("{t:6.2}s  #{id:<3} {:<20} {what}", name(&id))
+                }
+                Event::TimedOut { id, .. } => {
+                    println!(
+                        "{t:6.2}s  #{id:<3} {:<20} ran past its timeout, stopped",
+                        name(&id)
+                    )
+                }
+                Event::CancelSignalled { id, .. } => {
+                    println!(
+                        "{t:6.2}s  #{id:<3} {:<20} cancel requested, handler signalled",
+                        name(&id)
+                    )
+                }
+                _ => {}
+            }
+        }
+    });
+
+    // The mix, each with the outcome it should reach.
+    let plan: Vec<(NewJob, JobState, &str)> = vec![
+        (
+            NewJob::new("send_welcome_email", json!({"user": "ada@example.com"})).queue("mail"),
+            JobState::Succeeded,
+            "succeeds",
+        ),
+        (
+            NewJob::new("send_welcome_email", json!({"user": "alan@example.com"})).queue("mail"),
+            JobState::Succeeded,
+            "succeeds",
+        ),
+        (
+            NewJob::new("charge_card", json!({"order": 1001, "cents": 4200})),
+            JobState::Succeeded,
+            "fails, then succeeds on retry",
+        ),
+        (
+            NewJob::new("parse_invoice", json!({"invoice": 17})),
+            JobState::Dead,
+            "fails permanently",
+        ),
+        (
+            NewJob::new("resize_image", json!({"image": "cat.png"})).max_attempts(2),
+            JobState::Dead,
+            "panics on every attempt",
+        ),
+        (
+            NewJob::new("build_report", json!({"month": "2026-10"}))
+                .timeout(Duration::from_millis(500))
+                .max_attempts(2),
+            JobState::Dead,
+            "times out twice",
+        ),
+        (
+            NewJob::new("send_reminder", json!({"user": 7})).delay(Duration::from_secs(2)),
+            JobState::Succeeded,
+            "runs after a 2 s delay",
+        ),
+        (
+            NewJob::new("nightly_cleanup", json!({})).delay(Duration::from_secs(3600)),
+            JobState::Cancelled,
+            "cancelled before it runs",
+        ),
+        (
+            NewJob::new("long_export", json!({"rows": 1_000_000})),
+            JobState::Cancelled,
+            "cancelled while running",
+        ),
+        (
+            NewJob::new("sync_account", json!({"account": 42})).unique_key("account:42"),
+            JobState::Succeeded,
+            "enqueued twice, runs once",
+        ),
+    ];
+    let mut expected = Vec::new();
+    for (job, state, promise) in plan {
+        let kind = job.kind.clone();
+        let e = client.enqueue(job).await?;
+        if let Ok(mut m) = names.lock() {
+            m.insert(e.id, kind.clone());
+        }
+        expected.push((e.id, kind, state, promise));
+    }
+    let dup = client
+        .enqueue(NewJob::new("sync_account", json!({"account": 42})).unique_key("account:42"))
+        .await?;
+    println!(
+        "  0.00s  enqueued {} jobs; a second sync_account with key account:42 returned job #{} (duplicate: {})\n",
+        expected.len(),
+        dup.id,
+        dup.duplicate
+    );
+
+    // Cancel one job before it runs, and one while it runs.
+    let cleanup = expected[7].0;
+    client.cancel(cleanup).await?;
+    let export = expected[8].0;
+    while client.get(export).await?.state != JobState::Running {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.cancel(export).await?;
+
+    let mut failures = 0;
+    let mut rows = Vec::new();
+    for (id, kind, want, promise) in &expected {
+        let job = client.wait(*id, Duration::from_secs(60)).await?;
+        let detail = match (&job.result, &job.last_error) {
+            (Some(r), _) => r.to_string(),
+            (None, Some(e)) => format!("{}: {}", e.code, e.message),
+            _ => "—".to_string(),
+        };
+        let ok = job.state == *want;
+        failures += usize::from(!ok || (dup.id != expected[9].0));
+        rows.push((
+            *id,
+            kind.clone(),
+            job.state,
+            job.attempts,
+            *promise,
+            detail,
+            ok,
+        ));
+    }
+    printer.abort();
+    let report = scheduler.shutdown().await;
+
+    println!(
+        "\n{:<4} {:<19} {:<10} {:>8}  {:<31} {}",
+        "job", "kind", "state", "attempts", "meant to", "result / last error"
+    );
+    println!("{}", "-".repeat(118));
+    for (id, kind, state, attempts, promise, detail, ok) in rows {
+        let mark = if ok { "" } else { "   <-- unexpected" };
+        let detail: String = detail.chars().take(48).collect();
+        println!(
+            "#{id:<3} {kind:<19} {:<10} {attempts:>8}  {promise:<31} {detail}{mark}",
+            state.to_string()
+        );
+    }
+    let mut by_state = BTreeMap::<String, u64>::new();
+    for c in client.counts().await? {
+        *by_state.entry(c.state.to_string()).or_default() += c.count;
+    }
+    let summary: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    println!("\nlive jobs by state: {}", summary.join(", "));
+    println!(
+        "took {:.1}s; shutdown: {} finished, {} leases given back",
+        started.elapsed().as_secs_f64(),
+        report.finished,
+        report.released
+    );
+    if failures > 0 {
+        eprintln!("{failures} job(s) ended differently than planned");
+        std::process::exit(1);
+    }
+    Ok(())
+}
