@@ -304,8 +304,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = scheduler.shutdown().await;
 
     println!(
-        "\n{:<4} {:<19} {:<10} {:>8}  {:<31} {}",
-        "job", "kind", "state", "attempts", "meant to", "result / last error"
+        "\n{:<4} {:<19} {:<10} {:>8}  {:<31} result / last error",
+        "job", "kind", "state", "attempts", "meant to"
     );
     println!("{}", "-".repeat(118));
     for (id, kind, state, attempts, promise, detail, ok) in rows {
