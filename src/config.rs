@@ -10,6 +10,10 @@ use crate::job::check_name;
 
 /// Jobs of one queue run at once on one node.
 pub const DEFAULT_CONCURRENCY: u32 = 10;
+/// Claimed jobs a queue keeps ready beyond its running ones, so a worker that finishes starts
+/// the next job without waiting for a round trip. Their leases are held and renewed like any
+/// other; set it to 0 for few long jobs shared fairly among many nodes.
+pub const DEFAULT_PREFETCH: u32 = 100;
 /// How often an idle fetcher looks for due jobs.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Lease length.
@@ -41,6 +45,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct QueueConfig {
     /// Jobs run at once (≥ 1).
     pub concurrency: u32,
+    /// Claimed jobs kept ready beyond the running ones (see [`DEFAULT_PREFETCH`]).
+    pub prefetch: u32,
     /// How often an idle fetcher polls.
     pub poll_interval: Duration,
     /// Retry policy for this queue (else the scheduler's).
@@ -51,6 +57,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
             concurrency: DEFAULT_CONCURRENCY,
+            prefetch: DEFAULT_PREFETCH,
             poll_interval: DEFAULT_POLL_INTERVAL,
             retry: None,
         }
@@ -61,6 +68,12 @@ impl QueueConfig {
     /// Sets the concurrency.
     pub fn concurrency(mut self, n: u32) -> Self {
         self.concurrency = n;
+        self
+    }
+
+    /// Sets the prefetch.
+    pub fn prefetch(mut self, n: u32) -> Self {
+        self.prefetch = n;
         self
     }
 
@@ -87,6 +100,15 @@ impl QueueConfig {
                 reason: format!(
                     "{} for queue {name:?}; expected 1..=10000",
                     self.concurrency
+                ),
+            });
+        }
+        if self.prefetch > 100_000 {
+            return Err(Error::Config {
+                field: "queue.prefetch",
+                reason: format!(
+                    "{} for queue {name:?}; expected at most 100000",
+                    self.prefetch
                 ),
             });
         }

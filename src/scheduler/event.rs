@@ -26,6 +26,13 @@ pub enum Event {
         /// This attempt (1-based).
         attempt: u32,
     },
+    /// A job's handler started (it got a worker; its timeout counts from now).
+    Started {
+        /// The job.
+        id: JobId,
+        /// This attempt.
+        attempt: u32,
+    },
     /// A finalization was written: the job reached `state`.
     Finished {
         /// The job.
@@ -142,6 +149,9 @@ impl EventBus {
             } => {
                 tracing::debug!(job.id = id.0, job.kind = %kind, job.queue = %queue, attempt, "claimed")
             }
+            Event::Started { id, attempt } => {
+                tracing::trace!(job.id = id.0, attempt, "handler started")
+            }
             Event::Finished {
                 id,
                 kind,
@@ -200,7 +210,9 @@ impl EventBus {
                 )
             }
         }
-        // No subscriber is fine.
-        let _ = self.tx.send(e);
+        // Nobody listening: skip the send (and its clone per subscriber).
+        if self.tx.receiver_count() > 0 {
+            let _ = self.tx.send(e);
+        }
     }
 }

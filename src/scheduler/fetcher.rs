@@ -1,17 +1,26 @@
 //! Fetcher: one per queue. Whenever woken — poll tick, a local enqueue, a freed slot — it
 //! claims up to its free slots in one statement and starts a [`JobSupervisor`] per job.
 //!
+//! Two limits: the queue's *concurrency* bounds handlers running at once (a semaphore the
+//! supervisors take a permit from before their handler starts), and the *claim budget*
+//! (concurrency + prefetch) bounds jobs this node holds — running, ready in the prefetch, or
+//! finished but not yet confirmed written. A slot of the budget is freed only once its
+//! finalization is confirmed applied or lease-lost, so a slow database throttles claiming;
+//! a worker, though, moves on to a prefetched job at once, never waiting for a round trip.
+//!
 //! At most one claim is in flight: a wake that arrives meanwhile waits in the mailbox and is
 //! served when the claim returns, so no wake is lost and no two claims race for the same
 //! slots. Freed slots coalesce into one queued wake.
 
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use tokio::sync::Semaphore;
 
-use super::job_supervisor::JobSupervisor;
-use super::lease_manager::{LeaseManager, TrackLease};
+use super::job_supervisor::{JobSupervisor, NOT_STARTED};
+use super::lease_manager::{LeaseManager, TrackLease, TrackLeases};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::config::QueueConfig;
 use crate::store::ClaimParams;
@@ -25,8 +34,11 @@ pub struct Fetcher {
     queue: String,
     config: QueueConfig,
     lease_manager: Addr<LeaseManager>,
-    /// Slots taken: running jobs plus jobs whose finalization is not yet confirmed.
+    /// Budget taken: jobs claimed and not yet confirmed written (running, prefetched, or
+    /// finishing).
     busy: u32,
+    /// Permits for running handlers: the queue's concurrency.
+    workers: Arc<Semaphore>,
     /// A `FetchNow` is already queued for a freed slot: don't queue another.
     wake_queued: bool,
     /// Shutdown began: claim nothing more.
@@ -53,6 +65,7 @@ impl Fetcher {
     ) -> Self {
         Fetcher {
             shared,
+            workers: Arc::new(Semaphore::new(config.concurrency as usize)),
             queue,
             config,
             lease_manager,
@@ -64,7 +77,7 @@ impl Fetcher {
     }
 
     fn free(&self) -> u32 {
-        self.config.concurrency.saturating_sub(self.busy)
+        (self.config.concurrency + self.config.prefetch).saturating_sub(self.busy)
     }
 }
 
@@ -90,6 +103,7 @@ impl Handler<FetchNow> for Fetcher {
         }
         let limit = self.free();
         let shared = self.shared.clone();
+        shared.stats.count_claim();
         let params = ClaimParams {
             queue: self.queue.clone(),
             owner: shared.node.clone(),
@@ -97,14 +111,17 @@ impl Handler<FetchNow> for Fetcher {
             lease: shared.config.lease,
             now: shared.clock.bound_now(),
         };
-        let fut = async move { shared.store.job_claim(params).await };
+        let fut = async move {
+            let t0 = Instant::now();
+            let res = shared.store.job_claim(params).await;
+            tracing::trace!(limit, took_us = t0.elapsed().as_micros() as u64, "claim");
+            res
+        };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
             move |res, act, _ctx| match res {
                 Ok(jobs) => {
                     let n = jobs.len();
-                    for claimed in jobs {
-                        act.start(claimed);
-                    }
+                    act.start_all(jobs);
                     n
                 }
                 Err(e) => {
@@ -123,52 +140,90 @@ impl Handler<FetchNow> for Fetcher {
 }
 
 impl Fetcher {
-    /// Takes a slot, starts the job's supervisor and hands its lease to the lease manager.
-    fn start(&mut self, claimed: crate::store::ClaimedJob) {
-        self.busy += 1;
+    /// Takes budget for each job, starts its supervisor (which waits for a worker permit) and
+    /// hands all the leases to the lease manager in one message.
+    fn start_all(&mut self, jobs: Vec<crate::store::ClaimedJob>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        self.busy = self.busy.saturating_add(n);
+        self.shared.stats.add_claimed(u64::from(n));
         let claimed_at = self.shared.clock.now();
-        self.shared.events.emit(Event::Claimed {
-            id: claimed.job.id,
-            kind: claimed.job.kind.clone(),
-            queue: claimed.job.queue.clone(),
-            attempt: claimed.job.attempts,
-        });
-        let deadline = claimed_at
-            + chrono::Duration::from_std(claimed.job.timeout).unwrap_or(chrono::Duration::MAX);
-        let (id, kind) = (claimed.job.id, claimed.job.kind.clone());
-        let supervisor = JobSupervisor::new(
-            self.shared.clone(),
-            claimed.job,
-            claimed.token.clone(),
-            deadline,
-            self.lease_manager.clone(),
-        )
-        .start();
-        // Sent before the supervisor can report anything: it has not run yet.
-        self.lease_manager.do_send(TrackLease {
-            id,
-            token: claimed.token,
-            queue: self.queue.clone(),
-            kind,
-            supervisor: supervisor.recipient(),
-            claimed_at,
-            deadline,
-        });
+        let mut leases = Vec::with_capacity(jobs.len());
+        for claimed in jobs {
+            self.shared.events.emit(Event::Claimed {
+                id: claimed.job.id,
+                kind: claimed.job.kind.clone(),
+                queue: claimed.job.queue.clone(),
+                attempt: claimed.job.attempts,
+            });
+            let started = Arc::new(AtomicI64::new(NOT_STARTED));
+            let (id, kind, timeout) = (
+                claimed.job.id,
+                claimed.job.kind.clone(),
+                claimed.job.timeout,
+            );
+            let supervisor = JobSupervisor::new(
+                self.shared.clone(),
+                claimed.job,
+                claimed.token.clone(),
+                self.workers.clone(),
+                started.clone(),
+                self.lease_manager.clone(),
+            )
+            .start();
+            leases.push(TrackLease {
+                id,
+                token: claimed.token,
+                queue: self.queue.clone(),
+                kind,
+                supervisor: supervisor.recipient(),
+                claimed_at,
+                timeout,
+                started,
+            });
+        }
+        // Sent before any supervisor can report: none has run yet.
+        self.lease_manager.do_send(TrackLeases(leases));
     }
 }
 
-/// A job of this queue finished (its finalization confirmed) or lost its lease: its slot is
-/// free again.
+/// Jobs of this queue finished (their finalizations confirmed) or lost their leases: their
+/// budget is free again.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
-pub struct SlotFreed;
+pub struct SlotFreed(pub u32);
 
 impl Handler<SlotFreed> for Fetcher {
     type Result = ();
 
-    fn handle(&mut self, _: SlotFreed, ctx: &mut Context<Self>) {
-        self.busy = self.busy.saturating_sub(1);
-        if !self.stopped && !self.wake_queued {
+    fn handle(&mut self, SlotFreed(n): SlotFreed, ctx: &mut Context<Self>) {
+        self.busy = self.busy.saturating_sub(n);
+        // Refill in worthwhile batches: once half the prefetch is free, or at once when the
+        // workers could otherwise run out of jobs. A claim per freed job would cost a round
+        // trip per job.
+        let refill = self.free() >= (self.config.prefetch / 2).max(1)
+            || self.busy <= self.config.concurrency;
+        if refill && !self.stopped && !self.wake_queued {
+            self.wake_queued = true;
+            ctx.notify(FetchNow);
+        }
+    }
+}
+
+/// Something may be due (a local enqueue, a database notification): claim soon. Wakes that
+/// arrive while one is already queued coalesce into it, so a burst of enqueues costs one
+/// claim, not one per job.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+impl Handler<Wake> for Fetcher {
+    type Result = ();
+
+    fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
+        if !self.stopped && !self.wake_queued && self.free() > 0 {
             self.wake_queued = true;
             ctx.notify(FetchNow);
         }
@@ -191,10 +246,12 @@ impl Handler<StopClaiming> for Fetcher {
 /// What a fetcher is doing (for tests and operators).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
 pub struct FetcherStatus {
-    /// Slots taken.
+    /// Budget taken: jobs held by this node (running, prefetched, finishing).
     pub busy: u32,
     /// Its concurrency.
     pub concurrency: u32,
+    /// Its prefetch.
+    pub prefetch: u32,
     /// Whether it still claims.
     pub claiming_enabled: bool,
 }
@@ -211,6 +268,7 @@ impl Handler<GetFetcherStatus> for Fetcher {
         FetcherStatus {
             busy: self.busy,
             concurrency: self.config.concurrency,
+            prefetch: self.config.prefetch,
             claiming_enabled: !self.stopped,
         }
     }

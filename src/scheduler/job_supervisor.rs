@@ -11,27 +11,35 @@
 //! Durability never depends on this actor: if the process dies with the job running, the
 //! lease expires and the sweeper on any node reclaims the job.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use chrono::{DateTime, Utc};
+use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::lease_manager::{JobFinished, LeaseManager};
-use super::{Shared, StopActor};
+use super::{Event, Shared, StopActor};
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
 use crate::job::{Job, JobFailure};
 use crate::lease::LeaseToken;
 use crate::store::Finalization;
+
+/// `started` value of a job whose handler has not started.
+pub(crate) const NOT_STARTED: i64 = i64::MIN;
 
 /// Supervises one running job.
 pub struct JobSupervisor {
     shared: Arc<Shared>,
     job: Job,
     token: LeaseToken,
-    deadline: DateTime<Utc>,
+    /// The queue's worker permits: the handler starts only once it holds one.
+    workers: Arc<Semaphore>,
+    /// When the handler started (epoch µs, [`NOT_STARTED`] before): the lease manager counts
+    /// the timeout from it, not from the claim, since a prefetched job may wait for a worker.
+    started: Arc<AtomicI64>,
     lease_manager: Addr<LeaseManager>,
     /// Signalled on cancel, timeout, lease loss and shutdown; handlers can await it.
     cancel: CancellationToken,
@@ -58,14 +66,16 @@ impl JobSupervisor {
         shared: Arc<Shared>,
         job: Job,
         token: LeaseToken,
-        deadline: DateTime<Utc>,
+        workers: Arc<Semaphore>,
+        started: Arc<AtomicI64>,
         lease_manager: Addr<LeaseManager>,
     ) -> Self {
         JobSupervisor {
             shared,
             job,
             token,
-            deadline,
+            workers,
+            started,
             lease_manager,
             cancel: CancellationToken::new(),
             abort: None,
@@ -175,7 +185,7 @@ impl Actor for JobSupervisor {
             self.report(outcome, ctx);
             return;
         };
-        let job_ctx = JobContext::new(&self.job, self.deadline, self.cancel.clone());
+        let mut job_ctx = JobContext::new(&self.job, self.shared.clock.now(), self.cancel.clone());
         let span = tracing::info_span!(
             "job",
             job.id = self.job.id.0,
@@ -183,10 +193,25 @@ impl Actor for JobSupervisor {
             job.queue = %self.job.queue,
             attempt = self.job.attempts,
         );
-        let task = self
-            .shared
-            .handler_rt
-            .spawn(reg.handler.call(job_ctx).instrument(span));
+        let (workers, started, clock) = (
+            self.workers.clone(),
+            self.started.clone(),
+            self.shared.clock.clone(),
+        );
+        let (events, id, attempt) = (self.shared.events.clone(), self.job.id, self.job.attempts);
+        let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
+        let task = self.shared.handler_rt.spawn(
+            async move {
+                // A closed semaphore only happens at teardown; run anyway rather than hang.
+                let _permit = workers.acquire_owned().await.ok();
+                let now = clock.now();
+                started.store(now.timestamp_micros(), Ordering::Release);
+                job_ctx.deadline = now + timeout;
+                events.emit(Event::Started { id, attempt });
+                reg.handler.call(job_ctx).await
+            }
+            .instrument(span),
+        );
         self.abort = Some(task.abort_handle());
         ctx.spawn(
             fut::wrap_future::<_, Self>(task).map(|res, act, ctx| act.handler_done(res, ctx)),

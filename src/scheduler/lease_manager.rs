@@ -12,6 +12,7 @@
 //!   leases of its jobs keep being renewed meanwhile.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use actix::prelude::*;
 use chrono::{DateTime, Utc};
 
 use super::fetcher::{Fetcher, SlotFreed};
-use super::job_supervisor::{StopJob, StopReason};
+use super::job_supervisor::{StopJob, StopReason, NOT_STARTED};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::job::{JobId, JobState};
 use crate::lease::LeaseToken;
@@ -29,6 +30,9 @@ use crate::store::{Finalization, Finalize, FinalizeParams, Guarded, LeaseRef, Re
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
 /// Most finalizations written in one statement.
 const MAX_FLUSH: usize = 1000;
+/// Finalization statements in flight at once: while one is written the next batch forms, and
+/// a second one can start instead of waiting a full round trip.
+const MAX_FLUSHES: u32 = 2;
 /// Longest wait between flush retries while the store fails.
 const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -42,8 +46,10 @@ struct Lease {
     /// last successful renewal (or the claim) plus the lease. The database computed the real
     /// expiry from its own later "now", so this is conservative.
     valid_until: DateTime<Utc>,
-    /// The attempt's timeout.
-    deadline: DateTime<Utc>,
+    /// The attempt's timeout, counted from `started`.
+    timeout: chrono::Duration,
+    /// When the handler started (set by its task), or [`NOT_STARTED`].
+    started: Arc<AtomicI64>,
     /// Set once the handler was told to cancel: stop it for good after this.
     cancel_deadline: Option<DateTime<Utc>>,
     /// The supervisor reported: a finalization is buffered or being written.
@@ -67,7 +73,8 @@ pub struct LeaseManager {
     leases: HashMap<JobId, Lease>,
     pending: Vec<Pending>,
     fetchers: HashMap<String, Addr<Fetcher>>,
-    flushing: bool,
+    /// Finalization statements in flight (at most [`MAX_FLUSHES`]).
+    flushing: u32,
     renewing: bool,
     /// After a failed flush, the next one waits until this (the node's clock).
     flush_not_before: Option<Instant>,
@@ -91,7 +98,7 @@ impl LeaseManager {
             leases: HashMap::new(),
             pending: Vec::new(),
             fetchers: HashMap::new(),
-            flushing: false,
+            flushing: 0,
             renewing: false,
             flush_not_before: None,
             flush_failures: 0,
@@ -109,20 +116,23 @@ impl LeaseManager {
         chrono::Duration::from_std(m).unwrap_or_default()
     }
 
-    fn free_slot(&self, queue: &str) {
-        if let Some(f) = self.fetchers.get(queue) {
-            f.do_send(SlotFreed);
+    fn free_slots(&self, queue: &str, n: u32) {
+        if n > 0 {
+            if let Some(f) = self.fetchers.get(queue) {
+                f.do_send(SlotFreed(n));
+            }
         }
     }
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.flushing || self.pending.is_empty() {
+        if self.flushing >= MAX_FLUSHES || self.pending.is_empty() {
             return;
         }
         if self.flush_not_before.is_some_and(|t| Instant::now() < t) {
             return;
         }
-        self.flushing = true;
+        self.flushing += 1;
+        self.shared.stats.count_finalize();
         let take = self.pending.len().min(MAX_FLUSH);
         let batch: Vec<Pending> = self.pending.drain(..take).collect();
         let params = FinalizeParams {
@@ -130,35 +140,50 @@ impl LeaseManager {
             now: self.shared.clock.bound_now(),
         };
         let store = self.shared.store.clone();
-        let fut = async move { store.job_finalize_many(params).await };
+        let fut = async move {
+            let t0 = Instant::now();
+            let n = params.items.len();
+            let res = store.job_finalize_many(params).await;
+            tracing::trace!(n, took_us = t0.elapsed().as_micros() as u64, "finalize");
+            res
+        };
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
-            act.flushing = false;
+            act.flushing -= 1;
             match res {
                 Ok(results) => {
                     act.flush_failures = 0;
                     act.flush_not_before = None;
+                    let mut freed: HashMap<String, u32> = HashMap::new();
                     for (p, (_, outcome)) in batch.into_iter().zip(results) {
                         let id = p.item.id;
                         act.leases.remove(&id);
                         match outcome {
-                            Guarded::Applied(state) => act.shared.events.emit(Event::Finished {
-                                id,
-                                kind: p.kind,
-                                queue: p.queue.clone(),
-                                attempt: p.attempt,
-                                state,
-                                code: if state == JobState::Succeeded {
-                                    None
-                                } else {
-                                    p.code
-                                },
-                            }),
-                            Guarded::LeaseLost | Guarded::Stale => act
-                                .shared
-                                .events
-                                .emit(Event::LeaseLost { id, kind: p.kind }),
+                            Guarded::Applied(state) => {
+                                act.shared.stats.add_finished(1);
+                                act.shared.events.emit(Event::Finished {
+                                    id,
+                                    kind: p.kind,
+                                    queue: p.queue.clone(),
+                                    attempt: p.attempt,
+                                    state,
+                                    code: if state == JobState::Succeeded {
+                                        None
+                                    } else {
+                                        p.code
+                                    },
+                                });
+                            }
+                            Guarded::LeaseLost | Guarded::Stale => {
+                                act.shared.stats.add_lease_lost(1);
+                                act.shared
+                                    .events
+                                    .emit(Event::LeaseLost { id, kind: p.kind });
+                            }
                         }
-                        act.free_slot(&p.queue);
+                        *freed.entry(p.queue).or_default() += 1;
+                    }
+                    for (queue, n) in freed {
+                        act.free_slots(&queue, n);
                     }
                 }
                 Err(e) => {
@@ -203,15 +228,14 @@ impl Handler<RegisterFetchers> for LeaseManager {
     }
 }
 
-/// A fetcher claimed a job: track its lease.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
+/// One claimed job's lease, as handed over by its fetcher.
+#[derive(Debug)]
 pub struct TrackLease {
     /// The job.
     pub id: JobId,
     /// The claim's token.
     pub token: LeaseToken,
-    /// Its queue (whose slot to free).
+    /// Its queue (whose budget to free).
     pub queue: String,
     /// Its kind.
     pub kind: String,
@@ -219,29 +243,39 @@ pub struct TrackLease {
     pub supervisor: Recipient<StopJob>,
     /// When the claim was sent (this node's clock).
     pub claimed_at: DateTime<Utc>,
-    /// The attempt's timeout.
-    pub deadline: DateTime<Utc>,
+    /// The job's timeout per attempt.
+    pub timeout: std::time::Duration,
+    /// When its handler started (set by the handler's task).
+    pub started: Arc<AtomicI64>,
 }
 
-impl Handler<TrackLease> for LeaseManager {
+/// A fetcher claimed jobs: track their leases (one message per claim).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct TrackLeases(pub Vec<TrackLease>);
+
+impl Handler<TrackLeases> for LeaseManager {
     type Result = ();
 
-    fn handle(&mut self, m: TrackLease, _ctx: &mut Context<Self>) {
-        let valid_until = m.claimed_at + self.lease_span();
-        self.leases.insert(
-            m.id,
-            Lease {
-                token: m.token,
-                queue: m.queue,
-                kind: m.kind,
-                supervisor: m.supervisor,
-                valid_until,
-                deadline: m.deadline,
-                cancel_deadline: None,
-                finishing: false,
-                stopped: false,
-            },
-        );
+    fn handle(&mut self, TrackLeases(leases): TrackLeases, _ctx: &mut Context<Self>) {
+        let span = self.lease_span();
+        for m in leases {
+            self.leases.insert(
+                m.id,
+                Lease {
+                    token: m.token,
+                    queue: m.queue,
+                    kind: m.kind,
+                    supervisor: m.supervisor,
+                    valid_until: m.claimed_at + span,
+                    timeout: chrono::Duration::from_std(m.timeout).unwrap_or(chrono::Duration::MAX),
+                    started: m.started,
+                    cancel_deadline: None,
+                    finishing: false,
+                    stopped: false,
+                },
+            );
+        }
     }
 }
 
@@ -329,6 +363,7 @@ impl Handler<RenewLeases> for LeaseManager {
             return Box::pin(fut::ready(RenewReport::default()));
         }
         self.renewing = true;
+        self.shared.stats.count_renew();
         let leases: Vec<LeaseRef> = self
             .leases
             .iter()
@@ -389,11 +424,12 @@ impl Handler<RenewLeases> for LeaseManager {
                         // finalization itself.
                         if act.leases.get(&id).is_some_and(|l| !l.finishing) {
                             if let Some(l) = act.leases.remove(&id) {
+                                act.shared.stats.add_lease_lost(1);
                                 l.supervisor.do_send(StopJob(StopReason::LeaseLost));
                                 act.shared
                                     .events
                                     .emit(Event::LeaseLost { id, kind: l.kind });
-                                act.free_slot(&l.queue);
+                                act.free_slots(&l.queue, 1);
                             }
                         }
                     }
@@ -428,7 +464,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
             }
             let reason = if now >= l.valid_until - margin {
                 Some(StopReason::SelfFence)
-            } else if now >= l.deadline {
+            } else if started_at(&l.started).is_some_and(|t| now >= t + l.timeout) {
                 Some(StopReason::Timeout)
             } else if l.cancel_deadline.is_some_and(|d| now >= d) {
                 Some(StopReason::CancelGraceOver)
@@ -456,7 +492,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
                 self.shared
                     .events
                     .emit(Event::SelfFenced { id, kind: l.kind });
-                self.free_slot(&l.queue);
+                self.free_slots(&l.queue, 1);
             }
         }
         self.flush(ctx);
@@ -506,7 +542,7 @@ impl Handler<GetLeaseManagerStatus> for LeaseManager {
     fn handle(&mut self, _: GetLeaseManagerStatus, _ctx: &mut Context<Self>) -> LeaseManagerStatus {
         LeaseManagerStatus {
             tracked: self.leases.len(),
-            pending: self.pending.len() + usize::from(self.flushing),
+            pending: self.pending.len() + self.flushing as usize,
         }
     }
 }
@@ -529,5 +565,13 @@ impl Handler<TokenOf> for LeaseManager {
 
     fn handle(&mut self, m: TokenOf, _ctx: &mut Context<Self>) -> Option<LeaseToken> {
         self.leases.get(&m.0).map(|l| l.token.clone())
+    }
+}
+
+/// When a handler started, if it has.
+fn started_at(started: &AtomicI64) -> Option<DateTime<Utc>> {
+    match started.load(Ordering::Acquire) {
+        NOT_STARTED => None,
+        us => DateTime::<Utc>::from_timestamp_micros(us),
     }
 }

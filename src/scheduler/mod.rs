@@ -40,11 +40,13 @@ mod sweeper;
 
 pub use archiver::{ArchiveNow, ArchiveReport, Archiver};
 pub use event::{Event, EVENT_BUFFER};
-pub use fetcher::{FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming};
+pub use fetcher::{
+    FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
+};
 pub use job_supervisor::{JobSupervisor, StopJob, StopReason};
 pub use lease_manager::{
     CheckDeadlines, FlushFinalizations, GetLeaseManagerStatus, JobFinished, LeaseManager,
-    LeaseManagerStatus, ReleaseAll, RenewLeases, RenewReport, TokenOf, TrackLease,
+    LeaseManagerStatus, ReleaseAll, RenewLeases, RenewReport, TokenOf, TrackLease, TrackLeases,
 };
 pub use sweeper::{SweepNow, Sweeper};
 
@@ -68,6 +70,80 @@ pub(crate) struct Shared {
     pub(crate) events: EventBus,
     /// Where handlers run: never the actors' arbiter.
     pub(crate) handler_rt: tokio::runtime::Handle,
+    /// Running totals, readable from any thread.
+    pub(crate) stats: Stats,
+}
+
+/// Running totals of one node (monotonic counters, cheap to read from any thread).
+#[derive(Debug, Default)]
+pub struct Stats {
+    claimed: std::sync::atomic::AtomicU64,
+    finished: std::sync::atomic::AtomicU64,
+    lease_lost: std::sync::atomic::AtomicU64,
+    claim_statements: std::sync::atomic::AtomicU64,
+    finalize_statements: std::sync::atomic::AtomicU64,
+    renew_statements: std::sync::atomic::AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    /// Jobs claimed by this node.
+    pub claimed: u64,
+    /// Finalizations written (succeeded, retrying, dead, cancelled, requeued).
+    pub finished: u64,
+    /// Jobs whose lease this node found lost (renewal or finalization refused, or fenced).
+    pub lease_lost: u64,
+    /// Claim statements sent (each claims a batch).
+    pub claim_statements: u64,
+    /// Finalization statements sent (each writes a batch).
+    pub finalize_statements: u64,
+    /// Renewal statements sent (one per heartbeat).
+    pub renew_statements: u64,
+}
+
+impl Stats {
+    pub(crate) fn add_claimed(&self, n: u64) {
+        self.claimed
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_finished(&self, n: u64) {
+        self.finished
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_lease_lost(&self, n: u64) {
+        self.lease_lost
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_claim(&self) {
+        self.claim_statements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_finalize(&self) {
+        self.finalize_statements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_renew(&self) {
+        self.renew_statements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> StatsSnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        StatsSnapshot {
+            claimed: self.claimed.load(Relaxed),
+            finished: self.finished.load(Relaxed),
+            lease_lost: self.lease_lost.load(Relaxed),
+            claim_statements: self.claim_statements.load(Relaxed),
+            finalize_statements: self.finalize_statements.load(Relaxed),
+            renew_statements: self.renew_statements.load(Relaxed),
+        }
+    }
 }
 
 impl Shared {
@@ -241,6 +317,7 @@ impl SchedulerBuilder {
             handlers: self.handlers,
             events: EventBus::new(),
             handler_rt: rt.handle().clone(),
+            stats: Stats::default(),
         });
         let lease_manager = LeaseManager::new(shared.clone()).start();
         let mut fetchers = HashMap::new();
@@ -348,6 +425,60 @@ impl Actor for Scheduler {
         let ar = self.archiver.clone();
         self.timers
             .push(ctx.run_interval(cfg.archive_every, move |_, _| ar.do_send(ArchiveNow)));
+        let wakers: HashMap<String, Recipient<Wake>> = self
+            .fetchers
+            .iter()
+            .map(|(q, a)| (q.clone(), a.clone().recipient()))
+            .collect();
+        let listener = listen_loop(self.shared.clone(), wakers);
+        self.timers.push(ctx.spawn(fut::wrap_future(listener)));
+    }
+}
+
+/// First pause before listening again after the connection failed; doubles up to the max.
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest pause before listening again.
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Wakes fetchers on database notifications (PostgreSQL), reconnecting with backoff; the
+/// poll covers whatever is missed while disconnected, and every fetcher is woken once after
+/// each (re)connect for the same reason. Ends at once on backends without notifications.
+async fn listen_loop(shared: Arc<Shared>, wakers: HashMap<String, Recipient<Wake>>) {
+    let mut pause = LISTEN_RETRY_MIN;
+    let mut last_error = None;
+    let every = Duration::from_secs(30);
+    loop {
+        match shared.store.listen().await {
+            Ok(None) => return,
+            Ok(Some(mut listener)) => {
+                pause = LISTEN_RETRY_MIN;
+                for w in wakers.values() {
+                    w.do_send(Wake);
+                }
+                while let Some(item) = listener.next().await {
+                    match item {
+                        Ok(queue) => {
+                            if let Some(w) = wakers.get(&queue) {
+                                w.do_send(Wake);
+                            }
+                        }
+                        Err(e) => {
+                            report_store_error(
+                                &shared.events,
+                                "listener",
+                                &mut last_error,
+                                every,
+                                &e,
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => report_store_error(&shared.events, "listener", &mut last_error, every, &e),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LISTEN_RETRY_MAX);
     }
 }
 
@@ -467,7 +598,7 @@ impl std::fmt::Debug for SchedulerHandle {
 impl SchedulerHandle {
     /// A client whose enqueues wake this node's fetchers at once.
     pub fn client(&self) -> crate::client::Client {
-        let wakers: HashMap<String, Recipient<FetchNow>> = self
+        let wakers: HashMap<String, Recipient<Wake>> = self
             .fetchers
             .iter()
             .map(|(q, a)| (q.clone(), a.clone().recipient()))
@@ -475,7 +606,7 @@ impl SchedulerHandle {
         crate::client::Client::with_clock(self.shared.store.clone(), self.shared.clock.clone())
             .with_wake(Arc::new(move |queue: &str| {
                 if let Some(r) = wakers.get(queue) {
-                    r.do_send(FetchNow);
+                    r.do_send(Wake);
                 }
             }))
     }
@@ -483,6 +614,11 @@ impl SchedulerHandle {
     /// Subscribes to the event stream.
     pub fn events(&self) -> broadcast::Receiver<Event> {
         self.shared.events.subscribe()
+    }
+
+    /// This node's running totals.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
     }
 
     /// This node's id.

@@ -472,7 +472,11 @@ pub async fn claim_sets_lease_attempts_and_version(b: Backend) {
     assert_eq!(lease.owner.as_str(), "node-a");
     assert_eq!(lease.expires_at, t.at(32).unwrap());
     assert_eq!(j.first_started_at, t.at(2));
-    assert_eq!(j.timeout_at, t.at(7));
+    assert_eq!(
+        j.timeout_at,
+        t.at(37),
+        "claim + lease + timeout: the sweeper's backstop"
+    );
     assert!(
         t.claim("default", "node-b", 1, 3).await.is_empty(),
         "a running job is not claimable"
@@ -717,11 +721,13 @@ pub async fn reclaim_moves_over_time_jobs_and_leaves_live_ones(b: Backend) {
     let healthy = t.enqueue(NewJob::new("k", json!(2)), 0).await;
     let claimed = t.claim("default", "n", 2, 0).await;
     assert_eq!(claimed.len(), 2);
-    for c in &claimed {
-        assert!(t.renew(c.job.id, &c.token, 9).await.is_applied());
+    for at in [9, 35] {
+        for c in &claimed {
+            assert!(t.renew(c.job.id, &c.token, at).await.is_applied());
+        }
     }
-    assert!(t.reclaim(10).await.is_empty(), "nothing is over time yet");
-    let r = t.reclaim(11).await;
+    assert!(t.reclaim(40).await.is_empty(), "nothing is over time yet");
+    let r = t.reclaim(41).await;
     assert_eq!(r.len(), 1);
     assert_eq!((r[0].id, r[0].reason), (slow, ReclaimReason::Timeout));
     assert_eq!(t.get(healthy).await.state, JobState::Running);
@@ -730,8 +736,8 @@ pub async fn reclaim_moves_over_time_jobs_and_leaves_live_ones(b: Backend) {
     assert_eq!(j.last_error.unwrap().code, "timeout");
     assert_eq!(
         j.run_at,
-        t.at(21).unwrap(),
-        "backoff from the sweeper's policy"
+        t.at(51).unwrap(),
+        "reclaimed at 41, backoff 10 s from the sweeper's policy"
     );
 }
 

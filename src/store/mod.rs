@@ -23,6 +23,7 @@ use crate::job::{Job, JobFailure, JobId, JobState, NewJob};
 use crate::lease::{LeaseToken, NodeId};
 
 mod connect;
+mod listen;
 mod maintain;
 mod migrate;
 mod outbox;
@@ -41,6 +42,7 @@ mod write;
 pub mod conformance;
 
 pub use connect::{Backend, StoreOptions};
+pub use listen::Listener;
 pub use outbox::OutboxConnection;
 
 /// Default largest payload accepted, in bytes of JSON (1 MiB).

@@ -411,3 +411,135 @@ impl QueryFragment<Mysql> for ClaimQueueIs {
         Ok(())
     }
 }
+
+/// Splits a statement at its `$n` placeholders (which must appear in order), so a
+/// [`QueryFragment`] can push the text around each bind.
+fn segments(sql: &'static str) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut rest = sql;
+    while let Some(i) = rest.find('$') {
+        out.push(&rest[..i]);
+        let digits = rest[i + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        rest = &rest[i + 1 + digits..];
+    }
+    out.push(rest);
+    out
+}
+
+/// Defines a PostgreSQL statement with a constant text and typed binds, loaded into a
+/// `QueryableByName` row. Unlike `sql_query`, it has a static query id, so diesel-async keeps
+/// it as a prepared statement: parsed and planned once per connection.
+macro_rules! pg_statement {
+    ($(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, QueryId)]
+        pub(crate) struct $name {
+            $(pub(crate) $field: $rust,)+
+        }
+
+        impl diesel::query_builder::Query for $name {
+            type SqlType = diesel::sql_types::Untyped;
+        }
+
+        impl QueryFragment<Pg> for $name {
+            fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+                static SEGMENTS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+                let segs = SEGMENTS.get_or_init(|| segments($sql));
+                let mut i = 0;
+                $(
+                    out.push_sql(segs[i]);
+                    out.push_bind_param::<$st, _>(&self.$field)?;
+                    i += 1;
+                )+
+                out.push_sql(segs[i]);
+                Ok(())
+            }
+        }
+    };
+}
+
+pub(crate) const FINALIZE_PG: &str = "\
+WITH v AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[])
+        AS v(id, token, state, result, error, delay_us, refund)
+), n AS (
+    SELECT COALESCE($8::bigint, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint) AS now
+), upd AS (
+    UPDATE jobvisor_jobs AS j SET
+        state = CASE WHEN v.state = 'retrying' AND j.attempts >= j.max_attempts THEN 'dead' ELSE v.state END,
+        result = v.result::json,
+        last_error = CASE WHEN v.state = 'succeeded' THEN NULL
+                          WHEN v.error IS NULL THEN j.last_error
+                          ELSE v.error::json END,
+        errors = CASE WHEN v.error IS NULL THEN j.errors
+                      ELSE (COALESCE(j.errors::jsonb, '[]'::jsonb) || jsonb_build_array(v.error::jsonb))::json END,
+        attempts = j.attempts - v.refund,
+        run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END,
+        finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled')
+                             OR (v.state = 'retrying' AND j.attempts >= j.max_attempts) THEN n.now
+                           ELSE NULL END,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
+        timeout_at = NULL,
+        version = j.version + 1,
+        updated_at = n.now
+    FROM v, n
+    WHERE j.id = v.id AND j.lease_token = v.token AND j.state = 'running'
+    RETURNING j.id, j.state
+)
+SELECT id, state FROM upd";
+
+pg_statement!(
+    /// Finalizes a batch in one statement, each row guarded by its own token.
+    PgFinalize, FINALIZE_PG, {
+        ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
+        tokens: Vec<String> => diesel::sql_types::Array<Text>,
+        states: Vec<String> => diesel::sql_types::Array<Text>,
+        results: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        errors: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        delays: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        refunds: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+pub(crate) const ENQUEUE_BATCH_PG: &str = "\
+INSERT INTO jobvisor_jobs (queue, kind, unique_key, state, priority, payload, errors, attempts,
+                           max_attempts, run_at, timeout_ms, version, created_at, updated_at)
+SELECT v.queue, v.kind, v.unique_key, 'pending', v.priority, v.payload::json, '[]', 0,
+       v.max_attempts, COALESCE(v.run_at, n.now + v.delay_us), v.timeout_ms, 1, n.now, n.now
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::int[], $7::bigint[],
+            $8::bigint[], $9::bigint[])
+         WITH ORDINALITY AS v(queue, kind, unique_key, priority, payload, max_attempts,
+                              timeout_ms, run_at, delay_us, ord),
+     (SELECT COALESCE($10::bigint, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint) AS now) AS n
+ORDER BY v.ord
+ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+RETURNING id, kind, unique_key";
+
+pg_statement!(
+    /// Inserts a batch from arrays, in input order, skipping live duplicates.
+    PgEnqueueBatch, ENQUEUE_BATCH_PG, {
+        queue: Vec<String> => diesel::sql_types::Array<Text>,
+        kind: Vec<String> => diesel::sql_types::Array<Text>,
+        unique_key: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        priority: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        payload: Vec<String> => diesel::sql_types::Array<Text>,
+        max_attempts: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        timeout_ms: Vec<i64> => diesel::sql_types::Array<BigInt>,
+        run_at: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        delay_us: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::segments;
+
+    #[test]
+    fn statements_split_at_their_placeholders_in_order() {
+        assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
+        assert_eq!(segments(super::FINALIZE_PG).len(), 9);
+        assert_eq!(segments(super::ENQUEUE_BATCH_PG).len(), 11);
+    }
+}

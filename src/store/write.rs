@@ -14,7 +14,8 @@
 use std::collections::{HashMap, HashSet};
 
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text};
+use diesel::query_builder::DecoratableTarget;
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::RunQueryDsl;
 use serde_json::Value;
 
@@ -81,6 +82,7 @@ macro_rules! upsert_enqueue {
         let inserted: Vec<(i64, String, Option<String>)> = diesel::insert_into(jobs::table)
             .values(rows)
             .on_conflict((jobs::kind, jobs::unique_key))
+            .filter_target(jobs::unique_key.is_not_null())
             .do_nothing()
             .returning((jobs::id, jobs::kind, jobs::unique_key))
             .get_results(&mut *conn)
@@ -145,12 +147,88 @@ fn match_inserted(
     out
 }
 
+/// PostgreSQL: one job through the query builder (a cached prepared statement); a batch as
+/// one `INSERT … SELECT FROM unnest(…)` — ten array binds whatever its size, so no bind
+/// limit, and rows inserted (and returned) in input order.
 pub(crate) async fn enqueue_pg(
     conn: &mut diesel_async::AsyncPgConnection,
     batch: &[NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
-    upsert_enqueue!(conn, batch, now)
+    if batch.len() == 1 {
+        return upsert_enqueue!(conn, batch, now);
+    }
+    let n = batch.len();
+    let mut queue = Vec::with_capacity(n);
+    let mut kind = Vec::with_capacity(n);
+    let mut unique_key = Vec::with_capacity(n);
+    let mut priority = Vec::with_capacity(n);
+    let mut payload = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut timeout_ms = Vec::with_capacity(n);
+    let mut run_at: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut delay_us: Vec<Option<i64>> = Vec::with_capacity(n);
+    for j in batch {
+        queue.push(j.queue.clone());
+        kind.push(j.kind.clone());
+        unique_key.push(j.unique_key.clone());
+        priority.push(i32::from(j.priority));
+        payload.push(j.payload.to_string());
+        max_attempts.push(i32::try_from(j.max_attempts).unwrap_or(i32::MAX));
+        timeout_ms.push(dur_ms(j.timeout));
+        let (at, delay) = match j.run_at {
+            RunAt::Now => (None, Some(0)),
+            RunAt::After(d) => (None, Some(dur_us(d))),
+            RunAt::At(t) => (Some(to_us(t)), None),
+        };
+        run_at.push(at);
+        delay_us.push(delay);
+    }
+    #[derive(QueryableByName)]
+    struct Inserted {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+        #[diesel(sql_type = Text)]
+        kind: String,
+        #[diesel(sql_type = Nullable<Text>)]
+        unique_key: Option<String>,
+    }
+    let inserted: Vec<Inserted> = super::sql::PgEnqueueBatch {
+        queue,
+        kind,
+        unique_key,
+        priority,
+        payload,
+        max_attempts,
+        timeout_ms,
+        run_at,
+        delay_us,
+        now,
+    }
+    .load(&mut *conn)
+    .await?;
+    let inserted = inserted
+        .into_iter()
+        .map(|r| (r.id, r.kind, r.unique_key))
+        .collect();
+    let mut out = match_inserted(batch, inserted);
+    for (i, slot) in out.iter_mut().enumerate() {
+        if slot.is_none() {
+            let j = &batch[i];
+            let existing: Option<i64> = jobs::table
+                .select(jobs::id)
+                .filter(jobs::kind.eq(&j.kind))
+                .filter(jobs::unique_key.eq(&j.unique_key))
+                .first(&mut *conn)
+                .await
+                .optional()?;
+            *slot = existing.map(|id| Enqueued {
+                id: JobId(id),
+                duplicate: true,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// SQLite: diesel cannot batch an upsert with RETURNING here, and statements are in-process
@@ -501,7 +579,11 @@ impl Store {
                     jobs::version.eq(jobs::version + 1),
                     jobs::updated_at.eq(now),
                     jobs::first_started_at.eq(FirstStartedAt(now)),
-                    jobs::timeout_at.eq(PlusColumnMs { now }),
+                    // Backstop for the supervisor's own timeout: a lease later, since a
+                    // prefetched job may wait for a worker before its handler starts.
+                    jobs::timeout_at.eq(PlusColumnMs {
+                        now: now.plus(lease_us),
+                    }),
                 )
             };
         }
@@ -887,52 +969,23 @@ async fn finalize_pg(
         delays.push(delay);
         refunds.push(refund);
     }
-    let rows: Vec<Finalized> = diesel::sql_query(FINALIZE_PG)
-        .bind::<Array<BigInt>, _>(ids)
-        .bind::<Array<Text>, _>(tokens)
-        .bind::<Array<Text>, _>(states)
-        .bind::<Array<Nullable<Text>>, _>(results)
-        .bind::<Array<Nullable<Text>>, _>(errors)
-        .bind::<Array<Nullable<BigInt>>, _>(delays)
-        .bind::<Array<Integer>, _>(refunds)
-        .bind::<Nullable<BigInt>, _>(now)
-        .load(conn)
-        .await?;
+    let rows: Vec<Finalized> = super::sql::PgFinalize {
+        ids,
+        tokens,
+        states,
+        results,
+        errors,
+        delays,
+        refunds,
+        now,
+    }
+    .load(conn)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
         .collect())
 }
-
-const FINALIZE_PG: &str = "\
-WITH v AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[])
-        AS v(id, token, state, result, error, delay_us, refund)
-), n AS (
-    SELECT COALESCE($8::bigint, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint) AS now
-), upd AS (
-    UPDATE jobvisor_jobs AS j SET
-        state = CASE WHEN v.state = 'retrying' AND j.attempts >= j.max_attempts THEN 'dead' ELSE v.state END,
-        result = v.result::json,
-        last_error = CASE WHEN v.state = 'succeeded' THEN NULL
-                          WHEN v.error IS NULL THEN j.last_error
-                          ELSE v.error::json END,
-        errors = CASE WHEN v.error IS NULL THEN j.errors
-                      ELSE (COALESCE(j.errors::jsonb, '[]'::jsonb) || jsonb_build_array(v.error::jsonb))::json END,
-        attempts = j.attempts - v.refund,
-        run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END,
-        finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled')
-                             OR (v.state = 'retrying' AND j.attempts >= j.max_attempts) THEN n.now
-                           ELSE NULL END,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
-        timeout_at = NULL,
-        version = j.version + 1,
-        updated_at = n.now
-    FROM v, n
-    WHERE j.id = v.id AND j.lease_token = v.token AND j.state = 'running'
-    RETURNING j.id, j.state
-)
-SELECT id, state FROM upd";
 
 #[cfg(test)]
 mod tests {

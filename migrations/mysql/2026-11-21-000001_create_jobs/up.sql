@@ -31,9 +31,7 @@ CREATE TABLE jobvisor_jobs (
     claim_queue         VARCHAR(128) AS (CASE WHEN state IN ('pending', 'retrying') THEN queue END) STORED,
     CONSTRAINT jobvisor_jobs_state_check CHECK (state IN ('pending', 'running', 'retrying', 'succeeded', 'dead', 'cancelled')),
     INDEX jobvisor_jobs_claim_idx (claim_queue, priority, run_at, id),
-    INDEX jobvisor_jobs_state_queue_idx (state, queue),
     INDEX jobvisor_jobs_sweep_idx (state, lease_expires_at),
-    INDEX jobvisor_jobs_timeout_idx (state, timeout_at),
     INDEX jobvisor_jobs_archive_idx (state, finished_at),
     UNIQUE INDEX jobvisor_jobs_unique_key_idx (kind, unique_key)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

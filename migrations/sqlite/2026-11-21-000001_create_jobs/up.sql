@@ -29,15 +29,15 @@ CREATE TABLE jobvisor_jobs (
 -- claim: due jobs of a queue in (priority, run_at, id) order
 CREATE INDEX jobvisor_jobs_claim_idx ON jobvisor_jobs (queue, priority, run_at, id)
     WHERE state IN ('pending', 'retrying');
--- sweep: running jobs by lease expiry / deadline
+-- sweep: running jobs (few: a node's concurrency and prefetch) by lease expiry; the sweep
+-- reads them all for the timeout backstop too, so one small index serves both.
 CREATE INDEX jobvisor_jobs_sweep_idx ON jobvisor_jobs (lease_expires_at) WHERE state = 'running';
-CREATE INDEX jobvisor_jobs_timeout_idx ON jobvisor_jobs (timeout_at) WHERE state = 'running';
 -- archive: terminal jobs by finish time
 CREATE INDEX jobvisor_jobs_archive_idx ON jobvisor_jobs (finished_at)
     WHERE state IN ('succeeded', 'dead', 'cancelled');
--- listing and counts
-CREATE INDEX jobvisor_jobs_state_queue_idx ON jobvisor_jobs (state, queue);
--- dedup: (kind, unique_key) is unique among live rows (NULL keys never collide)
+-- dedup: (kind, unique_key) is unique among live rows; NULL keys never collide. (Not partial
+-- here: an upsert's conflict target must match it, and diesel cannot express a partial one
+-- for SQLite.)
 CREATE UNIQUE INDEX jobvisor_jobs_unique_key_idx ON jobvisor_jobs (kind, unique_key);
 
 CREATE TABLE jobvisor_jobs_archive (

@@ -1,0 +1,1 @@
+-- LISTEN/NOTIFY exists only on PostgreSQL; this version keeps the schemas in step.
