@@ -497,6 +497,84 @@ async fn wait_returns_the_finished_job() {
     assert_eq!(job.result, Some(json!(7)));
 }
 
+static LATE_A_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn waits_for_stop(is_a: bool) -> impl jobvisor::JobHandler {
+    /// Clears the flag however the handler ends: returning, or aborted at its await.
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            LATE_A_RUNNING.store(false, Ordering::SeqCst);
+        }
+    }
+    handler_fn(move |_: Value, ctx: jobvisor::JobContext| async move {
+        let _running = is_a.then(|| {
+            LATE_A_RUNNING.store(true, Ordering::SeqCst);
+            Running
+        });
+        ctx.cancelled().await;
+        JobOutcome::success("stopped")
+    })
+}
+
+#[actix::test]
+async fn a_claim_answered_late_does_not_extend_the_lease() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let a = Simulation::on_store(db.store().await, clock.clone(), "node-a", |b| {
+        b.handler("work", waits_for_stop(true))
+    })
+    .keep(db.clone());
+    let b = Simulation::on_store(db.store().await, clock.clone(), "node-b", |b| {
+        b.handler("work", waits_for_stop(false))
+    });
+    a.client
+        .enqueue(NewJob::new("work", json!({})))
+        .await
+        .unwrap();
+    // Another process holds SQLite's write lock, so A's claim (its `now` bound when sent)
+    // waits. The pause only lets A send it first; if it were too short the test would pass
+    // vacuously, never fail spuriously.
+    let path = db.url.strip_prefix("sqlite://").unwrap().to_string();
+    let mut locker = diesel::SqliteConnection::establish(&path).unwrap();
+    locker.batch_execute("BEGIN IMMEDIATE").unwrap();
+    let claim = actix_rt::spawn(a.fetcher("default").send(jobvisor::scheduler::FetchNow));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // 29 s pass while the claim waits (a slow commit, a stalled network, a paused VM)...
+    clock.advance(29 * SEC);
+    locker.batch_execute("COMMIT").unwrap();
+    assert_eq!(claim.await.unwrap().unwrap(), 1);
+    // ...then 2 s more: the lease the database granted (send time + 30 s) has expired, and A
+    // must already have fenced itself by its own, conservative, reckoning.
+    clock.advance(2 * SEC);
+    assert_eq!(
+        a.check_deadlines().await,
+        1,
+        "A fences: its lease is (about to be) over"
+    );
+    // A's fetcher would happily claim the job again once it is due; keep A out of the race.
+    a.fetcher("default")
+        .send(jobvisor::scheduler::StopClaiming)
+        .await
+        .unwrap();
+    assert_eq!(b.sweep().await, 1);
+    clock.advance(SEC);
+    let claimed_by_b = b.fetch("default").await;
+    assert_eq!(claimed_by_b, 1);
+    for _ in 0..100 {
+        if !LATE_A_RUNNING.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !LATE_A_RUNNING.load(Ordering::SeqCst),
+        "A's handler still runs while B holds the job"
+    );
+}
+
 // ---- two nodes sharing one database, on every backend -----------------------------------
 
 async fn two_nodes_reclaim_and_fence_a_zombie(backend: Backend) {
@@ -531,7 +609,9 @@ async fn two_nodes_reclaim_and_fence_a_zombie(backend: Backend) {
 async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
     let db = Arc::new(TestDb::create(backend).await);
     let clock = jobvisor::clock::ManualClock::at_fixed_start();
-    let ok = || handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) });
+    // Handlers hold their worker until the claims are counted, so no slot frees early.
+    let gate = Arc::new(Semaphore::new(0));
+    let ok = || gated(gate.clone(), "done");
     // No prefetch: each node claims exactly its free workers, so the first two claims split
     // the backlog (with prefetch one node may legitimately take all 40).
     let queue = || QueueConfig::default().prefetch(0);
@@ -566,6 +646,7 @@ async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
         "a claimer took more than its free slots: a {na}, b {nb}"
     );
     assert_eq!(na + nb, 20, "each claims its 10 free slots");
+    gate.add_permits(40);
     // Each finished job frees a slot and its fetcher claims again by itself.
     for id in &ids {
         let job = a.client.wait(*id, Duration::from_secs(20)).await.unwrap();

@@ -103,6 +103,9 @@ impl Handler<FetchNow> for Fetcher {
         }
         let limit = self.free();
         let shared = self.shared.clone();
+        // The database counts the lease from its own "now", at the latest when the claim
+        // arrives: count ours from before it was sent, so a slow answer can only shorten it.
+        let sent_at = shared.clock.now();
         shared.stats.count_claim();
         let params = ClaimParams {
             queue: self.queue.clone(),
@@ -121,7 +124,7 @@ impl Handler<FetchNow> for Fetcher {
             move |res, act, _ctx| match res {
                 Ok(jobs) => {
                     let n = jobs.len();
-                    act.start_all(jobs);
+                    act.start_all(jobs, sent_at);
                     n
                 }
                 Err(e) => {
@@ -142,14 +145,17 @@ impl Handler<FetchNow> for Fetcher {
 impl Fetcher {
     /// Takes budget for each job, starts its supervisor (which waits for a worker permit) and
     /// hands all the leases to the lease manager in one message.
-    fn start_all(&mut self, jobs: Vec<crate::store::ClaimedJob>) {
+    fn start_all(
+        &mut self,
+        jobs: Vec<crate::store::ClaimedJob>,
+        claimed_at: chrono::DateTime<chrono::Utc>,
+    ) {
         if jobs.is_empty() {
             return;
         }
         let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
         self.busy = self.busy.saturating_add(n);
         self.shared.stats.add_claimed(u64::from(n));
-        let claimed_at = self.shared.clock.now();
         let mut leases = Vec::with_capacity(jobs.len());
         for claimed in jobs {
             self.shared.events.emit(Event::Claimed {

@@ -2,11 +2,13 @@
 //! the actors' arbiter), turns a panic into a failure with code `panic`, reports the outcome
 //! to the [`LeaseManager`] and stops.
 //!
-//! Told to stop ([`StopJob`]) it acts at once and does not wait for the handler: on timeout
-//! it reports a `timeout` failure, on release (shutdown) it gives the lease back, on lease
-//! loss or self-fencing it reports nothing — the job belongs to someone else now, or will once
-//! the sweeper reclaims it. A handler that ignores the signal and keeps computing has its
-//! eventual result discarded.
+//! Told to stop ([`StopJob`]) it signals and aborts the handler. On timeout it writes a
+//! `timeout` failure and on release (shutdown) it gives the lease back — but only once the
+//! handler has actually stopped, so the job can never run here and on another node at once.
+//! A handler that does not stop within the grace period is fenced by the lease manager: its
+//! lease is no longer renewed and the sweeper reclaims the job after it expires. On lease loss
+//! or self-fencing the supervisor reports nothing: the job belongs to someone else now, or will
+//! once the sweeper reclaims it.
 //!
 //! Durability never depends on this actor: if the process dies with the job running, the
 //! lease expires and the sweeper on any node reclaims the job.
@@ -47,6 +49,9 @@ pub struct JobSupervisor {
     abort: Option<AbortHandle>,
     /// A cancel was requested: whatever the handler returns, the job ends `cancelled`.
     cancel_requested: bool,
+    /// The outcome decided when the handler was told to stop (timeout, release); written only
+    /// once the handler has actually stopped, so the job never runs here and elsewhere at once.
+    decided: Option<Finalization>,
     /// The outcome was reported (or deliberately withheld): ignore anything later.
     done: bool,
 }
@@ -80,6 +85,7 @@ impl JobSupervisor {
             cancel: CancellationToken::new(),
             abort: None,
             cancel_requested: false,
+            decided: None,
             done: false,
         }
     }
@@ -130,6 +136,10 @@ impl JobSupervisor {
 
     fn handler_done(&mut self, res: Result<JobResult, JoinError>, ctx: &mut Context<Self>) {
         if self.done {
+            return;
+        }
+        if let Some(outcome) = self.decided.take() {
+            self.report(outcome, ctx);
             return;
         }
         if self.cancel_requested {
@@ -276,15 +286,14 @@ impl Handler<StopJob> for JobSupervisor {
                 ))
                 .with_code("timeout");
                 let outcome = self.failed(&err);
-                self.report(outcome, ctx);
+                self.decided.get_or_insert(outcome);
             }
             StopReason::LeaseLost | StopReason::SelfFence => self.withhold(ctx),
-            StopReason::Release => self.report(
-                Finalization::Requeue {
+            StopReason::Release => {
+                self.decided.get_or_insert(Finalization::Requeue {
                     delay: std::time::Duration::ZERO,
-                },
-                ctx,
-            ),
+                });
+            }
         }
         if let Some(a) = self.abort.take() {
             a.abort();

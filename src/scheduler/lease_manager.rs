@@ -56,6 +56,8 @@ struct Lease {
     finishing: bool,
     /// The supervisor was told to stop (timeout, fence, lease lost, release).
     stopped: bool,
+    /// A handler told to stop (timeout, release) that has not stopped by then is fenced.
+    stop_deadline: Option<DateTime<Utc>>,
 }
 
 /// A buffered finalization and what to tell when it is written.
@@ -273,6 +275,7 @@ impl Handler<TrackLeases> for LeaseManager {
                     cancel_deadline: None,
                     finishing: false,
                     stopped: false,
+                    stop_deadline: None,
                 },
             );
         }
@@ -458,8 +461,18 @@ impl Handler<CheckDeadlines> for LeaseManager {
         let margin = self.fence_margin();
         let mut stopped = 0;
         let mut fenced = Vec::new();
+        let grace = chrono::Duration::from_std(self.shared.config.cancel_grace).unwrap_or_default();
         for (id, l) in &mut self.leases {
-            if l.finishing || l.stopped {
+            if l.finishing {
+                continue;
+            }
+            if l.stopped {
+                // Told to stop and still not reporting: its handler ignores the signal. Stop
+                // renewing (fence) so the job can be reclaimed once the lease has expired.
+                if l.stop_deadline.is_some_and(|d| now >= d) {
+                    l.supervisor.do_send(StopJob(StopReason::SelfFence));
+                    fenced.push(*id);
+                }
                 continue;
             }
             let reason = if now >= l.valid_until - margin {
@@ -473,6 +486,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
             };
             if let Some(r) = reason {
                 l.stopped = true;
+                l.stop_deadline = Some(now + grace);
                 stopped += 1;
                 l.supervisor.do_send(StopJob(r));
                 match r {
@@ -510,10 +524,13 @@ impl Handler<ReleaseAll> for LeaseManager {
     type Result = usize;
 
     fn handle(&mut self, _: ReleaseAll, _ctx: &mut Context<Self>) -> usize {
+        let now = self.shared.clock.now();
+        let grace = chrono::Duration::from_std(self.shared.config.cancel_grace).unwrap_or_default();
         let mut n = 0;
         for l in self.leases.values_mut() {
             if !l.finishing && !l.stopped {
                 l.stopped = true;
+                l.stop_deadline = Some(now + grace);
                 l.supervisor.do_send(StopJob(StopReason::Release));
                 n += 1;
             }

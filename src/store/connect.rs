@@ -227,7 +227,10 @@ impl Store {
                     .await
                     .map_err(|r| connect_err(format!("{r}; expected a MySQL or MariaDB server")))?;
                 let mut cfg = ManagerConfig::<AsyncMysqlConnection>::default();
-                cfg.recycling_method = RecyclingMethod::Fast;
+                // Verified, not Fast: diesel-async cannot tell that the server closed a MySQL
+                // connection (it can for PostgreSQL), so after a server restart every pooled
+                // connection would stay dead forever. One `SELECT 1` per checkout.
+                cfg.recycling_method = RecyclingMethod::Verified;
                 // READ COMMITTED: no gap locks, so concurrent `SKIP LOCKED` claims and
                 // duplicate-key inserts do not deadlock each other (REPEATABLE READ does).
                 cfg.custom_setup = Box::new(|conn_url: &str| {
@@ -244,7 +247,9 @@ impl Store {
                     })
                 });
                 let mgr = AsyncDieselConnectionManager::new_with_config(u.clone(), cfg);
-                let pool = builder(&opts, DEFAULT_POOL_SIZE).build_unchecked(mgr);
+                let pool = builder(&opts, DEFAULT_POOL_SIZE)
+                    .test_on_check_out(true)
+                    .build_unchecked(mgr);
                 (Pool::Mysql(pool), Backend::Mysql)
             }
             Target::Sqlite(path) => {
@@ -297,8 +302,8 @@ fn builder<M: bb8::ManageConnection>(opts: &StoreOptions, default_size: u32) -> 
     bb8::Pool::builder()
         .max_size(opts.pool_size.unwrap_or(default_size))
         .connection_timeout(opts.connect_timeout)
-        // Fast recycling: a broken connection is dropped on its first error, no ping per
-        // checkout (a `SELECT 1` would double the cost of every short statement).
+        // No ping per checkout (a `SELECT 1` would double the cost of every short statement):
+        // PostgreSQL connections report being closed, SQLite has no server. MySQL opts in.
         .test_on_check_out(false)
 }
 

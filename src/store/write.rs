@@ -71,41 +71,40 @@ macro_rules! new_row {
     }};
 }
 
-/// Insert with `ON CONFLICT (kind, unique_key) DO NOTHING RETURNING` (PostgreSQL, SQLite),
-/// then look up the existing ids of duplicates.
-macro_rules! upsert_enqueue {
-    ($conn:expr, $jobs:expr, $now:expr) => {{
-        let conn = $conn;
-        let batch: &[NewJob] = $jobs;
-        let now = DbNow::new($now);
-        let rows: Vec<_> = batch.iter().map(|j| new_row!(j, now)).collect();
-        let inserted: Vec<(i64, String, Option<String>)> = diesel::insert_into(jobs::table)
-            .values(rows)
-            .on_conflict((jobs::kind, jobs::unique_key))
-            .filter_target(jobs::unique_key.is_not_null())
-            .do_nothing()
-            .returning((jobs::id, jobs::kind, jobs::unique_key))
-            .get_results(&mut *conn)
-            .await?;
-        let mut out = match_inserted(batch, inserted);
-        for (i, slot) in out.iter_mut().enumerate() {
-            if slot.is_none() {
-                let j = &batch[i];
-                let existing: Option<i64> = jobs::table
-                    .select(jobs::id)
-                    .filter(jobs::kind.eq(&j.kind))
-                    .filter(jobs::unique_key.eq(&j.unique_key))
-                    .first(&mut *conn)
-                    .await
-                    .optional()?;
-                *slot = existing.map(|id| Enqueued {
-                    id: JobId(id),
-                    duplicate: true,
-                });
-            }
-        }
-        Ok::<_, diesel::result::Error>(out)
-    }};
+/// PostgreSQL, one job: a single-row `INSERT … ON CONFLICT DO NOTHING RETURNING id` — a
+/// single row, not a batch of one, because diesel never caches a batch insert's prepared
+/// statement (its length varies) and would parse and plan it on every call.
+async fn enqueue_one_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    job: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    let id: Option<i64> = diesel::insert_into(jobs::table)
+        .values(new_row!(job, DbNow::new(now)))
+        .on_conflict((jobs::kind, jobs::unique_key))
+        .filter_target(jobs::unique_key.is_not_null())
+        .do_nothing()
+        .returning(jobs::id)
+        .get_result(&mut *conn)
+        .await
+        .optional()?;
+    Ok(match id {
+        Some(id) => Some(Enqueued {
+            id: JobId(id),
+            duplicate: false,
+        }),
+        None => jobs::table
+            .select(jobs::id)
+            .filter(jobs::kind.eq(&job.kind))
+            .filter(jobs::unique_key.eq(&job.unique_key))
+            .first(&mut *conn)
+            .await
+            .optional()?
+            .map(|id| Enqueued {
+                id: JobId(id),
+                duplicate: true,
+            }),
+    })
 }
 
 /// Pairs RETURNING rows (a subsequence of the input, in input order) with the input jobs.
@@ -155,8 +154,8 @@ pub(crate) async fn enqueue_pg(
     batch: &[NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
-    if batch.len() == 1 {
-        return upsert_enqueue!(conn, batch, now);
+    if let [job] = batch {
+        return Ok(vec![enqueue_one_pg(conn, job, now).await?]);
     }
     let n = batch.len();
     let mut queue = Vec::with_capacity(n);

@@ -1,0 +1,453 @@
+//! One node of the multi-process crash test (`tests/crash.rs`, run by `.ci/crash`).
+//!
+//! ```sh
+//! cargo build --example crash_node
+//! target/debug/examples/crash_node <database-url> <node-name> [--journal PATH] [options]
+//! ```
+//!
+//! It starts a scheduler on the (already migrated) database with one queue and a handler for
+//! kind `crashy` that records each execution in the side table `crash_executions` (created
+//! if missing): its start before doing anything, then works for a random 0–50 ms (stopping
+//! early when told to), then records its end and returns `{"node": <name>, "attempt": <n>}`.
+//! Both records are written before the handler returns, so an execution whose finalization is
+//! later refused (its lease was lost) is still visible. The handler cannot see its lease
+//! token; the attempt it was given, together with the node, identifies the claim.
+//!
+//! With `--journal`, the node also appends to that file, one line per write: each handler's
+//! start and end (including ends the handler could not record itself: a future dropped when
+//! its lease was lost, fenced or given back), scheduler events (lease lost, self-fenced,
+//! reclaimed) and its graceful exit. See `JournalLine` in `tests/crash/side.rs`.
+//!
+//! It runs until its standard input is closed, then shuts down gracefully (running jobs get
+//! `--shutdown-ms`, default 5 s, to finish; the rest are given back) and exits 0. The driver stops it that way, or kills it with
+//! SIGKILL. Exit status 2 means bad arguments, 1 a failure to start, 3 a journal write that
+//! failed (the run's records are incomplete).
+
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use jobvisor::scheduler::Event;
+use jobvisor::{
+    JobContext, JobError, JobHandler, JobOutcome, JobResult, NodeId, QueueConfig, RetryPolicy,
+    Scheduler, SchedulerConfig, Store, StoreOptions,
+};
+use serde_json::{json, Value};
+
+#[allow(dead_code)] // the driver uses the parts the node does not
+#[path = "../tests/crash/side.rs"]
+mod side;
+
+use side::{now_us, JournalLine, SideDb};
+
+const USAGE: &str = "usage: crash_node <database-url> <node-name> [--journal PATH] \
+[--queue NAME] [--concurrency N] [--lease-ms N] [--renew-ms N] [--sweep-ms N] \
+[--deadline-ms N] [--poll-ms N] [--shutdown-ms N] [--max-work-ms N]";
+
+/// How long the node keeps trying to reach the database when it starts.
+const CONNECT_FOR: Duration = Duration::from_secs(90);
+/// How long a handler keeps retrying a side-table write before it gives up (and fails the
+/// attempt, which the driver then reports as an unexpected error).
+const RECORD_FOR: Duration = Duration::from_secs(20);
+/// Pause between side-table write attempts.
+const RECORD_RETRY: Duration = Duration::from_millis(50);
+/// After shutdown, how long to wait for handler futures that were told to stop to be dropped.
+const DRAIN_FOR: Duration = Duration::from_secs(5);
+
+/// Command-line settings.
+#[derive(Debug, Clone)]
+struct Args {
+    url: String,
+    node: String,
+    journal: Option<PathBuf>,
+    queue: String,
+    concurrency: u32,
+    lease: Duration,
+    renew_every: Duration,
+    sweep_every: Duration,
+    deadline_check_every: Duration,
+    poll: Duration,
+    shutdown_wait: Duration,
+    max_work_ms: u64,
+}
+
+impl Args {
+    fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut a = Args {
+            url: String::new(),
+            node: String::new(),
+            journal: None,
+            queue: "crash".into(),
+            concurrency: 8,
+            lease: Duration::from_secs(2),
+            renew_every: Duration::from_millis(500),
+            sweep_every: Duration::from_secs(1),
+            deadline_check_every: Duration::from_millis(100),
+            poll: Duration::from_millis(200),
+            shutdown_wait: Duration::from_secs(5),
+            max_work_ms: 50,
+        };
+        let mut positional = Vec::new();
+        while let Some(arg) = it.next() {
+            let Some(flag) = arg.strip_prefix("--") else {
+                positional.push(arg);
+                continue;
+            };
+            let value = it.next().ok_or_else(|| format!("--{flag} needs a value"))?;
+            let ms = || -> Result<Duration, String> {
+                value
+                    .parse::<u64>()
+                    .map(Duration::from_millis)
+                    .map_err(|e| format!("--{flag} {value:?}: {e}"))
+            };
+            match flag {
+                "journal" => a.journal = Some(PathBuf::from(&value)),
+                "queue" => a.queue = value.clone(),
+                "concurrency" => {
+                    a.concurrency = value
+                        .parse()
+                        .map_err(|e| format!("--concurrency {value:?}: {e}"))?;
+                }
+                "lease-ms" => a.lease = ms()?,
+                "renew-ms" => a.renew_every = ms()?,
+                "sweep-ms" => a.sweep_every = ms()?,
+                "deadline-ms" => a.deadline_check_every = ms()?,
+                "poll-ms" => a.poll = ms()?,
+                "shutdown-ms" => a.shutdown_wait = ms()?,
+                "max-work-ms" => {
+                    a.max_work_ms = value
+                        .parse()
+                        .map_err(|e| format!("--max-work-ms {value:?}: {e}"))?;
+                }
+                other => return Err(format!("unknown option --{other}")),
+            }
+        }
+        let [url, node]: [String; 2] = positional.try_into().map_err(|p: Vec<String>| {
+            format!(
+                "expected a database URL and a node name, got {} arguments",
+                p.len()
+            )
+        })?;
+        a.url = url;
+        a.node = node;
+        Ok(a)
+    }
+}
+
+/// The node's journal file; see the module docs. Lines are written whole, one `write` each.
+#[derive(Debug)]
+struct Journal {
+    file: Mutex<std::fs::File>,
+    /// A write failed: the node exits with status 3 so the driver knows its records are
+    /// incomplete.
+    failed: AtomicBool,
+}
+
+impl Journal {
+    fn open(path: &std::path::Path) -> std::io::Result<Journal> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Journal {
+            file: Mutex::new(file),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    fn write(&self, line: &JournalLine) {
+        let text = format!("{line}\n");
+        let res = match self.file.lock() {
+            Ok(mut f) => f.write_all(text.as_bytes()),
+            Err(_) => Err(std::io::Error::other("journal lock poisoned")),
+        };
+        if let Err(e) = res {
+            if !self.failed.swap(true, Ordering::SeqCst) {
+                eprintln!("crash_node: cannot write the journal: {e}");
+            }
+        }
+    }
+}
+
+/// What every handler invocation shares.
+#[derive(Debug)]
+struct Crashy {
+    node: String,
+    side: SideDb,
+    journal: Option<Arc<Journal>>,
+    /// Handler futures not yet returned or dropped (graceful exit waits for zero).
+    live: Arc<AtomicUsize>,
+    max_work_ms: u64,
+    /// State of the work-time generator (splitmix64).
+    rng: AtomicU64,
+}
+
+impl Crashy {
+    fn work_time(&self) -> Duration {
+        let mut z = self
+            .rng
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Duration::from_millis(z % (self.max_work_ms + 1))
+    }
+}
+
+/// Journals the end of one execution when the handler's future ends, however it ends:
+/// returned, or dropped because the runtime stopped it (lease lost, self-fenced, given back
+/// at shutdown). The time taken in `drop` is when the handler surely stopped doing anything.
+struct ExecutionGuard {
+    journal: Option<Arc<Journal>>,
+    live: Arc<AtomicUsize>,
+    job_id: i64,
+    attempt: i32,
+    returned: bool,
+}
+
+impl Drop for ExecutionGuard {
+    fn drop(&mut self) {
+        if let Some(j) = &self.journal {
+            j.write(&JournalLine::End {
+                job_id: self.job_id,
+                attempt: self.attempt,
+                ended_at_us: now_us(),
+                returned: self.returned,
+            });
+        }
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Retries a side-table write until it succeeds, the handler is told to stop, or
+/// [`RECORD_FOR`] passes (the database is down longer than any lease, so the attempt is
+/// lost anyway; failing it makes the give-up visible in the job's errors).
+async fn record<T, F, Fut>(ctx: &JobContext, what: &str, mut op: F) -> Result<T, JobError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = side::SideResult<T>>,
+{
+    let give_up = Instant::now() + RECORD_FOR;
+    loop {
+        let err = match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if Instant::now() >= give_up {
+            return Err(
+                JobError::retry(format!("could not record the {what}: {err}")).with_code("record"),
+            );
+        }
+        tokio::select! {
+            () = ctx.cancelled() => {
+                return Err(JobError::retry(format!("stopped while recording the {what}")));
+            }
+            () = tokio::time::sleep(RECORD_RETRY) => {}
+        }
+    }
+}
+
+impl JobHandler for Crashy {
+    type Payload = Value;
+
+    async fn run(&self, _payload: Value, ctx: JobContext) -> JobResult {
+        let started = now_us();
+        let job_id = ctx.id.0;
+        let attempt = i32::try_from(ctx.attempt).unwrap_or(i32::MAX);
+        self.live.fetch_add(1, Ordering::SeqCst);
+        let mut guard = ExecutionGuard {
+            journal: self.journal.clone(),
+            live: self.live.clone(),
+            job_id,
+            attempt,
+            returned: false,
+        };
+        if let Some(j) = &self.journal {
+            j.write(&JournalLine::Start {
+                job_id,
+                attempt,
+                started_at_us: started,
+            });
+        }
+        record(&ctx, "start", || {
+            self.side.record_start(job_id, attempt, &self.node, started)
+        })
+        .await?;
+        tokio::select! {
+            () = ctx.cancelled() => {
+                return Err(JobError::retry("stopped while working"));
+            }
+            () = tokio::time::sleep(self.work_time()) => {}
+        }
+        let ended = now_us();
+        let found = record(&ctx, "completion", || {
+            self.side
+                .record_completion(job_id, attempt, &self.node, ended)
+        })
+        .await?;
+        if !found {
+            return Err(JobError::retry(format!(
+                "the start row of job {job_id} attempt {attempt} on {} is missing",
+                self.node
+            ))
+            .with_code("record"));
+        }
+        guard.returned = true;
+        JobOutcome::success(json!({ "node": self.node, "attempt": attempt }))
+    }
+}
+
+#[actix::main]
+async fn main() -> ExitCode {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("crash_node: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("crash_node: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Opens the store, retrying while the server does not answer (a replacement node may start
+/// while the database restarts).
+async fn connect(url: &str) -> Result<Store, String> {
+    let until = Instant::now() + CONNECT_FOR;
+    loop {
+        let opts = StoreOptions::default().connect_timeout(Duration::from_secs(2));
+        match Store::connect_with(url, opts).await {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= until => {
+                return Err(format!("cannot open the store after {CONNECT_FOR:?}: {e}"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn run(a: Args) -> Result<ExitCode, String> {
+    let journal = match &a.journal {
+        Some(p) => {
+            Some(Arc::new(Journal::open(p).map_err(|e| {
+                format!("cannot open journal {}: {e}", p.display())
+            })?))
+        }
+        None => None,
+    };
+    let store = connect(&a.url).await?;
+    let side = SideDb::open(&a.url, a.concurrency + 2)?;
+    let until = Instant::now() + CONNECT_FOR;
+    while let Err(e) = side.create_tables().await {
+        if Instant::now() >= until {
+            return Err(format!("cannot create the side tables: {e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let live = Arc::new(AtomicUsize::new(0));
+    let seed = u64::try_from(now_us()).unwrap_or_default() ^ u64::from(std::process::id());
+    let handler = Crashy {
+        node: a.node.clone(),
+        side,
+        journal: journal.clone(),
+        live: live.clone(),
+        max_work_ms: a.max_work_ms,
+        rng: AtomicU64::new(seed),
+    };
+    let config = SchedulerConfig::default()
+        .lease(a.lease)
+        .renew_every(a.renew_every)
+        .sweep_every(a.sweep_every)
+        .deadline_check_every(a.deadline_check_every)
+        .retry(RetryPolicy::fixed(Duration::from_millis(100)))
+        .shutdown_timeout(a.shutdown_wait)
+        .handler_threads(2);
+    let node = NodeId::new(a.node.clone()).map_err(|e| e.to_string())?;
+    let sched = Scheduler::builder(store)
+        .config(config)
+        .node_id(node)
+        .queue(
+            a.queue.clone(),
+            QueueConfig::default()
+                .concurrency(a.concurrency)
+                .poll_interval(a.poll),
+        )
+        .handler("crashy", handler)
+        .start()
+        .map_err(|e| e.to_string())?;
+
+    if let Some(j) = journal.clone() {
+        let mut events = sched.events();
+        actix::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                let (what, n) = match events.recv().await {
+                    Ok(Event::LeaseLost { id, .. }) => ("lease_lost", id.0),
+                    Ok(Event::SelfFenced { id, .. }) => ("self_fenced", id.0),
+                    Ok(Event::Reclaimed { id, .. }) => ("reclaimed", id.0),
+                    Ok(_) => continue,
+                    Err(RecvError::Lagged(n)) => ("lagged", i64::try_from(n).unwrap_or(-1)),
+                    Err(RecvError::Closed) => break,
+                };
+                j.write(&JournalLine::Event {
+                    what: what.into(),
+                    n,
+                });
+            }
+        });
+    }
+
+    // Run until standard input is closed (the driver's signal to stop, or the driver died).
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        let mut stdin = std::io::stdin();
+        while let Ok(n) = stdin.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
+
+    let report = sched.shutdown().await;
+    // Handlers told to stop are dropped on the handler threads shortly after; wait for
+    // their ends to be journaled before saying "exited".
+    let until = Instant::now() + DRAIN_FOR;
+    while live.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let still = live.load(Ordering::SeqCst);
+    if let Some(j) = &journal {
+        j.write(&JournalLine::Exit {
+            at_us: now_us(),
+            finished: u64::try_from(report.finished).unwrap_or(u64::MAX),
+            released: u64::try_from(report.released).unwrap_or(u64::MAX),
+        });
+        if j.failed.load(Ordering::SeqCst) {
+            return Ok(ExitCode::from(3));
+        }
+    }
+    if still > 0 {
+        return Err(format!(
+            "{still} handler(s) still running {DRAIN_FOR:?} after shutdown"
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
