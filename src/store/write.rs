@@ -790,8 +790,7 @@ impl Store {
             }
             Pool::Sqlite(pool) => {
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
-                c.immediate_transaction(async |c| finalize_each!(c, &p.items, now_b, sqlite))
-                    .await?
+                finalize_sqlite(&mut c, &p.items, now_b).await?
             }
             Pool::Mysql(pool) => {
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
@@ -929,6 +928,107 @@ struct Finalized {
     state: String,
 }
 
+/// SQLite (3.33+): the whole batch in one `UPDATE … FROM (VALUES …)` statement, so one call
+/// into the database thread instead of one per job; each row still guarded by its own token.
+async fn finalize_sqlite(
+    conn: &mut SqliteConn,
+    items: &[super::Finalize],
+    now: Option<i64>,
+) -> diesel::QueryResult<HashMap<i64, JobState>> {
+    use diesel::sql_types::Integer;
+    let mut sql = String::from(
+        "WITH n(now) AS (SELECT COALESCE(?, CAST(unixepoch('subsec') * 1000000 AS INTEGER))), \
+         v(id, token, state, result, error, delay_us, refund) AS (VALUES ",
+    );
+    for i in 0..items.len() {
+        sql.push_str(if i == 0 {
+            "(?, ?, ?, ?, ?, ?, ?)"
+        } else {
+            ", (?, ?, ?, ?, ?, ?, ?)"
+        });
+    }
+    sql.push_str(SQLITE_FINALIZE_TAIL);
+    let mut q = diesel::sql_query(sql)
+        .into_boxed::<diesel::sqlite::Sqlite>()
+        .bind::<Nullable<BigInt>, _>(now);
+    for f in items {
+        let row = FinalRow::from(f);
+        q = q
+            .bind::<BigInt, _>(f.id.0)
+            .bind::<Text, _>(f.token.as_str().to_string())
+            .bind::<Text, _>(row.state)
+            .bind::<Nullable<Text>, _>(row.result)
+            .bind::<Nullable<Text>, _>(row.error)
+            .bind::<Nullable<BigInt>, _>(row.delay_us)
+            .bind::<Integer, _>(row.refund);
+    }
+    let rows: Vec<Finalized> = conn
+        .immediate_transaction(async |c| q.load(c).await)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
+        .collect())
+}
+
+const SQLITE_FINALIZE_TAIL: &str = ") \
+UPDATE jobvisor_jobs SET \
+    state = CASE WHEN v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts \
+                 THEN 'dead' ELSE v.state END, \
+    result = v.result, \
+    last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
+                      WHEN v.error IS NULL THEN jobvisor_jobs.last_error ELSE v.error END, \
+    errors = CASE WHEN v.error IS NULL THEN jobvisor_jobs.errors \
+                  ELSE json_insert(COALESCE(jobvisor_jobs.errors, '[]'), '$[#]', json(v.error)) END, \
+    attempts = jobvisor_jobs.attempts - v.refund, \
+    run_at = CASE WHEN v.delay_us IS NULL THEN jobvisor_jobs.run_at ELSE n.now + v.delay_us END, \
+    finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled') \
+                         OR (v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts) \
+                       THEN n.now ELSE NULL END, \
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL, \
+    timeout_at = NULL, version = jobvisor_jobs.version + 1, updated_at = n.now \
+FROM v, n \
+WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
+  AND jobvisor_jobs.state = 'running' \
+RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state";
+
+/// One finalization as the columns of a batched statement.
+struct FinalRow {
+    state: String,
+    result: Option<String>,
+    error: Option<String>,
+    delay_us: Option<i64>,
+    refund: i32,
+}
+
+impl From<&super::Finalize> for FinalRow {
+    fn from(f: &super::Finalize) -> Self {
+        let json = |v: &JobFailure| serde_json::to_string(v).ok();
+        let (state, result, error, delay_us, refund) = match &f.outcome {
+            Finalization::Succeeded { result } => (
+                "succeeded",
+                serde_json::to_string(result).ok(),
+                None,
+                None,
+                0,
+            ),
+            Finalization::Retry { error, delay } => {
+                ("retrying", None, json(error), Some(dur_us(*delay)), 0)
+            }
+            Finalization::Dead { error } => ("dead", None, json(error), None, 0),
+            Finalization::Cancelled { error } => ("cancelled", None, json(error), None, 0),
+            Finalization::Requeue { delay } => ("pending", None, None, Some(dur_us(*delay)), 1),
+        };
+        FinalRow {
+            state: state.to_string(),
+            result,
+            error,
+            delay_us,
+            refund,
+        }
+    }
+}
+
 /// PostgreSQL: the whole batch in one statement, each row still guarded by its own token.
 async fn finalize_pg(
     conn: &mut diesel_async::AsyncPgConnection,
@@ -944,29 +1044,14 @@ async fn finalize_pg(
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut refunds: Vec<i32> = Vec::with_capacity(n);
     for f in items {
+        let row = FinalRow::from(f);
         ids.push(f.id.0);
         tokens.push(f.token.as_str().to_string());
-        let json = |v: &JobFailure| serde_json::to_string(v).ok();
-        let (st, res, err, delay, refund) = match &f.outcome {
-            Finalization::Succeeded { result } => (
-                "succeeded",
-                serde_json::to_string(result).ok(),
-                None,
-                None,
-                0,
-            ),
-            Finalization::Retry { error, delay } => {
-                ("retrying", None, json(error), Some(dur_us(*delay)), 0)
-            }
-            Finalization::Dead { error } => ("dead", None, json(error), None, 0),
-            Finalization::Cancelled { error } => ("cancelled", None, json(error), None, 0),
-            Finalization::Requeue { delay } => ("pending", None, None, Some(dur_us(*delay)), 1),
-        };
-        states.push(st.to_string());
-        results.push(res);
-        errors.push(err);
-        delays.push(delay);
-        refunds.push(refund);
+        states.push(row.state);
+        results.push(row.result);
+        errors.push(row.error);
+        delays.push(row.delay_us);
+        refunds.push(row.refund);
     }
     let rows: Vec<Finalized> = super::sql::PgFinalize {
         ids,
