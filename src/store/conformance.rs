@@ -1339,6 +1339,62 @@ pub async fn database_clock_is_used_when_no_time_is_bound(b: Backend) {
     );
 }
 
+/// Runs raw SQL on the store's database (to corrupt rows as something other than jobvisor
+/// might).
+pub async fn exec_sql(store: &Store, sql: &str) -> Result<(), Error> {
+    super::connect::with_conn!(store, |conn| {
+        conn.batch_execute(sql).await?;
+    });
+    Ok(())
+}
+
+pub async fn corrupt_rows_go_dead_and_the_batch_goes_on(b: Backend) {
+    let t = Bundle::new(b).await;
+    let bad = t.enqueue(NewJob::new("k", json!(1)), 0).await;
+    let good = t.enqueue(NewJob::new("k", json!(2)), 0).await;
+    // Valid JSON, but not an error record: jobvisor cannot read this row.
+    exec_sql(
+        &t.store,
+        &format!(
+            "UPDATE jobvisor_jobs SET last_error = '{{\"nope\": true}}' WHERE id = {}",
+            bad.0
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        t.store.job_get(bad).await,
+        Err(Error::Corrupt { .. })
+    ));
+    let claimed: Vec<JobId> = t
+        .claim("default", "n", 10, 1)
+        .await
+        .iter()
+        .map(|c| c.job.id)
+        .collect();
+    assert_eq!(
+        claimed,
+        vec![good],
+        "the readable job is claimed, the corrupt one is not"
+    );
+    let j = t.get(bad).await;
+    assert_eq!(j.state, JobState::Dead);
+    let e = j.last_error.unwrap();
+    assert_eq!(e.code, "corrupt");
+    assert!(e.message.contains("last_error"), "{}", e.message);
+    // Every backend refuses a payload that is not JSON; nothing stored changes.
+    let refused = exec_sql(
+        &t.store,
+        &format!(
+            "UPDATE jobvisor_jobs SET payload = 'not json' WHERE id = {}",
+            good.0
+        ),
+    )
+    .await;
+    assert!(refused.is_err(), "a non-JSON payload was stored");
+    assert_eq!(t.get(good).await.payload, json!(2));
+}
+
 /// Expands to one `#[tokio::test]` per conformance case for `$backend`.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -1369,6 +1425,7 @@ macro_rules! conformance_tests {
             concurrent_migrations_are_safe,
             list_pages_and_filters_and_counts,
             database_clock_is_used_when_no_time_is_bound,
+            corrupt_rows_go_dead_and_the_batch_goes_on,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

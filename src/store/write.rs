@@ -652,15 +652,39 @@ impl Store {
                 .await?
             }
         };
-        let mut claimed = rows
-            .into_iter()
-            .map(|r| {
-                Ok(ClaimedJob {
-                    job: r.into_job(None)?,
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut corrupt = Vec::new();
+        for r in rows {
+            let (id, attempts) = (r.id, r.attempts);
+            match r.into_job(None) {
+                Ok(job) => claimed.push(ClaimedJob {
+                    job,
                     token: token.clone(),
-                })
+                }),
+                // A row jobvisor cannot read (written by something else): it can never run, so
+                // it is dead at once, with the reason; the rest of the batch goes on.
+                Err(e) => corrupt.push(crate::store::Finalize::dead(
+                    JobId(id),
+                    token.clone(),
+                    JobFailure::new(
+                        "corrupt",
+                        format!("the stored job cannot be read: {e}"),
+                        u32::try_from(attempts).unwrap_or(0),
+                    ),
+                )),
+            }
+        }
+        if !corrupt.is_empty() {
+            tracing::error!(
+                jobs = corrupt.len(),
+                "claimed unreadable jobs; marking them dead"
+            );
+            self.job_finalize_many(FinalizeParams {
+                items: corrupt,
+                now: p.now,
             })
-            .collect::<Result<Vec<_>>>()?;
+            .await?;
+        }
         // RETURNING order is unspecified: restore the claim order.
         claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
         Ok(claimed)
