@@ -31,6 +31,9 @@ pub const MAX_KIND_LEN: usize = 255;
 pub const MAX_UNIQUE_KEY_LEN: usize = 255;
 /// Largest `max_attempts` accepted.
 pub const MAX_MAX_ATTEMPTS: u32 = 10_000;
+/// Deepest JSON nesting accepted in a payload (JSON parsers, serde_json's included, refuse
+/// documents much deeper than this when reading them back).
+pub const MAX_PAYLOAD_DEPTH: usize = 100;
 /// Longest per-attempt timeout accepted (7 days).
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -418,6 +421,13 @@ impl NewJob {
                 ));
             }
         }
+        let depth = json_depth(&self.payload);
+        if depth > MAX_PAYLOAD_DEPTH {
+            return Err(Error::invalid(
+                "payload",
+                format!("is nested {depth} levels deep; expected at most {MAX_PAYLOAD_DEPTH}"),
+            ));
+        }
         let size = payload_size(&self.payload);
         if size > max_payload_bytes {
             return Err(Error::invalid(
@@ -430,6 +440,21 @@ impl NewJob {
         }
         Ok(size)
     }
+}
+
+/// Nesting depth of a JSON value (a scalar is 0), without recursion.
+fn json_depth(value: &Value) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        max = max.max(d);
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|i| (i, d + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|i| (i, d + 1))),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Serialized size of a JSON value, without allocating the text.
@@ -558,6 +583,21 @@ mod tests {
             .to_string();
         assert!(err.contains("payload") && err.contains("line 1"), "{err}");
         assert!(NewJob::from_json_text("k", "[1,2]").is_ok());
+    }
+
+    #[test]
+    fn deeply_nested_payloads_are_refused_before_they_are_stored() {
+        let mut v = json!(1);
+        for _ in 0..MAX_PAYLOAD_DEPTH {
+            v = json!([v]);
+        }
+        assert!(NewJob::new("k", v.clone()).validate(usize::MAX).is_ok());
+        let deeper = json!({ "a": v });
+        let err = NewJob::new("k", deeper)
+            .validate(usize::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("payload") && err.contains("deep"), "{err}");
     }
 
     #[test]
