@@ -54,9 +54,11 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use jobvisor::scheduler::Event;
 use jobvisor::store::conformance::{base_url, TestDb};
 use jobvisor::{
-    Backend, EnqueueParams, Job, JobFailure, JobId, JobState, ListParams, NewJob, Store,
+    handler_fn, Backend, EnqueueParams, Job, JobContext, JobFailure, JobId, JobOutcome, JobState,
+    ListParams, NewJob, QueueConfig, RetryPolicy, Scheduler, SchedulerConfig, Store,
 };
 use serde_json::json;
 
@@ -1641,4 +1643,120 @@ mod checker {
         }
         assert!("end\t7\t2".parse::<JournalLine>().is_err());
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database outage: the server stops for 30 s under a running scheduler.
+
+#[test]
+#[ignore = "stops the PostgreSQL server for 30 s; run with .ci/crash"]
+fn outage_postgres() {
+    outage(Backend::Postgres);
+}
+
+#[test]
+#[ignore = "stops the MariaDB/MySQL server for 30 s; run with .ci/crash"]
+fn outage_mysql() {
+    outage(Backend::Mysql);
+}
+
+/// CPU time this process has used (user + system), from /proc.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// While the server is down for 30 s: the running job fences itself before its lease could
+/// expire, store errors are logged a bounded number of times (not per attempt), the process
+/// does not spin, and every actor still answers. Afterwards work resumes by itself, and the
+/// fenced job is reclaimed and runs again.
+fn outage(backend: Backend) {
+    const DOWN: Duration = Duration::from_secs(30);
+    let server = Server::of(backend).unwrap();
+    let _guard = ServerGuard(Server::of(backend).unwrap());
+    actix::System::new().block_on(async move {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let lease = Duration::from_secs(6);
+        let handle = Scheduler::builder(store)
+            .config(
+                SchedulerConfig::default()
+                    .lease(lease)
+                    .renew_every(Duration::from_secs(2))
+                    .sweep_every(Duration::from_secs(1))
+                    .deadline_check_every(Duration::from_millis(100))
+                    .retry(RetryPolicy::fixed(Duration::from_millis(200))),
+            )
+            .queue("default", QueueConfig::default().poll_interval(Duration::from_millis(200)))
+            .handler(
+                "long",
+                handler_fn(|_: serde_json::Value, ctx: JobContext| async move {
+                    if ctx.attempt == 1 {
+                        ctx.cancelled().await; // runs until stopped
+                    }
+                    JobOutcome::success(ctx.attempt)
+                }),
+            )
+            .handler("quick", handler_fn(|_: serde_json::Value, _ctx| async { Ok(JobOutcome::done()) }))
+            .start()
+            .unwrap();
+        let client = handle.client();
+        let mut events = handle.events();
+        let long = client.enqueue(NewJob::new("long", json!({}))).await.unwrap().id;
+        loop {
+            if let Ok(Event::Started { id, .. }) = events.recv().await {
+                if id == long {
+                    break;
+                }
+            }
+        }
+        // Stop the server on another thread; watch the node meanwhile.
+        let cpu0 = cpu_time();
+        let stopped_at = Instant::now();
+        let outage = std::thread::spawn(move || server.restart(DOWN));
+        let mut fenced_after = None;
+        let mut store_errors = 0;
+        while !outage.is_finished() {
+            match tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+                Ok(Ok(Event::SelfFenced { id, .. })) if id == long => fenced_after = Some(stopped_at.elapsed()),
+                Ok(Ok(Event::StoreUnavailable { .. })) => store_errors += 1,
+                _ => {}
+            }
+        }
+        let down = outage.join().unwrap().unwrap();
+        let cpu = cpu_time() - cpu0;
+        eprintln!(
+            "outage {backend:?}: down {down:?}, fenced after {fenced_after:?}, {store_errors} store errors logged, \
+             {cpu:?} CPU"
+        );
+        let fenced_after = fenced_after.expect("the running job never fenced itself");
+        assert!(fenced_after < lease, "fenced after {fenced_after:?}: not before its {lease:?} lease could expire");
+        // Each actor logs at most once per interval (30–60 s): a handful, not one per retry.
+        assert!(store_errors <= 12, "{store_errors} store errors logged in {down:?}: logged per attempt");
+        assert!(cpu < DOWN / 5, "{cpu:?} of CPU in a {down:?} outage: a busy loop");
+        // No actor died: each still answers.
+        let status = handle.fetcher("default").unwrap().send(jobvisor::scheduler::GetFetcherStatus).await.unwrap();
+        assert!(status.claiming_enabled);
+        handle.lease_manager().send(jobvisor::scheduler::GetLeaseManagerStatus).await.unwrap();
+        // Work resumes by itself; the fenced job is reclaimed and runs again.
+        let ids: Vec<JobId> = client
+            .enqueue_many((0..20).map(|i| NewJob::new("quick", json!(i))).collect())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        for id in ids {
+            let job = client.wait(id, Duration::from_secs(60)).await.unwrap();
+            assert_eq!(job.state, JobState::Succeeded);
+        }
+        let job = client.wait(long, Duration::from_secs(60)).await.unwrap();
+        assert_eq!((job.state, job.attempts), (JobState::Succeeded, 2));
+        assert_eq!(job.errors[0].code, "lease_expired");
+        handle.shutdown().await;
+    });
 }
