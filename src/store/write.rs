@@ -71,6 +71,25 @@ macro_rules! new_row {
     }};
 }
 
+/// The live job holding `$job`'s (kind, unique_key), as a duplicate; `None` if it vanished
+/// (archived) since the insert skipped it, in which case the caller inserts again.
+macro_rules! existing {
+    ($conn:expr, $job:expr) => {{
+        let j: &NewJob = $job;
+        jobs::table
+            .select(jobs::id)
+            .filter(jobs::kind.eq(&j.kind))
+            .filter(jobs::unique_key.eq(&j.unique_key))
+            .first::<i64>(&mut *$conn)
+            .await
+            .optional()?
+            .map(|id| Enqueued {
+                id: JobId(id),
+                duplicate: true,
+            })
+    }};
+}
+
 /// PostgreSQL, one job: a single-row `INSERT … ON CONFLICT DO NOTHING RETURNING id` — a
 /// single row, not a batch of one, because diesel never caches a batch insert's prepared
 /// statement (its length varies) and would parse and plan it on every call.
@@ -93,17 +112,7 @@ async fn enqueue_one_pg(
             id: JobId(id),
             duplicate: false,
         }),
-        None => jobs::table
-            .select(jobs::id)
-            .filter(jobs::kind.eq(&job.kind))
-            .filter(jobs::unique_key.eq(&job.unique_key))
-            .first(&mut *conn)
-            .await
-            .optional()?
-            .map(|id| Enqueued {
-                id: JobId(id),
-                duplicate: true,
-            }),
+        None => existing!(conn, job),
     })
 }
 
@@ -213,18 +222,7 @@ pub(crate) async fn enqueue_pg(
     let mut out = match_inserted(batch, inserted);
     for (i, slot) in out.iter_mut().enumerate() {
         if slot.is_none() {
-            let j = &batch[i];
-            let existing: Option<i64> = jobs::table
-                .select(jobs::id)
-                .filter(jobs::kind.eq(&j.kind))
-                .filter(jobs::unique_key.eq(&j.unique_key))
-                .first(&mut *conn)
-                .await
-                .optional()?;
-            *slot = existing.map(|id| Enqueued {
-                id: JobId(id),
-                duplicate: true,
-            });
+            *slot = existing!(conn, &batch[i]);
         }
     }
     Ok(out)
@@ -254,17 +252,7 @@ pub(crate) async fn enqueue_sqlite(
                 id: JobId(id),
                 duplicate: false,
             }),
-            None => jobs::table
-                .select(jobs::id)
-                .filter(jobs::kind.eq(&j.kind))
-                .filter(jobs::unique_key.eq(&j.unique_key))
-                .first(&mut *conn)
-                .await
-                .optional()?
-                .map(|id| Enqueued {
-                    id: JobId(id),
-                    duplicate: true,
-                }),
+            None => existing!(conn, j),
         };
         out.push(e);
     }
