@@ -887,8 +887,9 @@ async fn run(backend: Backend) {
         }
         if Instant::now() >= next_kill {
             // Mostly SIGKILL; one time in four a graceful stop, so that give-backs (a lease
-            // returned at shutdown) happen mid-run too.
-            if rng.below(4) == 0 {
+            // returned at shutdown) happen mid-run too. The first is always a SIGKILL, so even a
+            // short run is sure to kill a node.
+            if fleet.kills > 0 && rng.below(4) == 0 {
                 fleet.stop_random(&mut rng);
             } else {
                 fleet.kill_random(&mut rng);
