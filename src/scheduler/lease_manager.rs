@@ -60,6 +60,16 @@ struct Lease {
     stop_deadline: Option<DateTime<Utc>>,
 }
 
+impl Lease {
+    /// Tells the supervisor to stop its handler; if it has not reported by `deadline`, the
+    /// handler ignores the signal and the lease is fenced.
+    fn stop(&mut self, reason: StopReason, deadline: DateTime<Utc>) {
+        self.stopped = true;
+        self.stop_deadline = Some(deadline);
+        self.supervisor.do_send(StopJob(reason));
+    }
+}
+
 /// A buffered finalization and what to tell when it is written.
 struct Pending {
     item: Finalize,
@@ -110,6 +120,11 @@ impl LeaseManager {
 
     fn lease_span(&self) -> chrono::Duration {
         chrono::Duration::from_std(self.shared.config.lease).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// How long a handler told to stop may take before it is stopped for good.
+    fn cancel_grace(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.shared.config.cancel_grace).unwrap_or_default()
     }
 
     /// Self-fence this long before the lease would expire.
@@ -403,8 +418,7 @@ impl Handler<RenewLeases> for LeaseManager {
                 ..RenewReport::default()
             };
             let valid_until = sent_at + act.lease_span();
-            let grace =
-                chrono::Duration::from_std(act.shared.config.cancel_grace).unwrap_or_default();
+            let grace = act.cancel_grace();
             for (id, outcome) in results {
                 match outcome {
                     Guarded::Applied(r) => {
@@ -461,7 +475,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
         let margin = self.fence_margin();
         let mut stopped = 0;
         let mut fenced = Vec::new();
-        let grace = chrono::Duration::from_std(self.shared.config.cancel_grace).unwrap_or_default();
+        let grace = self.cancel_grace();
         for (id, l) in &mut self.leases {
             if l.finishing {
                 continue;
@@ -485,10 +499,8 @@ impl Handler<CheckDeadlines> for LeaseManager {
                 None
             };
             if let Some(r) = reason {
-                l.stopped = true;
-                l.stop_deadline = Some(now + grace);
+                l.stop(r, now + grace);
                 stopped += 1;
-                l.supervisor.do_send(StopJob(r));
                 match r {
                     StopReason::SelfFence => fenced.push(*id),
                     StopReason::Timeout => self.shared.events.emit(Event::TimedOut {
@@ -525,13 +537,11 @@ impl Handler<ReleaseAll> for LeaseManager {
 
     fn handle(&mut self, _: ReleaseAll, _ctx: &mut Context<Self>) -> usize {
         let now = self.shared.clock.now();
-        let grace = chrono::Duration::from_std(self.shared.config.cancel_grace).unwrap_or_default();
+        let grace = self.cancel_grace();
         let mut n = 0;
         for l in self.leases.values_mut() {
             if !l.finishing && !l.stopped {
-                l.stopped = true;
-                l.stop_deadline = Some(now + grace);
-                l.supervisor.do_send(StopJob(StopReason::Release));
+                l.stop(StopReason::Release, now + grace);
                 n += 1;
             }
         }
