@@ -10,10 +10,12 @@ use crate::job::check_name;
 
 /// Jobs of one queue run at once on one node.
 pub const DEFAULT_CONCURRENCY: u32 = 10;
-/// Claimed jobs a queue keeps ready beyond its running ones, so a worker that finishes starts
-/// the next job without waiting for a round trip. Their leases are held and renewed like any
-/// other; set it to 0 for few long jobs shared fairly among many nodes.
-pub const DEFAULT_PREFETCH: u32 = 100;
+/// The most claimed jobs a queue keeps ready beyond its running ones, so a worker that
+/// finishes starts the next job without waiting for a round trip. Their leases are held and
+/// renewed like any other. The window adapts below this (see
+/// [`PREFETCH_MAX_WAIT`](crate::scheduler::PREFETCH_MAX_WAIT)): deep for quick jobs, shallow
+/// for slow ones; 0 turns prefetch off.
+pub const DEFAULT_PREFETCH: u32 = 1000;
 /// How often an idle fetcher looks for due jobs.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Lease length.

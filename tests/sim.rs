@@ -329,6 +329,42 @@ async fn priorities_are_respected() {
 }
 
 #[actix::test]
+async fn the_prefetch_window_grows_for_idle_workers_and_shrinks_when_jobs_wait() {
+    use jobvisor::scheduler::{GetFetcherStatus, PREFETCH_MAX_WAIT};
+    let gate = Arc::new(Semaphore::new(0));
+    let mut sim = Simulation::sqlite(|b| {
+        b.queue("one", QueueConfig::default().concurrency(1).prefetch(4))
+            .handler("work", gated(gate.clone(), "x"))
+    })
+    .await;
+    let window = |sim: &Simulation| {
+        let f = sim.fetcher("one");
+        async move { f.send(GetFetcherStatus).await.unwrap().prefetch_window }
+    };
+    assert_eq!(
+        window(&sim).await,
+        1,
+        "starts at min(concurrency, prefetch)"
+    );
+    let first = enqueue(&sim, NewJob::new("work", json!({})).queue("one")).await;
+    let second = enqueue(&sim, NewJob::new("work", json!({})).queue("one")).await;
+    // A full claim (1 of a budget of 2, claimed in halves) came back to an idle worker: the
+    // window doubles, and the fetcher claims the next chunk by itself.
+    assert_eq!(sim.fetch("one").await, 1);
+    sim.next_event(|e| matches!(e, Event::Claimed { id, .. } if *id == second))
+        .await;
+    sim.next_event(|e| matches!(e, Event::Started { id, .. } if *id == first))
+        .await;
+    assert_eq!(window(&sim).await, 2);
+    // The second job waits in the prefetch longer than allowed: the window halves.
+    sim.advance(PREFETCH_MAX_WAIT * 5);
+    gate.add_permits(2);
+    assert_eq!(sim.finished(first).await, JobState::Succeeded);
+    assert_eq!(sim.finished(second).await, JobState::Succeeded);
+    assert_eq!(window(&sim).await, 1);
+}
+
+#[actix::test]
 async fn the_lease_manager_renews_many_leases_in_one_statement() {
     let gate = Arc::new(Semaphore::new(0));
     let sim = Simulation::sqlite(|b| b.handler("work", gated(gate.clone(), "x"))).await;
@@ -630,22 +666,39 @@ async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
         .into_iter()
         .map(|e| e.id)
         .collect();
-    // Both claim at once, each at most its 10 free workers. (A claim that fails transiently —
-    // a busy database — is simply repeated, as the fetcher's next wake would.)
-    let (mut na, mut nb) = (0, 0);
-    for _ in 0..5 {
-        let (x, y) = tokio::join!(a.fetch("default"), b.fetch("default"));
-        na += x;
-        nb += y;
-        if na + nb == 20 {
+    // Both claim at once, each at most its 10 free workers, in chunks (a fetcher claims the
+    // next chunk of a full claim by itself). (A claim that fails transiently — a busy
+    // database — is simply repeated, as the fetcher's next wake would.)
+    let held = |s: &Simulation| {
+        let f = s.fetcher("default");
+        async move {
+            f.send(jobvisor::scheduler::GetFetcherStatus)
+                .await
+                .unwrap()
+                .busy
+        }
+    };
+    for _ in 0..10 {
+        tokio::join!(a.fetch("default"), b.fetch("default"));
+        if held(&a).await + held(&b).await == 20 {
             break;
         }
     }
+    let (na, nb) = (held(&a).await, held(&b).await);
     assert!(
         na <= 10 && nb <= 10,
         "a claimer took more than its free slots: a {na}, b {nb}"
     );
     assert_eq!(na + nb, 20, "each claims its 10 free slots");
+    let running = a
+        .client
+        .list(jobvisor::ListParams {
+            state: Some(JobState::Running),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(running.len(), 20, "the database agrees: 20 jobs claimed");
     gate.add_permits(40);
     // Each finished job frees a slot and its fetcher claims again by itself.
     for id in &ids {

@@ -3,14 +3,22 @@
 //!
 //! Two limits: the queue's *concurrency* bounds handlers running at once (a semaphore the
 //! supervisors take a permit from before their handler starts), and the *claim budget*
-//! (concurrency + prefetch) bounds jobs this node holds — running, ready in the prefetch, or
-//! finished but not yet confirmed written. A slot of the budget is freed only once its
-//! finalization is confirmed applied or lease-lost, so a slow database throttles claiming;
-//! a worker, though, moves on to a prefetched job at once, never waiting for a round trip.
+//! (concurrency + prefetch window) bounds jobs this node holds — running, ready in the
+//! prefetch, or finished but not yet confirmed written. A slot of the budget is freed only
+//! once its finalization is confirmed applied or lease-lost, so a slow database throttles
+//! claiming; a worker, though, moves on to a prefetched job at once, never waiting for a
+//! round trip.
 //!
-//! At most one claim is in flight: a wake that arrives meanwhile waits in the mailbox and is
-//! served when the claim returns, so no wake is lost and no two claims race for the same
-//! slots. Freed slots coalesce into one queued wake.
+//! The prefetch window adapts between 0 and the queue's `prefetch`: it doubles when a full
+//! claim (more jobs were due) comes back to idle workers — they ran dry waiting for it — and
+//! halves when a job waited longer than [`PREFETCH_MAX_WAIT`] for a worker, so quick jobs get
+//! a deep prefetch while slow ones are not hoarded by one node when others could run them.
+//!
+//! Claims are at most half the budget, so one chunk is claimed while the other runs and is
+//! written: claiming and finalizing overlap instead of taking turns. At most one claim is in
+//! flight: a wake that arrives meanwhile waits in the mailbox and is served when the claim
+//! returns, so no wake is lost and no two claims race for the same slots. Freed slots
+//! coalesce into one queued wake.
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
@@ -27,6 +35,9 @@ use crate::store::ClaimParams;
 
 /// Store errors are logged at most this often per fetcher.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
+/// A prefetched job should not wait longer than this for a worker: if one did, the window
+/// halves (another node might have run it meanwhile).
+pub const PREFETCH_MAX_WAIT: Duration = Duration::from_millis(200);
 
 /// Claims jobs of one queue.
 pub struct Fetcher {
@@ -37,6 +48,8 @@ pub struct Fetcher {
     /// Budget taken: jobs claimed and not yet confirmed written (running, prefetched, or
     /// finishing).
     busy: u32,
+    /// The adaptive prefetch window.
+    window: PrefetchWindow,
     /// Permits for running handlers: the queue's concurrency.
     workers: Arc<Semaphore>,
     /// A `FetchNow` is already queued for a freed slot: don't queue another.
@@ -66,6 +79,7 @@ impl Fetcher {
         Fetcher {
             shared,
             workers: Arc::new(Semaphore::new(config.concurrency as usize)),
+            window: PrefetchWindow::new(config.concurrency, config.prefetch),
             queue,
             config,
             lease_manager,
@@ -76,8 +90,54 @@ impl Fetcher {
         }
     }
 
+    fn budget(&self) -> u32 {
+        self.config.concurrency.saturating_add(self.window.get())
+    }
+
+    /// Most jobs claimed in one statement: half the budget, so that one chunk is claimed
+    /// while the other runs and is written.
+    fn chunk(&self) -> u32 {
+        self.budget().div_ceil(2)
+    }
+
     fn free(&self) -> u32 {
-        (self.config.concurrency + self.config.prefetch).saturating_sub(self.busy)
+        self.budget().saturating_sub(self.busy)
+    }
+}
+
+/// The prefetch window's policy (see the module docs): between 0 and `max`, starting at
+/// `min(concurrency, max)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PrefetchWindow {
+    window: u32,
+    max: u32,
+}
+
+impl PrefetchWindow {
+    fn new(concurrency: u32, max: u32) -> Self {
+        PrefetchWindow {
+            window: concurrency.min(max),
+            max,
+        }
+    }
+
+    fn get(&self) -> u32 {
+        self.window
+    }
+
+    /// A claim came back. `full`: it got every job it asked for (more may be due);
+    /// `workers_idle`: some worker had nothing to run while it was in flight.
+    fn on_claim(&mut self, full: bool, workers_idle: bool) {
+        if full && workers_idle {
+            self.window = self.window.saturating_mul(2).max(1).min(self.max);
+        }
+    }
+
+    /// Jobs were written; one of them waited `longest_wait` in the prefetch for a worker.
+    fn on_freed(&mut self, longest_wait: Duration) {
+        if longest_wait > PREFETCH_MAX_WAIT {
+            self.window /= 2;
+        }
     }
 }
 
@@ -101,7 +161,7 @@ impl Handler<FetchNow> for Fetcher {
         if self.stopped || self.free() == 0 {
             return AtomicResponse::new(Box::pin(fut::ready(0)));
         }
-        let limit = self.free();
+        let limit = self.free().min(self.chunk());
         let shared = self.shared.clone();
         // The database counts the lease from its own "now", at the latest when the claim
         // arrives: count ours from before it was sent, so a slow answer can only shorten it.
@@ -121,10 +181,19 @@ impl Handler<FetchNow> for Fetcher {
             res
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
-            move |res, act, _ctx| match res {
+            move |res, act, ctx| match res {
                 Ok(jobs) => {
                     let n = jobs.len();
+                    let full = u32::try_from(n).is_ok_and(|n| n == limit);
+                    // Checked before this claim's supervisors start taking permits.
+                    act.window
+                        .on_claim(full, act.workers.available_permits() > 0);
                     act.start_all(jobs, sent_at);
+                    // A full claim: more may be due. Claim the next chunk while these run.
+                    if full && act.free() >= act.chunk() && !act.wake_queued && !act.stopped {
+                        act.wake_queued = true;
+                        ctx.notify(FetchNow);
+                    }
                     n
                 }
                 Err(e) => {
@@ -199,18 +268,23 @@ impl Fetcher {
 /// budget is free again.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
-pub struct SlotFreed(pub u32);
+pub struct SlotFreed {
+    /// How many slots.
+    pub freed: u32,
+    /// The longest any of these jobs waited in the prefetch for a worker.
+    pub longest_wait: Duration,
+}
 
 impl Handler<SlotFreed> for Fetcher {
     type Result = ();
 
-    fn handle(&mut self, SlotFreed(n): SlotFreed, ctx: &mut Context<Self>) {
-        self.busy = self.busy.saturating_sub(n);
+    fn handle(&mut self, m: SlotFreed, ctx: &mut Context<Self>) {
+        self.busy = self.busy.saturating_sub(m.freed);
+        self.window.on_freed(m.longest_wait);
         // Refill in worthwhile batches: once half the prefetch is free, or at once when the
         // workers could otherwise run out of jobs. A claim per freed job would cost a round
         // trip per job.
-        let refill = self.free() >= (self.config.prefetch / 2).max(1)
-            || self.busy <= self.config.concurrency;
+        let refill = self.free() >= self.chunk() || self.busy <= self.config.concurrency;
         if refill && !self.stopped && !self.wake_queued {
             self.wake_queued = true;
             ctx.notify(FetchNow);
@@ -256,8 +330,10 @@ pub struct FetcherStatus {
     pub busy: u32,
     /// Its concurrency.
     pub concurrency: u32,
-    /// Its prefetch.
+    /// Its prefetch (the most the window may grow to).
     pub prefetch: u32,
+    /// The current prefetch window (adapts between 0 and `prefetch`).
+    pub prefetch_window: u32,
     /// Whether it still claims.
     pub claiming_enabled: bool,
 }
@@ -275,6 +351,7 @@ impl Handler<GetFetcherStatus> for Fetcher {
             busy: self.busy,
             concurrency: self.config.concurrency,
             prefetch: self.config.prefetch,
+            prefetch_window: self.window.get(),
             claiming_enabled: !self.stopped,
         }
     }
@@ -285,5 +362,44 @@ impl Handler<StopActor> for Fetcher {
 
     fn handle(&mut self, _: StopActor, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_deepens_only_when_due_jobs_met_idle_workers() {
+        let mut w = PrefetchWindow::new(10, 1000);
+        assert_eq!(w.get(), 10);
+        w.on_claim(false, true); // the queue ran out: nothing to gain
+        w.on_claim(true, false); // workers were busy: the prefetch sufficed
+        assert_eq!(w.get(), 10);
+        for expect in [20, 40, 80, 160, 320, 640, 1000, 1000] {
+            w.on_claim(true, true);
+            assert_eq!(w.get(), expect);
+        }
+    }
+
+    #[test]
+    fn the_window_halves_when_a_job_waited_too_long_and_can_reach_zero() {
+        let mut w = PrefetchWindow::new(10, 1000);
+        w.on_freed(PREFETCH_MAX_WAIT);
+        assert_eq!(w.get(), 10, "a wait at the limit is fine");
+        for expect in [5, 2, 1, 0, 0] {
+            w.on_freed(PREFETCH_MAX_WAIT + Duration::from_millis(1));
+            assert_eq!(w.get(), expect);
+        }
+        w.on_claim(true, true);
+        assert_eq!(w.get(), 1, "and grows back from zero");
+    }
+
+    #[test]
+    fn no_prefetch_stays_off() {
+        let mut w = PrefetchWindow::new(10, 0);
+        assert_eq!(w.get(), 0);
+        w.on_claim(true, true);
+        assert_eq!(w.get(), 0);
     }
 }

@@ -42,6 +42,7 @@ pub use archiver::{ArchiveNow, ArchiveReport, Archiver};
 pub use event::{Event, EVENT_BUFFER};
 pub use fetcher::{
     FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
+    PREFETCH_MAX_WAIT,
 };
 pub use job_supervisor::{JobSupervisor, StopJob, StopReason};
 pub use lease_manager::{
