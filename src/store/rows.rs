@@ -16,7 +16,7 @@ use crate::job::{Job, JobFailure, JobId, JobState, LeaseInfo};
 use crate::lease::NodeId;
 
 /// A live row, exactly as stored.
-#[derive(Debug, Clone, Queryable, Selectable)]
+#[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = jobvisor_jobs)]
 #[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
 pub(crate) struct JobRow {

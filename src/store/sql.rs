@@ -502,6 +502,54 @@ pg_statement!(
     }
 );
 
+/// Claims due jobs of a queue. The candidates are locked by a subquery collected into an
+/// array (`= ANY(ARRAY(…))`), so the update finds its rows through the primary key whatever the
+/// planner believes: with `id IN (subquery)` a generic plan (statistics taken when the table
+/// was full, a `LIMIT` parameter it cannot see) hash-joined a sequential scan of the whole
+/// table.
+pub(crate) const CLAIM_PG: &str = "\
+WITH n AS (
+    SELECT COALESCE($1::bigint, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint) AS now,
+           $2::bigint AS lease_us
+)
+UPDATE jobvisor_jobs AS j SET
+    state = 'running',
+    lease_owner = $3,
+    lease_token = $4,
+    lease_expires_at = n.now + n.lease_us,
+    heartbeat_at = n.now,
+    attempts = j.attempts + 1,
+    version = j.version + 1,
+    updated_at = n.now,
+    first_started_at = COALESCE(j.first_started_at, n.now),
+    timeout_at = n.now + n.lease_us + j.timeout_ms * 1000
+FROM n
+WHERE j.id = ANY(ARRAY(
+    SELECT c.id FROM jobvisor_jobs AS c
+    WHERE c.queue = $5 AND c.state IN ('pending', 'retrying')
+      AND c.run_at <= (SELECT now FROM n)
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT $6
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING j.id, j.queue, j.kind, j.unique_key, j.state, j.priority, j.payload, j.result,
+          j.last_error, j.errors, j.attempts, j.max_attempts, j.run_at, j.timeout_ms,
+          j.timeout_at, j.lease_owner, j.lease_expires_at, j.heartbeat_at, j.version,
+          j.cancel_requested_at, j.created_at, j.updated_at, j.first_started_at,
+          j.finished_at";
+
+pg_statement!(
+    /// Claims up to `limit` due jobs of `queue` with one token.
+    PgClaim, CLAIM_PG, {
+        now: Option<i64> => Nullable<BigInt>,
+        lease_us: i64 => BigInt,
+        owner: String => Text,
+        token: String => Text,
+        queue: String => Text,
+        limit: i64 => BigInt,
+    }
+);
+
 pub(crate) const ENQUEUE_BATCH_PG: &str = "\
 INSERT INTO jobvisor_jobs (queue, kind, unique_key, state, priority, payload, errors, attempts,
                            max_attempts, run_at, timeout_ms, version, created_at, updated_at)
@@ -540,6 +588,7 @@ mod tests {
     fn statements_split_at_their_placeholders_in_order() {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
         assert_eq!(segments(super::FINALIZE_PG).len(), 9);
+        assert_eq!(segments(super::CLAIM_PG).len(), 7);
         assert_eq!(segments(super::ENQUEUE_BATCH_PG).len(), 11);
     }
 }

@@ -3,8 +3,9 @@
 //! Every write by a lease holder is guarded in SQL by `(id, lease_token)` and `state =
 //! 'running'`; rows that do not match are reported [`Guarded::LeaseLost`]. Backend
 //! differences, all forced by the databases:
-//! * claim: PostgreSQL `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING`;
-//!   SQLite the same statement without row locks inside `BEGIN IMMEDIATE`; MySQL has no
+//! * claim: PostgreSQL `UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))
+//!   RETURNING` (a prepared statement); SQLite `UPDATE … WHERE id IN (SELECT …) RETURNING`
+//!   without row locks inside `BEGIN IMMEDIATE`; MySQL has no
 //!   `UPDATE … RETURNING` (and MariaDB no `LIMIT` in `IN (subquery)`), so it selects with
 //!   `SKIP LOCKED`, updates and reads back in one transaction.
 //! * finalize: PostgreSQL one `UPDATE … FROM unnest(…)` for the whole batch; MySQL and SQLite
@@ -591,12 +592,15 @@ impl Store {
         let rows: Vec<JobRow> = match &self.inner.pool {
             Pool::Pg(pool) => {
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
-                diesel::update(
-                    jobs::table.filter(jobs::id.eq_any(candidates!().for_update().skip_locked())),
-                )
-                .set(claim_set!())
-                .returning(JobRow::as_returning())
-                .get_results(&mut *c)
+                super::sql::PgClaim {
+                    now: bound(p.now),
+                    lease_us,
+                    owner: owner.clone(),
+                    token: tok.clone(),
+                    queue: p.queue.clone(),
+                    limit,
+                }
+                .load(&mut *c)
                 .await?
             }
             Pool::Sqlite(pool) => {
@@ -855,6 +859,8 @@ impl Store {
                         now,
                     ))
                     .filter(RUNNING)
+                    // Running jobs are exactly those with a lease: this reads the sweep index.
+                    .filter(jobs::lease_expires_at.is_not_null())
                     .filter(
                         jobs::lease_expires_at
                             .lt(now.nullable())

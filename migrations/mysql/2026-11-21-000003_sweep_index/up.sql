@@ -1,0 +1,1 @@
+-- The sweep index changed on PostgreSQL and SQLite only (MySQL has no partial indexes); this version keeps the schemas in step.
