@@ -1,6 +1,8 @@
 //! Archiver: moves terminal jobs older than the retention (default 24 h) to the archive table
 //! and deletes archived jobs older than theirs (default 7 days), in bounded batches, so the
-//! live table stays small however many jobs pass through.
+//! live table stays small however many jobs pass through: a pass that ends with work left
+//! (every batch full) is followed at once by the next, so archiving keeps up with any job
+//! rate instead of waiting for the next tick.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,7 +73,8 @@ impl Handler<ArchiveNow> for Archiver {
         let fut = async move {
             let cfg = &shared.config;
             let mut report = ArchiveReport::default();
-            for _ in 0..MAX_BATCHES_PER_PASS {
+            let mut more = false;
+            for i in 0..MAX_BATCHES_PER_PASS {
                 let n = shared
                     .store
                     .job_archive(ArchiveParams {
@@ -84,8 +87,9 @@ impl Handler<ArchiveNow> for Archiver {
                 if n < u64::from(cfg.archive_batch) {
                     break;
                 }
+                more |= i + 1 == MAX_BATCHES_PER_PASS;
             }
-            for _ in 0..MAX_BATCHES_PER_PASS {
+            for i in 0..MAX_BATCHES_PER_PASS {
                 let n = shared
                     .store
                     .job_prune_archive(PruneParams {
@@ -98,13 +102,19 @@ impl Handler<ArchiveNow> for Archiver {
                 if n < u64::from(cfg.archive_batch) {
                     break;
                 }
+                more |= i + 1 == MAX_BATCHES_PER_PASS;
             }
-            Ok::<_, crate::Error>(report)
+            Ok::<_, crate::Error>((report, more))
         };
-        Box::pin(fut.into_actor(self).map(|res, act, _ctx| {
+        Box::pin(fut.into_actor(self).map(|res, act, ctx| {
             act.running = false;
             match res {
-                Ok(r) => {
+                Ok((r, more)) => {
+                    // Work left: go on now (between passes other messages get their turn).
+                    // Without timers (simulation) only the caller drives passes.
+                    if more && act.shared.config.timers {
+                        ctx.notify(ArchiveNow);
+                    }
                     if r.moved + r.pruned > 0 {
                         act.shared.events.emit(Event::Archived {
                             moved: r.moved,
