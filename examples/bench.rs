@@ -19,6 +19,16 @@
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
 //!
+//! Scale modes (minutes each; only when named, or all four with `--only scale`):
+//! * `drain-backlog`: drain N jobs while `--backlog` (default 1,000,000) more wait behind
+//!   them; `ratio_to_drain` compares with the empty-table `drain` of the same run.
+//! * `drain-archive`: drain N jobs with `--backlog` jobs in the archive table.
+//! * `archive-cycle`: `--through` (default 1,000,000) jobs pass through the live table in
+//!   rounds of 100,000 while the archiver runs (archive 1 s after finishing); reports the live
+//!   table's size empty, at its peak, at the end, and once everything is archived (and, on
+//!   PostgreSQL, vacuumed as autovacuum would).
+//! * `rss`: resident memory with `--in-flight` (default 10,000) handlers running at once.
+//!
 //! Every result prints as a table row and as one JSON line (`{"bench":…}`); ratios are to the
 //! raw-SQL figures of the same run, since absolute numbers drift on shared machines.
 //! Each mode gets a fresh isolated database (schema / database / temp file).
@@ -28,9 +38,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
-use jobvisor::store::conformance::TestDb;
+use jobvisor::store::conformance::{exec_sql, TestDb};
 use jobvisor::{
-    handler_fn, Backend, Client, EnqueueParams, JobOutcome, NewJob, QueueConfig, Scheduler, Store,
+    handler_fn, Backend, Client, EnqueueParams, JobOutcome, NewJob, QueueConfig, Scheduler,
+    SchedulerConfig, Store,
 };
 use serde_json::{json, Value};
 
@@ -38,6 +49,14 @@ struct Args {
     backends: Vec<Backend>,
     jobs: usize,
     concurrency: u32,
+    /// Overrides the queue's prefetch (default: jobvisor's default).
+    prefetch: Option<u32>,
+    /// Jobs waiting (`drain-backlog`) or archived (`drain-archive`) beforehand.
+    backlog: usize,
+    /// Jobs passed through the live table by `archive-cycle`.
+    through: usize,
+    /// Handlers running at once in `rss`.
+    in_flight: usize,
     only: Option<Vec<String>>,
 }
 
@@ -46,6 +65,10 @@ fn parse_args() -> Args {
         backends: vec![Backend::Postgres, Backend::Mysql, Backend::Sqlite],
         jobs: 20_000,
         concurrency: 10,
+        prefetch: None,
+        backlog: 1_000_000,
+        through: 1_000_000,
+        in_flight: 10_000,
         only: None,
     };
     let mut it = std::env::args().skip(1);
@@ -67,6 +90,10 @@ fn parse_args() -> Args {
             "--concurrency" => {
                 args.concurrency = val().parse().expect("--concurrency takes a number")
             }
+            "--prefetch" => args.prefetch = Some(val().parse().expect("--prefetch takes a number")),
+            "--backlog" => args.backlog = val().parse().expect("--backlog takes a number"),
+            "--through" => args.through = val().parse().expect("--through takes a number"),
+            "--in-flight" => args.in_flight = val().parse().expect("--in-flight takes a number"),
             "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
             other => panic!("unknown argument {other:?}"),
         }
@@ -116,12 +143,23 @@ async fn fill(store: &Store, n: usize) {
     }
 }
 
-async fn drain(backend: Backend, n: usize, c: u32) -> (f64, Value) {
+async fn drain(backend: Backend, n: usize, c: u32, prefetch: Option<u32>) -> (f64, Value) {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
     fill(&store, n).await;
+    drain_on(store, n, c, prefetch).await
+}
+
+/// Runs a scheduler on `store` until `n` jobs have finished (more may be waiting).
+async fn drain_on(store: Store, n: usize, c: u32, prefetch: Option<u32>) -> (f64, Value) {
     let handle = Scheduler::builder(store)
-        .queue("default", QueueConfig::default().concurrency(c))
+        .queue("default", {
+            let q = QueueConfig::default().concurrency(c);
+            match prefetch {
+                Some(p) => q.prefetch(p),
+                None => q,
+            }
+        })
         .handler(
             "noop",
             handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) }),
@@ -227,6 +265,302 @@ async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         "p99_ms": (percentile(&v, 0.99) * 100.0).round() / 100.0,
         "max_ms": (v[v.len() - 1] * 100.0).round() / 100.0,
         "samples": v.len(),
+    })
+}
+
+// ---- scale --------------------------------------------------------------------------------
+
+/// A row source of `n` rows for SQL-side fills: (statement prefix, FROM clause, index column).
+fn series(backend: Backend, n: usize) -> (String, String, &'static str) {
+    match backend {
+        Backend::Postgres => (
+            String::new(),
+            format!("generate_series(1, {n}) AS s(i)"),
+            "s.i",
+        ),
+        // MariaDB's sequence engine.
+        Backend::Mysql => (String::new(), format!("seq_1_to_{n} AS s"), "s.seq"),
+        Backend::Sqlite => (
+            format!(
+                "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
+            ),
+            "s".to_string(),
+            "s.i",
+        ),
+    }
+}
+
+/// Inserts `n` waiting no-op jobs in one SQL statement (as `enqueue` would write them).
+async fn fill_sql(backend: Backend, store: &Store, n: usize) {
+    let (with, from, _) = series(backend, n);
+    let t = now_us();
+    exec_sql(
+        store,
+        &format!(
+            "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
+             max_attempts, run_at, timeout_ms, version, created_at, updated_at) {with}\
+             SELECT 'default', 'noop', 'pending', 10, '{{}}', '[]', 0, 5, {t}, 1800000, 1, {t}, {t} \
+             FROM {from}"
+        ),
+    )
+    .await
+    .expect("fill");
+    analyze(backend, store).await;
+}
+
+/// Inserts `n` succeeded jobs into the archive (ids far above the live table's).
+async fn fill_archive(backend: Backend, store: &Store, n: usize) {
+    let (with, from, i) = series(backend, n);
+    let t = now_us();
+    exec_sql(
+        store,
+        &format!(
+            "INSERT INTO jobvisor_jobs_archive (id, queue, kind, state, priority, payload, errors, \
+             attempts, max_attempts, run_at, timeout_ms, version, created_at, updated_at, \
+             finished_at, archived_at) {with}\
+             SELECT 1000000000000 + {i}, 'default', 'noop', 'succeeded', 10, '{{}}', '[]', 1, 5, \
+             {t}, 1800000, 3, {t}, {t}, {t}, {t} FROM {from}"
+        ),
+    )
+    .await
+    .expect("fill archive");
+    analyze(backend, store).await;
+}
+
+/// Refreshes planner statistics, as autovacuum / InnoDB would soon after a bulk load.
+async fn analyze(backend: Backend, store: &Store) {
+    let sql = match backend {
+        Backend::Postgres => "ANALYZE jobvisor_jobs; ANALYZE jobvisor_jobs_archive",
+        Backend::Mysql => "ANALYZE TABLE jobvisor_jobs, jobvisor_jobs_archive",
+        Backend::Sqlite => "ANALYZE",
+    };
+    exec_sql(store, sql).await.expect("analyze");
+}
+
+/// One integer from a query, on a connection of its own.
+async fn query_i64(backend: Backend, url: &str, sql: &str) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct V {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        v: i64,
+    }
+    match backend {
+        Backend::Postgres => {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            client.query_one(sql, &[]).await.expect("query").get(0)
+        }
+        Backend::Mysql => {
+            let mut conn = AsyncMysqlConnection::establish(url).await.expect("connect");
+            diesel::sql_query(sql)
+                .get_result::<V>(&mut conn)
+                .await
+                .expect("query")
+                .v
+        }
+        Backend::Sqlite => {
+            let path = url.trim_start_matches("sqlite://").to_string();
+            let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<
+                diesel::SqliteConnection,
+            >::establish(&path)
+            .await
+            .expect("connect");
+            diesel::sql_query(sql)
+                .get_result::<V>(&mut conn)
+                .await
+                .expect("query")
+                .v
+        }
+    }
+}
+
+/// Bytes the live table takes (PostgreSQL: heap + indexes + TOAST; MySQL: data + indexes
+/// after `ANALYZE TABLE`; SQLite: the whole file's pages in use — it has no per-table size
+/// without the `dbstat` extension).
+async fn hot_table_bytes(backend: Backend, url: &str, store: &Store) -> i64 {
+    let sql = match backend {
+        Backend::Postgres => "SELECT pg_total_relation_size('jobvisor_jobs')::bigint",
+        Backend::Mysql => {
+            exec_sql(store, "ANALYZE TABLE jobvisor_jobs")
+                .await
+                .expect("analyze");
+            "SELECT CAST(data_length + index_length AS SIGNED) AS v FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = 'jobvisor_jobs'"
+        }
+        Backend::Sqlite => {
+            "SELECT (p.page_count - f.freelist_count) * s.page_size AS v \
+             FROM pragma_page_count() AS p, pragma_freelist_count() AS f, pragma_page_size() AS s"
+        }
+    };
+    query_i64(backend, url, sql).await
+}
+
+async fn live_rows(backend: Backend, url: &str) -> i64 {
+    let sql = match backend {
+        Backend::Mysql => "SELECT COUNT(*) AS v FROM jobvisor_jobs",
+        _ => "SELECT COUNT(*)::bigint AS v FROM jobvisor_jobs",
+    };
+    let sql = if backend == Backend::Sqlite {
+        "SELECT COUNT(*) AS v FROM jobvisor_jobs"
+    } else {
+        sql
+    };
+    query_i64(backend, url, sql).await
+}
+
+/// Drain `n` jobs while `backlog` more wait behind them.
+async fn drain_backlog(backend: Backend, n: usize, c: u32, backlog: usize) -> (f64, Value) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    fill_sql(backend, &store, backlog + n).await;
+    drain_on(store, n, c, None).await
+}
+
+/// Drain `n` jobs with `archived` jobs in the archive table.
+async fn drain_archive(backend: Backend, n: usize, c: u32, archived: usize) -> (f64, Value) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    fill_archive(backend, &store, archived).await;
+    fill(&store, n).await;
+    drain_on(store, n, c, None).await
+}
+
+/// Passes `through` jobs through the live table in rounds, with the archiver running (jobs
+/// archived 1 s after they finish, a pass every second); reports the live table's size.
+async fn archive_cycle(backend: Backend, through: usize, c: u32) -> (f64, Value) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let empty = hot_table_bytes(backend, &db.url, &store).await;
+    let config = SchedulerConfig::default()
+        .archive_after(Duration::from_secs(1))
+        .archive_every(Duration::from_secs(1));
+    let handle = Scheduler::builder(store.clone())
+        .config(config)
+        .queue("default", QueueConfig::default().concurrency(c))
+        .handler(
+            "noop",
+            handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) }),
+        )
+        .start()
+        .expect("scheduler");
+    let round = through.clamp(1, 100_000);
+    let (mut sent, mut peak) = (0, empty);
+    let t0 = Instant::now();
+    while sent < through {
+        let k = round.min(through - sent);
+        fill_sql(backend, &store, k).await;
+        sent += k;
+        while handle.stats().finished < sent as u64 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        peak = peak.max(hot_table_bytes(backend, &db.url, &store).await);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let at_end = hot_table_bytes(backend, &db.url, &store).await;
+    // Wait for the archiver to move the rest.
+    let t1 = Instant::now();
+    while live_rows(backend, &db.url).await > 0 {
+        assert!(
+            t1.elapsed() < Duration::from_secs(300),
+            "archiving did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let archived_after = t1.elapsed().as_secs_f64();
+    handle.shutdown().await;
+    let archived = query_i64(
+        backend,
+        &db.url,
+        if backend == Backend::Postgres {
+            "SELECT COUNT(*)::bigint FROM jobvisor_jobs_archive"
+        } else {
+            "SELECT COUNT(*) AS v FROM jobvisor_jobs_archive"
+        },
+    )
+    .await;
+    assert_eq!(archived as usize, through, "every job was archived");
+    // What routine vacuuming leaves: PostgreSQL's autovacuum (run here at once) returns the
+    // dead rows' space and truncates empty pages at the table's end.
+    if backend == Backend::Postgres {
+        exec_sql(&store, "VACUUM jobvisor_jobs")
+            .await
+            .expect("vacuum");
+    }
+    let after = hot_table_bytes(backend, &db.url, &store).await;
+    let kb = |b: i64| b / 1024;
+    (
+        through as f64 / secs,
+        json!({
+            "empty_kb": kb(empty),
+            "peak_kb": kb(peak),
+            "end_kb": kb(at_end),
+            "archived_all_s_after_end": (archived_after * 10.0).round() / 10.0,
+            "after_archive_vacuum_kb": kb(after),
+            "archived": archived,
+        }),
+    )
+}
+
+/// Resident set size of this process, in kB.
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Memory with `n` jobs in flight: handlers that wait until all `n` run at once.
+async fn rss(backend: Backend, n: usize) -> Value {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    fill_sql(backend, &store, n).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let running = Arc::new(AtomicU64::new(0));
+    let (g, r) = (gate.clone(), running.clone());
+    let base = rss_kb();
+    let c = u32::try_from(n).expect("in-flight fits u32");
+    let handle = Scheduler::builder(store)
+        .queue("default", QueueConfig::default().concurrency(c))
+        .handler(
+            "noop",
+            handler_fn(move |_: Value, _ctx| {
+                let (g, r) = (g.clone(), r.clone());
+                async move {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    let _p = g.acquire().await;
+                    Ok(JobOutcome::done())
+                }
+            }),
+        )
+        .start()
+        .expect("scheduler");
+    let t0 = Instant::now();
+    while AtomicU64::load(&running, Ordering::Relaxed) < n as u64 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "handlers did not all start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ramp = t0.elapsed().as_secs_f64();
+    let full = rss_kb();
+    gate.add_permits(n);
+    while handle.stats().finished < n as u64 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.shutdown().await;
+    json!({
+        "in_flight": n,
+        "rss_before_mb": (base as f64 / 1024.0 * 10.0).round() / 10.0,
+        "rss_in_flight_mb": (full as f64 / 1024.0 * 10.0).round() / 10.0,
+        "kb_per_job": ((full.saturating_sub(base)) as f64 / n as f64 * 10.0).round() / 10.0,
+        "all_started_s": (ramp * 100.0).round() / 100.0,
     })
 }
 
@@ -474,7 +808,14 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let args = parse_args();
-    let want = |m: &str| args.only.as_ref().is_none_or(|o| o.iter().any(|x| x == m));
+    const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
+    let want = |m: &str| match &args.only {
+        // The scale modes take minutes: only when asked for (by name or as `scale`).
+        None => !SCALE.contains(&m),
+        Some(o) => o
+            .iter()
+            .any(|x| x == m || (x == "scale" && SCALE.contains(&m))),
+    };
     let (n, c) = (args.jobs, args.concurrency);
     let mut rows = Vec::new();
     for &b in &args.backends {
@@ -522,8 +863,10 @@ async fn main() {
                 },
             );
         }
+        let mut empty_drain = None;
         if want("drain") {
-            let (r, mut extra) = drain(b, n, c).await;
+            let (r, mut extra) = drain(b, n, c, args.prefetch).await;
+            empty_drain = Some(r);
             extra["concurrency"] = json!(c);
             if let Some(raw) = raw100 {
                 extra["ratio_to_raw_k100"] = json!((r / raw * 100.0).round() / 100.0);
@@ -567,6 +910,58 @@ async fn main() {
                     jobs: n,
                     per_sec: Some(r),
                     extra: json!({}),
+                },
+            );
+        }
+        for (mode, archived) in [("drain-backlog", false), ("drain-archive", true)] {
+            if want(mode) {
+                let (r, mut extra) = if archived {
+                    drain_archive(b, n, c, args.backlog).await
+                } else {
+                    drain_backlog(b, n, c, args.backlog).await
+                };
+                extra[if archived { "archived" } else { "waiting" }] = json!(args.backlog);
+                if let Some(e) = empty_drain {
+                    extra["ratio_to_drain"] = json!((r / e * 100.0).round() / 100.0);
+                }
+                if let Some(raw) = raw100 {
+                    extra["ratio_to_raw_k100"] = json!((r / raw * 100.0).round() / 100.0);
+                }
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: mode.into(),
+                        jobs: n,
+                        per_sec: Some(r),
+                        extra,
+                    },
+                );
+            }
+        }
+        if want("archive-cycle") {
+            let (r, extra) = archive_cycle(b, args.through, c).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "archive-cycle".into(),
+                    jobs: args.through,
+                    per_sec: Some(r),
+                    extra,
+                },
+            );
+        }
+        if want("rss") {
+            let extra = rss(b, args.in_flight).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "rss".into(),
+                    jobs: args.in_flight,
+                    per_sec: None,
+                    extra,
                 },
             );
         }
