@@ -135,6 +135,11 @@ pub(crate) struct Inner {
     pub(crate) url: String,
     pub(crate) url_redacted: String,
     pub(crate) opts: StoreOptions,
+    /// SQLite has one writer at a time: this process's writes queue here, where the next one
+    /// starts the moment the last ends. Waiting in SQLite's busy handler instead sleeps in
+    /// steps of up to 100 ms (measured: claims waiting ~30 ms behind a 3 ms finalize).
+    /// Other processes on the same file still meet the busy timeout.
+    pub(crate) sqlite_writer: tokio::sync::Mutex<()>,
 }
 
 /// A parsed database URL.
@@ -278,6 +283,7 @@ impl Store {
                 url: url.to_string(),
                 url_redacted,
                 opts,
+                sqlite_writer: tokio::sync::Mutex::new(()),
             }),
         };
         if store.inner.opts.migrate {
@@ -479,6 +485,7 @@ macro_rules! with_tx {
                 diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
             }
             $crate::store::connect::Pool::Sqlite(p) => {
+                let _writer = $store.inner.sqlite_writer.lock().await;
                 let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
                 c.immediate_transaction(async |$conn| $body).await
             }

@@ -25,7 +25,7 @@ use super::rows::{dur_ms, dur_us, from_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::sql::{
     ClaimQueueIs, DbNow, FirstStartedAt, JsonAppend, LeasePairs, PlusColumnMs, RetryFinishedAt,
-    RetryState, SkipLocked, CLAIMABLE, RUNNING,
+    RetryState, SkipLocked, RUNNING,
 };
 use super::{
     ClaimParams, ClaimedJob, EnqueueParams, Enqueued, Finalization, FinalizeParams, Guarded,
@@ -34,8 +34,6 @@ use super::{
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobFailure, JobId, JobState, NewJob, RunAt};
 use crate::lease::LeaseToken;
-
-diesel::alias!(jobs as cand: CandidateAlias);
 
 /// Bound `now` in microseconds, if any.
 pub(crate) fn bound(now: Option<chrono::DateTime<chrono::Utc>>) -> Option<i64> {
@@ -500,6 +498,7 @@ impl Store {
                     enqueue_pg(&mut c, batch, now).await
                 }
                 Pool::Sqlite(p) => {
+                    let _writer = self.inner.sqlite_writer.lock().await;
                     let mut c = p.get().await.map_err(super::connect::pool_err)?;
                     c.immediate_transaction(async |c| enqueue_sqlite(c, batch, now).await)
                         .await
@@ -575,20 +574,6 @@ impl Store {
                 )
             };
         }
-        macro_rules! candidates {
-            () => {
-                cand.select(cand.field(jobs::id))
-                    .filter(cand.field(jobs::queue).eq(p.queue.clone()))
-                    .filter(CLAIMABLE)
-                    .filter(cand.field(jobs::run_at).le(now))
-                    .order((
-                        cand.field(jobs::priority).asc(),
-                        cand.field(jobs::run_at).asc(),
-                        cand.field(jobs::id).asc(),
-                    ))
-                    .limit(limit)
-            };
-        }
         let rows: Vec<JobRow> = match &self.inner.pool {
             Pool::Pg(pool) => {
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
@@ -604,12 +589,18 @@ impl Store {
                 .await?
             }
             Pool::Sqlite(pool) => {
+                let _writer = self.inner.sqlite_writer.lock().await;
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
                 c.immediate_transaction(async |c| {
-                    diesel::update(jobs::table.filter(jobs::id.eq_any(candidates!())))
-                        .set(claim_set!())
-                        .returning(JobRow::as_returning())
-                        .get_results(c)
+                    diesel::sql_query(super::sql::CLAIM_SQLITE)
+                        .bind::<Nullable<BigInt>, _>(bound(p.now))
+                        .bind::<Text, _>(&owner)
+                        .bind::<Text, _>(&tok)
+                        .bind::<BigInt, _>(lease_us)
+                        .bind::<BigInt, _>(lease_us)
+                        .bind::<Text, _>(&p.queue)
+                        .bind::<BigInt, _>(limit)
+                        .load::<JobRow>(c)
                         .await
                 })
                 .await?
@@ -722,6 +713,7 @@ impl Store {
                     .await?
             }
             Pool::Sqlite(pool) => {
+                let _writer = self.inner.sqlite_writer.lock().await;
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
                 diesel::update(jobs::table.filter(pairs).filter(RUNNING))
                     .set(set)
@@ -805,6 +797,7 @@ impl Store {
                 finalize_pg(&mut c, &p.items, now_b).await?
             }
             Pool::Sqlite(pool) => {
+                let _writer = self.inner.sqlite_writer.lock().await;
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
                 finalize_sqlite(&mut c, &p.items, now_b).await?
             }
