@@ -16,12 +16,19 @@ use crate::store::{ArchiveParams, PruneParams};
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Batches run back to back in one pass at most (the next tick continues).
 const MAX_BATCHES_PER_PASS: usize = 10;
+/// The live table is vacuumed after this many jobs were moved out of it (PostgreSQL; see
+/// [`Store::job_vacuum_live`](crate::Store::job_vacuum_live)). Autovacuum wakes once a
+/// minute at most: at tens of thousands of jobs per second the table would grow by
+/// hundreds of megabytes of dead row versions meanwhile.
+pub const VACUUM_AFTER_MOVED: u64 = 50_000;
 
 /// Archives and prunes.
 pub struct Archiver {
     shared: Arc<Shared>,
     /// A pass is in flight; overlapping ticks are skipped.
     running: bool,
+    /// Jobs moved since the live table was last vacuumed.
+    moved_since_vacuum: u64,
     last_error: Option<Instant>,
 }
 
@@ -38,6 +45,7 @@ impl Archiver {
         Archiver {
             shared,
             running: false,
+            moved_since_vacuum: 0,
             last_error: None,
         }
     }
@@ -70,6 +78,7 @@ impl Handler<ArchiveNow> for Archiver {
         }
         self.running = true;
         let shared = self.shared.clone();
+        let moved_before = self.moved_since_vacuum;
         let fut = async move {
             let cfg = &shared.config;
             let mut report = ArchiveReport::default();
@@ -104,12 +113,21 @@ impl Handler<ArchiveNow> for Archiver {
                 }
                 more |= i + 1 == MAX_BATCHES_PER_PASS;
             }
-            Ok::<_, crate::Error>((report, more))
+            let vacuumed = moved_before + report.moved >= VACUUM_AFTER_MOVED;
+            if vacuumed {
+                shared.store.job_vacuum_live().await?;
+            }
+            Ok::<_, crate::Error>((report, more, vacuumed))
         };
         Box::pin(fut.into_actor(self).map(|res, act, ctx| {
             act.running = false;
             match res {
-                Ok((r, more)) => {
+                Ok((r, more, vacuumed)) => {
+                    act.moved_since_vacuum = if vacuumed {
+                        0
+                    } else {
+                        act.moved_since_vacuum + r.moved
+                    };
                     // Work left: go on now (between passes other messages get their turn).
                     // Without timers (simulation) only the caller drives passes.
                     if more && act.shared.config.timers {

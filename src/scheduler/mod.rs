@@ -38,7 +38,7 @@ mod job_supervisor;
 mod lease_manager;
 mod sweeper;
 
-pub use archiver::{ArchiveNow, ArchiveReport, Archiver};
+pub use archiver::{ArchiveNow, ArchiveReport, Archiver, VACUUM_AFTER_MOVED};
 pub use event::{Event, EVENT_BUFFER};
 pub use fetcher::{
     FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,

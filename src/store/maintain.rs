@@ -130,6 +130,24 @@ impl Store {
         Ok(moved as u64)
     }
 
+    /// Returns the space of rows that were archived (and of the row versions each transition
+    /// left behind) to the live table, so it stays near its empty size however many jobs
+    /// pass through. PostgreSQL: `VACUUM (SKIP_LOCKED)` on the live table — skipped if
+    /// another node is vacuuming it, a warning (not an error) if this role does not own it.
+    /// MySQL (InnoDB purges by itself) and SQLite (freed pages are reused) need nothing.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn job_vacuum_live(&self) -> Result<()> {
+        if let super::connect::Pool::Pg(pool) = &self.inner.pool {
+            use diesel_async::SimpleAsyncConnection;
+            let mut c = pool.get().await.map_err(super::connect::pool_err)?;
+            c.batch_execute("VACUUM (SKIP_LOCKED) jobvisor_jobs")
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Deletes archived jobs archived more than `older_than` ago, at most `limit`. Returns
     /// how many.
     ///
