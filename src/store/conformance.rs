@@ -950,8 +950,16 @@ pub async fn archive_moves_terminal_jobs_atomically_and_prune_deletes_them(b: Ba
     assert_eq!(t.get(live).await.state, JobState::Pending, "live jobs stay");
     // Vacuuming the live table (the archiver's, after many moves) keeps every row.
     t.store.job_vacuum_live().await.unwrap();
-    assert_eq!(t.get(live).await.state, JobState::Pending, "vacuum keeps live jobs");
-    assert_eq!(t.get(done).await.state, JobState::Succeeded, "and archived ones");
+    assert_eq!(
+        t.get(live).await.state,
+        JobState::Pending,
+        "vacuum keeps live jobs"
+    );
+    assert_eq!(
+        t.get(done).await.state,
+        JobState::Succeeded,
+        "and archived ones"
+    );
     // Once archived its unique key is free again.
     let again = t
         .store
