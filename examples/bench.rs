@@ -337,6 +337,16 @@ async fn analyze(backend: Backend, store: &Store) {
     exec_sql(store, sql).await.expect("analyze");
 }
 
+type SqliteAsync =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+/// A connection of its own to a `sqlite://` test database.
+async fn sqlite_conn(url: &str) -> SqliteAsync {
+    SqliteAsync::establish(url.trim_start_matches("sqlite://"))
+        .await
+        .expect("connect")
+}
+
 /// One integer from a query, on a connection of its own.
 async fn query_i64(backend: Backend, url: &str, sql: &str) -> i64 {
     #[derive(diesel::QueryableByName)]
@@ -361,12 +371,7 @@ async fn query_i64(backend: Backend, url: &str, sql: &str) -> i64 {
                 .v
         }
         Backend::Sqlite => {
-            let path = url.trim_start_matches("sqlite://").to_string();
-            let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<
-                diesel::SqliteConnection,
-            >::establish(&path)
-            .await
-            .expect("connect");
+            let mut conn = sqlite_conn(url).await;
             diesel::sql_query(sql)
                 .get_result::<V>(&mut conn)
                 .await
@@ -677,10 +682,7 @@ async fn raw_drain_diesel(backend: Backend, url: &str, c: u32, k: i64) -> usize 
                     }
                 }
                 _ => {
-                    let path = url.trim_start_matches("sqlite://").to_string();
-                    let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<diesel::SqliteConnection>::establish(&path)
-                        .await
-                        .expect("connect");
+                    let mut conn = sqlite_conn(&url).await;
                     conn.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;").await.expect("pragma");
                     loop {
                         let ids: Vec<Id> = diesel::sql_query(format!(
@@ -797,14 +799,7 @@ async fn raw_inserts(backend: Backend, n: usize, batch: usize) -> (f64, f64) {
                     .await
                     .expect("connect"))
             } else {
-                let path = db.url.trim_start_matches("sqlite://").to_string();
-                run!(
-                    diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<
-                        diesel::SqliteConnection,
-                    >::establish(&path)
-                    .await
-                    .expect("connect")
-                )
+                run!(sqlite_conn(&db.url).await)
             }
         }
     }
