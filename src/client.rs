@@ -103,12 +103,9 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidInput`] naming the first bad job; nothing is written.
     pub async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        let params = EnqueueParams {
-            jobs,
-            now: self.clock.bound_now(),
-        };
-        let out = self.store.job_enqueue_many(params.clone()).await?;
-        self.wake_for(&params.jobs, &out);
+        let now = self.clock.bound_now();
+        let out = self.store.enqueue_jobs(&jobs, now).await?;
+        self.wake_for(&jobs, &out);
         Ok(out)
     }
 

@@ -344,6 +344,155 @@ pub async fn enqueue_many_returns_ids_in_order_and_marks_duplicates(b: Backend) 
     assert_eq!(all.len(), 5, "one existing + four new rows");
 }
 
+/// Large batches (PostgreSQL copies those without unique keys): ids in input order, every
+/// field as given, both clocks; a large batch with a key takes the conflict-aware path.
+pub async fn large_batches_keep_order_and_every_field(b: Backend) {
+    let t = Bundle::new(b).await;
+    let n = 1500;
+    let job = |i: usize| {
+        let mut j = NewJob::new(
+            if i % 3 == 0 { "a" } else { "b\\\"x é" },
+            json!({"i": i, "s": "tab\t\\ \u{e9}"}),
+        )
+        .queue(if i % 2 == 0 { "default" } else { "q2" })
+        .priority(i16::try_from(i % 5).unwrap() - 2)
+        .max_attempts(u32::try_from(i % 9).unwrap() + 1)
+        .timeout(Duration::from_millis(1000 + u64::try_from(i).unwrap()));
+        match i % 4 {
+            0 => {}
+            1 => j = j.delay(Duration::from_secs(60)),
+            2 => j = j.run_at(t.t0 - chrono::Duration::seconds(5)),
+            _ => j = j.delay(Duration::ZERO),
+        }
+        j
+    };
+    let got = t
+        .store
+        .job_enqueue_many(EnqueueParams::many((0..n).map(job).collect()).at(t.at(0)))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), n);
+    assert!(got.iter().all(|e| !e.duplicate));
+    assert!(
+        got.windows(2).all(|w| w[0].id < w[1].id),
+        "ids increase in input order"
+    );
+    for (i, e) in got.iter().enumerate() {
+        if i % 7 != 0 && i != n - 1 {
+            continue;
+        }
+        let j = t.get(e.id).await;
+        let want = job(i);
+        assert_eq!(j.payload, want.payload, "job #{i}");
+        assert_eq!(
+            (j.kind.as_str(), j.queue.as_str()),
+            (want.kind.as_str(), want.queue.as_str())
+        );
+        assert_eq!(
+            (j.priority, j.max_attempts, j.timeout),
+            (want.priority, want.max_attempts, want.timeout)
+        );
+        let run_at = match i % 4 {
+            1 => t.at(60).unwrap(),
+            2 => t.t0 - chrono::Duration::seconds(5),
+            _ => t.t0,
+        };
+        assert_eq!(j.run_at, run_at, "job #{i}");
+        assert_eq!((j.created_at, j.updated_at), (t.t0, t.t0));
+        assert_eq!((j.state, j.attempts, j.version), (JobState::Pending, 0, 1));
+        assert!(j.unique_key.is_none() && j.errors.is_empty() && j.lease.is_none());
+    }
+    // Claimable in (priority, run_at, id) order like any other job.
+    let c = t.claim("default", "n", 1000, 0).await;
+    let due = (0..n).filter(|i| i % 2 == 0 && i % 4 != 1).count();
+    assert_eq!(
+        c.len(),
+        due,
+        "every due job of the queue, none of the delayed"
+    );
+    let order: Vec<(i16, DateTime<Utc>, JobId)> = c
+        .iter()
+        .map(|c| (c.job.priority, c.job.run_at, c.job.id))
+        .collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted);
+
+    // The database clock.
+    let before = Utc::now() - chrono::Duration::seconds(5);
+    let got = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(
+            (0..n).map(|i| NewJob::new("c", json!(i))).collect(),
+        ))
+        .await
+        .unwrap();
+    let after = Utc::now() + chrono::Duration::seconds(5);
+    let j = t.get(got[n - 1].id).await;
+    assert!(
+        j.created_at > before && j.created_at < after,
+        "{}",
+        j.created_at
+    );
+    assert_eq!(j.run_at, j.created_at);
+
+    // One key in a large batch: the duplicate is found, the rest inserted.
+    let first = t
+        .enqueue(NewJob::new("d", json!(0)).unique_key("k"), 0)
+        .await;
+    let mut batch: Vec<NewJob> = (1..n).map(|i| NewJob::new("d", json!(i))).collect();
+    batch.push(NewJob::new("d", json!(n)).unique_key("k"));
+    let got = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(batch).at(t.at(1)))
+        .await
+        .unwrap();
+    assert_eq!(got[n - 1].id, first);
+    assert!(got[n - 1].duplicate);
+    assert_eq!(got.iter().filter(|e| e.duplicate).count(), 1);
+    assert_eq!(t.get(got[n - 2].id).await.payload, json!(n - 1));
+    let all = t.store.job_counts().await.unwrap();
+    let total: u64 = all.iter().map(|c| c.count).sum();
+    assert_eq!(total, u64::try_from(3 * n).unwrap());
+}
+
+/// PostgreSQL wakes listeners at commit for due jobs, whichever way they were inserted (one
+/// row, a batch, a copied batch) and not for delayed ones; other backends have no listener.
+pub async fn listeners_hear_due_inserts_of_every_kind(b: Backend) {
+    let t = Bundle::new(b).await;
+    let Some(mut l) = t.store.listen().await.unwrap() else {
+        assert_ne!(b, Backend::Postgres, "PostgreSQL must offer a listener");
+        return;
+    };
+    let next = async |l: &mut Listener| {
+        tokio::time::timeout(Duration::from_secs(10), l.next())
+            .await
+            .expect("a notification within 10 s")
+            .expect("listener open")
+            .unwrap()
+    };
+    let later = || NewJob::new("k", json!(0)).delay(Duration::from_secs(3600));
+    t.store.job_enqueue(later(), None).await.unwrap();
+    t.store
+        .job_enqueue(NewJob::new("k", json!(1)).queue("one"), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut l).await, "one", "the delayed job woke nobody");
+    let many = |q: &str, n: usize| {
+        EnqueueParams::many(
+            (0..n)
+                .map(|i| NewJob::new("k", json!(i)).queue(q))
+                .collect(),
+        )
+    };
+    t.store.job_enqueue_many(many("few", 3)).await.unwrap();
+    assert_eq!(next(&mut l).await, "few");
+    let mut copied = many("copied", 2000);
+    copied.jobs.push(later());
+    t.store.job_enqueue_many(copied).await.unwrap();
+    assert_eq!(next(&mut l).await, "copied");
+}
+
 pub async fn duplicate_unique_key_returns_the_existing_id(b: Backend) {
     let t = Bundle::new(b).await;
     let a = t
@@ -1415,6 +1564,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $backend;
             enqueue_and_get_round_trip_every_field,
             enqueue_many_returns_ids_in_order_and_marks_duplicates,
+            large_batches_keep_order_and_every_field,
+            listeners_hear_due_inserts_of_every_kind,
             duplicate_unique_key_returns_the_existing_id,
             concurrent_enqueues_of_one_unique_key_create_one_row,
             claim_orders_by_priority_then_run_at_then_id,

@@ -10,7 +10,7 @@
 //! Layout: `connect` (URLs, pools, error mapping), `migrate` (embedded migrations, schema
 //! check), `write` (enqueue, claim, renew, finalize, reclaim), `maintain` (archive, prune,
 //! cancel, retry), `read` (get, list, counts), `outbox` (enqueue inside the caller's
-//! transaction), `sql` (custom SQL expressions), `rows` (row ↔ domain), `schema`
+//! transaction), `bulk` (large batches by `COPY` on PostgreSQL), `sql` (custom SQL expressions), `rows` (row ↔ domain), `schema`
 //! (`table!`). Backend differences are `match` arms inside each operation.
 
 use std::sync::Arc;
@@ -22,6 +22,7 @@ use serde_json::Value;
 use crate::job::{Job, JobFailure, JobId, JobState, NewJob};
 use crate::lease::{LeaseToken, NodeId};
 
+mod bulk;
 mod connect;
 mod listen;
 mod maintain;

@@ -37,7 +37,8 @@ impl OutboxConnection for AsyncPgConnection {
         jobs: &[NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
-        Ok(enqueue_pg(self, jobs, now).await?)
+        let jobs: Vec<&NewJob> = jobs.iter().collect();
+        Ok(enqueue_pg(self, &jobs, now).await?)
     }
 }
 
@@ -47,7 +48,8 @@ impl OutboxConnection for AsyncMysqlConnection {
         jobs: &[NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
-        Ok(enqueue_mysql(self, jobs, now).await?)
+        let jobs: Vec<&NewJob> = jobs.iter().collect();
+        Ok(enqueue_mysql(self, &jobs, now).await?)
     }
 }
 
@@ -57,7 +59,8 @@ impl OutboxConnection for SqliteConn {
         jobs: &[NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
-        Ok(enqueue_sqlite(self, jobs, now).await?)
+        let jobs: Vec<&NewJob> = jobs.iter().collect();
+        Ok(enqueue_sqlite(self, &jobs, now).await?)
     }
 }
 

@@ -424,7 +424,8 @@ fn segments(sql: &'static str) -> Vec<&'static str> {
 
 /// Defines a PostgreSQL statement with a constant text and typed binds, loaded into a
 /// `QueryableByName` row. Unlike `sql_query`, it has a static query id, so diesel-async keeps
-/// it as a prepared statement: parsed and planned once per connection.
+/// it as a prepared statement: parsed and planned once per connection. With a lifetime, the
+/// binds may borrow (arrays of `&str` built without copying the caller's strings).
 macro_rules! pg_statement {
     ($(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
         $(#[$doc])*
@@ -432,12 +433,27 @@ macro_rules! pg_statement {
         pub(crate) struct $name {
             $(pub(crate) $field: $rust,)+
         }
+        pg_statement!(@impl $name, $sql, { $($field => $st),+ });
+    };
+    ($(#[$doc:meta])* $name:ident<$lt:lifetime>, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub(crate) struct $name<$lt> {
+            $(pub(crate) $field: $rust,)+
+        }
 
-        impl diesel::query_builder::Query for $name {
+        impl diesel::query_builder::QueryId for $name<'_> {
+            type QueryId = $name<'static>;
+            const HAS_STATIC_QUERY_ID: bool = true;
+        }
+        pg_statement!(@impl $name<'_>, $sql, { $($field => $st),+ });
+    };
+    (@impl $ty:ty, $sql:ident, { $($field:ident => $st:ty),+ }) => {
+        impl diesel::query_builder::Query for $ty {
             type SqlType = diesel::sql_types::Untyped;
         }
 
-        impl QueryFragment<Pg> for $name {
+        impl QueryFragment<Pg> for $ty {
             fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
                 static SEGMENTS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
                 let segs = SEGMENTS.get_or_init(|| segments($sql));
@@ -486,10 +502,10 @@ SELECT id, state FROM upd";
 
 pg_statement!(
     /// Finalizes a batch in one statement, each row guarded by its own token.
-    PgFinalize, FINALIZE_PG, {
+    PgFinalize<'a>, FINALIZE_PG, {
         ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
-        tokens: Vec<String> => diesel::sql_types::Array<Text>,
-        states: Vec<String> => diesel::sql_types::Array<Text>,
+        tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        states: Vec<&'static str> => diesel::sql_types::Array<Text>,
         results: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
         errors: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
         delays: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
@@ -599,12 +615,12 @@ RETURNING id, kind, unique_key";
 
 pg_statement!(
     /// Inserts a batch from arrays, in input order, skipping live duplicates.
-    PgEnqueueBatch, ENQUEUE_BATCH_PG, {
-        queue: Vec<String> => diesel::sql_types::Array<Text>,
-        kind: Vec<String> => diesel::sql_types::Array<Text>,
-        unique_key: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+    PgEnqueueBatch<'a>, ENQUEUE_BATCH_PG, {
+        queue: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        kind: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        unique_key: Vec<Option<&'a str>> => diesel::sql_types::Array<Nullable<Text>>,
         priority: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
-        payload: Vec<String> => diesel::sql_types::Array<Text>,
+        payload: Vec<&'a str> => diesel::sql_types::Array<Text>,
         max_attempts: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
         timeout_ms: Vec<i64> => diesel::sql_types::Array<BigInt>,
         run_at: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,

@@ -118,7 +118,7 @@ async fn enqueue_one_pg(
 /// Pairs RETURNING rows (a subsequence of the input, in input order) with the input jobs.
 /// `None` marks a duplicate whose existing id must be looked up.
 fn match_inserted(
-    batch: &[NewJob],
+    batch: &[&NewJob],
     inserted: Vec<(i64, String, Option<String>)>,
 ) -> Vec<Option<Enqueued>> {
     let mut out = Vec::with_capacity(batch.len());
@@ -159,28 +159,33 @@ fn match_inserted(
 /// limit, and rows inserted (and returned) in input order.
 pub(crate) async fn enqueue_pg(
     conn: &mut diesel_async::AsyncPgConnection,
-    batch: &[NewJob],
+    batch: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     if let [job] = batch {
         return Ok(vec![enqueue_one_pg(conn, job, now).await?]);
     }
     let n = batch.len();
-    let mut queue = Vec::with_capacity(n);
-    let mut kind = Vec::with_capacity(n);
-    let mut unique_key = Vec::with_capacity(n);
+    let mut queue: Vec<&str> = Vec::with_capacity(n);
+    let mut kind: Vec<&str> = Vec::with_capacity(n);
+    let mut unique_key: Vec<Option<&str>> = Vec::with_capacity(n);
     let mut priority = Vec::with_capacity(n);
-    let mut payload = Vec::with_capacity(n);
+    // Every payload serialized into one buffer, bound as slices of it: one allocation for
+    // the batch instead of one per job.
+    let mut text = Vec::new();
+    let mut ends = Vec::with_capacity(n);
     let mut max_attempts = Vec::with_capacity(n);
     let mut timeout_ms = Vec::with_capacity(n);
     let mut run_at: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut delay_us: Vec<Option<i64>> = Vec::with_capacity(n);
     for j in batch {
-        queue.push(j.queue.clone());
-        kind.push(j.kind.clone());
-        unique_key.push(j.unique_key.clone());
+        queue.push(&j.queue);
+        kind.push(&j.kind);
+        unique_key.push(j.unique_key.as_deref());
         priority.push(i32::from(j.priority));
-        payload.push(j.payload.to_string());
+        serde_json::to_writer(&mut text, &j.payload)
+            .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+        ends.push(text.len());
         max_attempts.push(i32::try_from(j.max_attempts).unwrap_or(i32::MAX));
         timeout_ms.push(dur_ms(j.timeout));
         let (at, delay) = match j.run_at {
@@ -200,6 +205,18 @@ pub(crate) async fn enqueue_pg(
         #[diesel(sql_type = Nullable<Text>)]
         unique_key: Option<String>,
     }
+    // serde_json writes UTF-8, so this cannot fail.
+    let text = String::from_utf8(text)
+        .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+    let mut start = 0;
+    let payload: Vec<&str> = ends
+        .iter()
+        .map(|&end| {
+            let p = &text[start..end];
+            start = end;
+            p
+        })
+        .collect();
     let inserted: Vec<Inserted> = super::sql::PgEnqueueBatch {
         queue,
         kind,
@@ -221,7 +238,7 @@ pub(crate) async fn enqueue_pg(
     let mut out = match_inserted(batch, inserted);
     for (i, slot) in out.iter_mut().enumerate() {
         if slot.is_none() {
-            *slot = existing!(conn, &batch[i]);
+            *slot = existing!(conn, batch[i]);
         }
     }
     Ok(out)
@@ -232,7 +249,7 @@ pub(crate) async fn enqueue_pg(
 /// wraps them in one `BEGIN IMMEDIATE` transaction).
 pub(crate) async fn enqueue_sqlite(
     conn: &mut SqliteConn,
-    batch: &[NewJob],
+    batch: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     let now = DbNow::new(now);
@@ -270,7 +287,7 @@ struct LastId {
 /// committed after this transaction's snapshot is seen.
 pub(crate) async fn enqueue_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
-    batch: &[NewJob],
+    batch: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     use diesel::result::{DatabaseErrorKind, Error as D};
@@ -455,20 +472,29 @@ impl Store {
     /// # Errors
     /// [`Error::InvalidInput`] naming the first bad job and field; nothing is written.
     pub async fn job_enqueue_many(&self, p: EnqueueParams) -> Result<Vec<Enqueued>> {
-        self.validate_jobs(&p.jobs)?;
-        if p.jobs.is_empty() {
+        self.enqueue_jobs(&p.jobs, p.now).await
+    }
+
+    /// [`Store::job_enqueue_many`] on borrowed jobs (the client keeps them for its wake-up).
+    pub(crate) async fn enqueue_jobs(
+        &self,
+        jobs: &[NewJob],
+        now: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Vec<Enqueued>> {
+        self.validate_jobs(jobs)?;
+        let now = bound(now);
+        if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let now = bound(p.now);
-        let mut result: Vec<Option<Enqueued>> = vec![None; p.jobs.len()];
+        let mut result: Vec<Option<Enqueued>> = vec![None; jobs.len()];
         // A duplicate whose existing row vanished (archived) between the insert and the
         // look-up is inserted again; this converges in one more round in practice.
         for _ in 0..TRANSIENT_TRIES {
-            let todo: Vec<usize> = (0..p.jobs.len()).filter(|i| result[*i].is_none()).collect();
+            let todo: Vec<usize> = (0..jobs.len()).filter(|i| result[*i].is_none()).collect();
             if todo.is_empty() {
                 break;
             }
-            let batch: Vec<NewJob> = todo.iter().map(|i| p.jobs[*i].clone()).collect();
+            let batch: Vec<&NewJob> = todo.iter().map(|i| &jobs[*i]).collect();
             let got = self.enqueue_attempt(&batch, now).await?;
             for (i, e) in todo.into_iter().zip(got) {
                 result[i] = e;
@@ -486,12 +512,23 @@ impl Store {
 
     async fn enqueue_attempt(
         &self,
-        batch: &[NewJob],
+        batch: &[&NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         let mut tries = 0;
         loop {
             tries += 1;
+            if self.inner.backend == super::Backend::Postgres && super::bulk::eligible(batch) {
+                match self
+                    .inner
+                    .pg_bulk
+                    .enqueue(&self.inner.url, batch, now)
+                    .await
+                {
+                    Err(e) if e.is_transient() && tries < TRANSIENT_TRIES => continue,
+                    res => return res,
+                }
+            }
             let res: diesel::QueryResult<Vec<Option<Enqueued>>> = match &self.inner.pool {
                 Pool::Pg(p) => {
                     let mut c = p.get().await.map_err(super::connect::pool_err)?;
@@ -1011,7 +1048,7 @@ RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state";
 
 /// One finalization as the columns of a batched statement.
 struct FinalRow {
-    state: String,
+    state: &'static str,
     result: Option<String>,
     error: Option<String>,
     delay_us: Option<i64>,
@@ -1037,7 +1074,7 @@ impl From<&super::Finalize> for FinalRow {
             Finalization::Requeue { delay } => ("pending", None, None, Some(dur_us(*delay)), 1),
         };
         FinalRow {
-            state: state.to_string(),
+            state,
             result,
             error,
             delay_us,
@@ -1054,7 +1091,7 @@ async fn finalize_pg(
 ) -> diesel::QueryResult<HashMap<i64, JobState>> {
     let n = items.len();
     let mut ids = Vec::with_capacity(n);
-    let mut tokens = Vec::with_capacity(n);
+    let mut tokens: Vec<&str> = Vec::with_capacity(n);
     let mut states = Vec::with_capacity(n);
     let mut results: Vec<Option<String>> = Vec::with_capacity(n);
     let mut errors: Vec<Option<String>> = Vec::with_capacity(n);
@@ -1063,7 +1100,7 @@ async fn finalize_pg(
     for f in items {
         let row = FinalRow::from(f);
         ids.push(f.id.0);
-        tokens.push(f.token.as_str().to_string());
+        tokens.push(f.token.as_str());
         states.push(row.state);
         results.push(row.result);
         errors.push(row.error);
@@ -1095,7 +1132,7 @@ mod tests {
 
     #[test]
     fn inserted_rows_are_matched_in_order_and_duplicates_marked() {
-        let batch = vec![
+        let batch = [
             NewJob::new("a", json!(1)),
             NewJob::new("a", json!(2)).unique_key("k"),
             NewJob::new("a", json!(3)).unique_key("k"),
@@ -1108,7 +1145,7 @@ mod tests {
             (11, "a".into(), Some("k".into())),
             (12, "a".into(), None),
         ];
-        let m = match_inserted(&batch, inserted);
+        let m = match_inserted(&batch.iter().collect::<Vec<_>>(), inserted);
         let id = |i: usize| m[i].map(|e| (e.id.0, e.duplicate));
         assert_eq!(id(0), Some((10, false)));
         assert_eq!(id(1), Some((11, false)));
