@@ -306,53 +306,6 @@ where
     }
 }
 
-/// A finalized retry's state: `dead` once attempts are used up, else `retrying`. The store
-/// enforces max_attempts itself rather than trusting the writer.
-#[derive(Debug, Clone, Copy, QueryId)]
-pub(crate) struct RetryState;
-
-impl Expression for RetryState {
-    type SqlType = Text;
-}
-impl AppearsOnTable<jobvisor_jobs::table> for RetryState {}
-impl SelectableExpression<jobvisor_jobs::table> for RetryState {}
-impl<GB> ValidGrouping<GB> for RetryState {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<DB: Backend> QueryFragment<DB> for RetryState {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'retrying' END");
-        Ok(())
-    }
-}
-
-/// A finalized retry's `finished_at`: now if it became dead, else NULL.
-#[derive(Debug, Clone, Copy, QueryId)]
-pub(crate) struct RetryFinishedAt(pub(crate) DbNow);
-
-impl Expression for RetryFinishedAt {
-    type SqlType = Nullable<BigInt>;
-}
-impl AppearsOnTable<jobvisor_jobs::table> for RetryFinishedAt {}
-impl SelectableExpression<jobvisor_jobs::table> for RetryFinishedAt {}
-impl<GB> ValidGrouping<GB> for RetryFinishedAt {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<DB> QueryFragment<DB> for RetryFinishedAt
-where
-    DB: Backend,
-    DbNow: QueryFragment<DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("CASE WHEN attempts >= max_attempts THEN ");
-        self.0.walk_ast(out.reborrow())?;
-        out.push_sql(" ELSE NULL END");
-        Ok(())
-    }
-}
-
 /// A row-locking select: `… FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL, so concurrent
 /// sweepers and archivers on other nodes take disjoint batches; plain on SQLite, whose
 /// `BEGIN IMMEDIATE` already makes the transaction the only writer.

@@ -24,8 +24,7 @@ use super::connect::{with_tx, Pool, SqliteConn};
 use super::rows::{dur_ms, dur_us, from_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::sql::{
-    ClaimQueueIs, DbNow, FirstStartedAt, JsonAppend, LeasePairs, PlusColumnMs, RetryFinishedAt,
-    RetryState, SkipLocked, RUNNING,
+    ClaimQueueIs, DbNow, FirstStartedAt, JsonAppend, LeasePairs, PlusColumnMs, SkipLocked, RUNNING,
 };
 use super::{
     ClaimParams, ClaimedJob, EnqueueParams, Enqueued, Finalization, FinalizeParams, Guarded,
@@ -332,112 +331,6 @@ pub(crate) async fn enqueue_mysql(
         }
     }
     Ok(out)
-}
-
-/// One guarded `UPDATE` per job (MySQL, SQLite), inside the caller's transaction. Returns
-/// the applied jobs and the state each reached.
-macro_rules! finalize_each {
-    ($conn:expr, $items:expr, $now:expr, $backend:ident) => {{
-        let conn = $conn;
-        let now = DbNow::new($now);
-        let mut applied: HashMap<i64, JobState> = HashMap::new();
-        for f in $items {
-            let guard = jobs::table
-                .filter(jobs::id.eq(f.id.0))
-                .filter(jobs::lease_token.eq(f.token.as_str().to_string()))
-                .filter(RUNNING);
-            let release = (
-                jobs::lease_owner.eq(None::<String>),
-                jobs::lease_token.eq(None::<String>),
-                jobs::lease_expires_at.eq(None::<i64>),
-                jobs::heartbeat_at.eq(None::<i64>),
-                jobs::timeout_at.eq(None::<i64>),
-                jobs::version.eq(jobs::version + 1),
-                jobs::updated_at.eq(now),
-            );
-            let (n, state) = match &f.outcome {
-                Finalization::Succeeded { result } => {
-                    let n = diesel::update(guard)
-                        .set((
-                            jobs::state.eq(JobState::Succeeded.as_str()),
-                            jobs::result.eq(Some(result.clone())),
-                            jobs::last_error.eq(None::<Value>),
-                            jobs::finished_at.eq(now.nullable()),
-                            release,
-                        ))
-                        .execute(&mut *conn)
-                        .await?;
-                    (n, Some(JobState::Succeeded))
-                }
-                Finalization::Retry { error, delay } => {
-                    let err = serde_json::to_value(error).unwrap_or(Value::Null);
-                    let n = diesel::update(guard)
-                        .set((
-                            jobs::state.eq(RetryState),
-                            jobs::result.eq(None::<Value>),
-                            jobs::last_error.eq(Some(err.clone())),
-                            jobs::errors.eq(JsonAppend { value: err }),
-                            jobs::run_at.eq(now.plus(dur_us(*delay))),
-                            jobs::finished_at.eq(RetryFinishedAt(now)),
-                            release,
-                        ))
-                        .execute(&mut *conn)
-                        .await?;
-                    (n, None)
-                }
-                Finalization::Dead { error } | Finalization::Cancelled { error } => {
-                    let st = if matches!(f.outcome, Finalization::Dead { .. }) {
-                        JobState::Dead
-                    } else {
-                        JobState::Cancelled
-                    };
-                    let err = serde_json::to_value(error).unwrap_or(Value::Null);
-                    let n = diesel::update(guard)
-                        .set((
-                            jobs::state.eq(st.as_str()),
-                            jobs::result.eq(None::<Value>),
-                            jobs::last_error.eq(Some(err.clone())),
-                            jobs::errors.eq(JsonAppend { value: err }),
-                            jobs::finished_at.eq(now.nullable()),
-                            release,
-                        ))
-                        .execute(&mut *conn)
-                        .await?;
-                    (n, Some(st))
-                }
-                Finalization::Requeue { delay } => {
-                    let n = diesel::update(guard)
-                        .set((
-                            jobs::state.eq(JobState::Pending.as_str()),
-                            jobs::attempts.eq(jobs::attempts - 1),
-                            jobs::run_at.eq(now.plus(dur_us(*delay))),
-                            jobs::finished_at.eq(None::<i64>),
-                            release,
-                        ))
-                        .execute(&mut *conn)
-                        .await?;
-                    (n, Some(JobState::Pending))
-                }
-            };
-            if n == 1 {
-                let state = match state {
-                    Some(s) => s,
-                    // A retry may have become dead: the row is ours (updated in this
-                    // transaction), so reading its state back is exact.
-                    None => {
-                        let s: String = jobs::table
-                            .select(jobs::state)
-                            .filter(jobs::id.eq(f.id.0))
-                            .first(&mut *conn)
-                            .await?;
-                        s.parse().unwrap_or(JobState::Retrying)
-                    }
-                };
-                applied.insert(f.id.0, state);
-            }
-        }
-        Ok::<_, diesel::result::Error>(applied)
-    }};
 }
 
 /// Tries a write up to 5 times while it fails transiently (deadlock between concurrent
@@ -847,7 +740,7 @@ impl Store {
             Pool::Mysql(pool) => {
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
                 diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                    finalize_each!(c, &p.items, now_b, mysql)
+                    finalize_mysql(c, &p.items, now_b).await
                 })
                 .await?
             }
@@ -1045,6 +938,108 @@ FROM v, n \
 WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
   AND jobvisor_jobs.state = 'running' \
 RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state";
+
+/// Most jobs in one MySQL finalize statement (8 binds each, under the 65,535 limit).
+const MYSQL_FINALIZE_CHUNK: usize = 1000;
+
+/// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one locking read finds
+/// the jobs still held by their tokens — locked, they cannot change before the update — and
+/// one multi-table `UPDATE … JOIN (SELECT … UNION ALL …)` writes them all, each row still
+/// guarded by its own token. The state each reached follows from the locked row (a retry
+/// with its attempts used up becomes dead), so nothing is read back.
+async fn finalize_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    items: &[super::Finalize],
+    now: Option<i64>,
+) -> diesel::QueryResult<HashMap<i64, JobState>> {
+    use diesel::sql_types::Integer;
+    let mut applied = HashMap::with_capacity(items.len());
+    for chunk in items.chunks(MYSQL_FINALIZE_CHUNK) {
+        let pairs = LeasePairs {
+            ids: chunk.iter().map(|f| f.id.0).collect(),
+            tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
+        };
+        let held: Vec<(i64, i32, i32)> = jobs::table
+            .filter(jobs::id.eq_any(pairs.ids.clone()))
+            .filter(pairs)
+            .filter(RUNNING)
+            .select((jobs::id, jobs::attempts, jobs::max_attempts))
+            .for_update()
+            .load(&mut *conn)
+            .await?;
+        if held.is_empty() {
+            continue;
+        }
+        let held: HashMap<i64, bool> = held
+            .into_iter()
+            .map(|(id, attempts, max)| (id, attempts >= max))
+            .collect();
+        let mut sql = String::from("UPDATE jobvisor_jobs AS j JOIN (");
+        let mut rows = Vec::with_capacity(held.len());
+        for f in chunk {
+            let Some(&exhausted) = held.get(&f.id.0) else {
+                continue;
+            };
+            let mut row = FinalRow::from(f);
+            if row.state == "retrying" && exhausted {
+                row.state = "dead";
+            }
+            let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
+            applied.insert(f.id.0, row.state.parse().unwrap_or(JobState::Retrying));
+            sql.push_str(if rows.is_empty() {
+                "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
+                 ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
+                 CAST(? AS SIGNED) AS finished"
+            } else {
+                " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?"
+            });
+            rows.push((f, row, finished));
+        }
+        sql.push_str(MYSQL_FINALIZE_TAIL);
+        let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
+        for (f, row, finished) in &rows {
+            q = q
+                .bind::<BigInt, _>(f.id.0)
+                .bind::<Text, _>(f.token.as_str().to_string())
+                .bind::<Text, _>(row.state)
+                .bind::<Nullable<Text>, _>(row.result.clone())
+                .bind::<Nullable<Text>, _>(row.error.clone())
+                .bind::<Nullable<BigInt>, _>(row.delay_us)
+                .bind::<Integer, _>(row.refund)
+                .bind::<Integer, _>(i32::from(*finished));
+        }
+        let n = q
+            .bind::<Nullable<BigInt>, _>(now)
+            .execute(&mut *conn)
+            .await?;
+        if n != rows.len() {
+            // The rows were locked by this transaction: anything else is a bug; roll back.
+            return Err(diesel::result::Error::QueryBuilderError(
+                format!("finalize changed {n} rows of {} locked", rows.len()).into(),
+            ));
+        }
+    }
+    Ok(applied)
+}
+
+const MYSQL_FINALIZE_TAIL: &str = ") AS v \
+    ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
+JOIN (SELECT COALESCE(CAST(? AS SIGNED), \
+      TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))) AS now) AS n \
+SET j.state = v.state, \
+    j.result = JSON_EXTRACT(v.result, '$'), \
+    j.last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
+                        WHEN v.error IS NULL THEN j.last_error \
+                        ELSE JSON_EXTRACT(v.error, '$') END, \
+    j.errors = CASE WHEN v.error IS NULL THEN j.errors \
+                    ELSE JSON_ARRAY_APPEND(COALESCE(j.errors, JSON_ARRAY()), '$', \
+                                           JSON_EXTRACT(v.error, '$')) END, \
+    j.attempts = j.attempts - v.refund, \
+    j.run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END, \
+    j.finished_at = CASE WHEN v.finished = 1 THEN n.now ELSE NULL END, \
+    j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_at = NULL, \
+    j.heartbeat_at = NULL, j.timeout_at = NULL, j.version = j.version + 1, \
+    j.updated_at = n.now";
 
 /// One finalization as the columns of a batched statement.
 struct FinalRow {
