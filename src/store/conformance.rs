@@ -285,28 +285,36 @@ pub async fn enqueue_and_get_round_trip_every_field(b: Backend) {
     let t = Bundle::new(b).await;
     // Includes a float that a fast, inexact parser would read back one digit off.
     let payload = json!({"to": "ü@example.com", "n": [1, 2.5, null], "nested": {"a": true}, "f": 6.746821180143282e299});
-    let job = NewJob::new("send_email", payload.clone())
-        .queue("mail")
-        .priority(-3)
-        .unique_key("welcome:42")
-        .delay(Duration::from_secs(60))
-        .max_attempts(7)
-        .timeout(Duration::from_secs(90));
-    let id = t.enqueue(job, 0).await;
-    let j = t.get(id).await;
-    assert_eq!(j.kind, "send_email");
-    assert_eq!(j.queue, "mail");
-    assert_eq!(j.priority, -3);
-    assert_eq!(j.unique_key.as_deref(), Some("welcome:42"));
-    assert_eq!(j.payload, payload);
-    assert_eq!(j.state, JobState::Pending);
-    assert_eq!((j.attempts, j.max_attempts), (0, 7));
-    assert_eq!(j.timeout, Duration::from_secs(90));
-    assert_eq!(j.run_at, t.at(60).unwrap());
-    assert_eq!(j.created_at, t.at(0).unwrap());
-    assert_eq!(j.version, 1);
-    assert!(j.errors.is_empty() && j.last_error.is_none() && j.lease.is_none());
-    assert!(t.store.job_get(JobId(id.0 + 1000)).await.unwrap().is_none());
+    // With and without a unique key (the backends insert them differently).
+    for key in [Some("welcome:42"), None] {
+        let mut job = NewJob::new("send_email", payload.clone())
+            .queue("mail")
+            .priority(-3)
+            .delay(Duration::from_secs(60))
+            .max_attempts(7)
+            .timeout(Duration::from_secs(90));
+        if let Some(k) = key {
+            job = job.unique_key(k);
+        }
+        let id = t.enqueue(job, 0).await;
+        let j = t.get(id).await;
+        assert_eq!(j.kind, "send_email");
+        assert_eq!(j.queue, "mail");
+        assert_eq!(j.priority, -3);
+        assert_eq!(j.unique_key.as_deref(), key);
+        assert_eq!(j.payload, payload);
+        assert_eq!(j.state, JobState::Pending);
+        assert_eq!((j.attempts, j.max_attempts), (0, 7));
+        assert_eq!(j.timeout, Duration::from_secs(90));
+        assert_eq!(j.run_at, t.at(60).unwrap());
+        assert_eq!(j.created_at, t.at(0).unwrap());
+        assert_eq!(j.version, 1);
+        assert!(j.errors.is_empty() && j.last_error.is_none() && j.lease.is_none());
+        assert!(t.store.job_get(JobId(id.0 + 1000)).await.unwrap().is_none());
+        let at = t.t0 + chrono::Duration::seconds(7);
+        let id = t.enqueue(NewJob::new("k", json!(null)).run_at(at), 0).await;
+        assert_eq!(t.get(id).await.run_at, at);
+    }
 }
 
 pub async fn enqueue_many_returns_ids_in_order_and_marks_duplicates(b: Backend) {

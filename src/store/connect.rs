@@ -144,6 +144,9 @@ pub(crate) struct Inner {
     pub(crate) sqlite_writer: tokio::sync::Mutex<()>,
     /// PostgreSQL: the connection large batches are copied over.
     pub(crate) pg_bulk: super::bulk::BulkConn,
+    /// MariaDB 10.5+: `INSERT … RETURNING` (MySQL has none), so an enqueue is one statement
+    /// and a batch one multi-row insert.
+    pub(crate) insert_returning: bool,
 }
 
 /// A parsed database URL.
@@ -220,6 +223,7 @@ impl Store {
             reason,
         };
         let timeout = opts.connect_timeout;
+        let mut insert_returning = false;
         let (pool, backend) = match &target {
             Target::Pg(u) => {
                 probe::<AsyncPgConnection>(u, timeout)
@@ -259,6 +263,10 @@ impl Store {
                 let pool = builder(&opts, DEFAULT_POOL_SIZE)
                     .test_on_check_out(true)
                     .build_unchecked(mgr);
+                let version = server_version(&pool)
+                    .await
+                    .map_err(|e| connect_err(format!("reading the server version: {e}")))?;
+                insert_returning = supports_insert_returning(&version);
                 (Pool::Mysql(pool), Backend::Mysql)
             }
             Target::Sqlite(path) => {
@@ -289,6 +297,7 @@ impl Store {
                 opts,
                 sqlite_writer: tokio::sync::Mutex::new(()),
                 pg_bulk: super::bulk::BulkConn::default(),
+                insert_returning,
             }),
         };
         if store.inner.opts.migrate {
@@ -316,6 +325,32 @@ fn builder<M: bb8::ManageConnection>(opts: &StoreOptions, default_size: u32) -> 
         // No ping per checkout (a `SELECT 1` would double the cost of every short statement):
         // PostgreSQL connections report being closed, SQLite has no server. MySQL opts in.
         .test_on_check_out(false)
+}
+
+/// The MySQL server's `VERSION()`, e.g. `8.0.36` or `10.11.6-MariaDB-0+deb12u1`.
+async fn server_version(pool: &Bb8Pool<AsyncMysqlConnection>) -> Result<String, String> {
+    #[derive(diesel::QueryableByName)]
+    struct Version {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        v: String,
+    }
+    let mut c = pool.get().await.map_err(|e| e.to_string())?;
+    let row: Version =
+        diesel_async::RunQueryDsl::get_result(diesel::sql_query("SELECT VERSION() AS v"), &mut *c)
+            .await
+            .map_err(|e| e.to_string())?;
+    Ok(row.v)
+}
+
+/// MariaDB has `INSERT … RETURNING` from 10.5; MySQL has none.
+fn supports_insert_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (10, 5)
 }
 
 /// Opens one connection to report the real reason a server cannot be reached.
@@ -531,6 +566,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("oracle") && !err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn insert_returning_is_known_by_server_version() {
+        assert!(supports_insert_returning("10.11.6-MariaDB-0+deb12u1"));
+        assert!(supports_insert_returning("10.5.0-MariaDB"));
+        assert!(supports_insert_returning("11.4.2-MariaDB-log"));
+        assert!(!supports_insert_returning("10.4.32-MariaDB"));
+        assert!(!supports_insert_returning("8.0.36"));
+        assert!(!supports_insert_returning("8.4.0-commercial"));
+        assert!(!supports_insert_returning(""));
     }
 
     #[test]

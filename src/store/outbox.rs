@@ -24,6 +24,7 @@ pub trait OutboxConnection: sealed::Sealed + Send {
         &mut self,
         jobs: &[NewJob],
         now: Option<i64>,
+        insert_returning: bool,
     ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send;
 }
 
@@ -36,6 +37,7 @@ impl OutboxConnection for AsyncPgConnection {
         &mut self,
         jobs: &[NewJob],
         now: Option<i64>,
+        _insert_returning: bool,
     ) -> Result<Vec<Option<Enqueued>>> {
         let jobs: Vec<&NewJob> = jobs.iter().collect();
         Ok(enqueue_pg(self, &jobs, now).await?)
@@ -47,9 +49,10 @@ impl OutboxConnection for AsyncMysqlConnection {
         &mut self,
         jobs: &[NewJob],
         now: Option<i64>,
+        insert_returning: bool,
     ) -> Result<Vec<Option<Enqueued>>> {
         let jobs: Vec<&NewJob> = jobs.iter().collect();
-        Ok(enqueue_mysql(self, &jobs, now).await?)
+        Ok(enqueue_mysql(self, &jobs, now, insert_returning).await?)
     }
 }
 
@@ -58,6 +61,7 @@ impl OutboxConnection for SqliteConn {
         &mut self,
         jobs: &[NewJob],
         now: Option<i64>,
+        _insert_returning: bool,
     ) -> Result<Vec<Option<Enqueued>>> {
         let jobs: Vec<&NewJob> = jobs.iter().collect();
         Ok(enqueue_sqlite(self, &jobs, now).await?)
@@ -93,7 +97,9 @@ impl Store {
         if p.jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let got = conn.enqueue_on(&p.jobs, bound(p.now)).await?;
+        let got = conn
+            .enqueue_on(&p.jobs, bound(p.now), self.inner.insert_returning)
+            .await?;
         got.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
             Error::Database(StoreError::Transient(
                 "a duplicate job vanished while enqueueing in a transaction; try again".into(),

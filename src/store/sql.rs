@@ -375,18 +375,19 @@ fn segments(sql: &'static str) -> Vec<&'static str> {
     out
 }
 
-/// Defines a PostgreSQL statement with a constant text and typed binds, loaded into a
-/// `QueryableByName` row. Unlike `sql_query`, it has a static query id, so diesel-async keeps
-/// it as a prepared statement: parsed and planned once per connection. With a lifetime, the
-/// binds may borrow (arrays of `&str` built without copying the caller's strings).
-macro_rules! pg_statement {
+/// Defines a statement with a constant text and typed binds, loaded into a `QueryableByName`
+/// row: PostgreSQL (`$n` placeholders), or MySQL with a leading `mysql` (`?` placeholders).
+/// Unlike `sql_query`, it has a static query id, so diesel-async keeps it as a prepared
+/// statement: parsed (and planned) once per connection. With a lifetime, the binds may borrow
+/// (arrays of `&str` built without copying the caller's strings).
+macro_rules! prepared_statement {
     ($(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, QueryId)]
         pub(crate) struct $name {
             $(pub(crate) $field: $rust,)+
         }
-        pg_statement!(@impl $name, $sql, { $($field => $st),+ });
+        prepared_statement!(@impl $name, Pg, segments($sql), { $($field => $st),+ });
     };
     ($(#[$doc:meta])* $name:ident<$lt:lifetime>, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
         $(#[$doc])*
@@ -399,17 +400,26 @@ macro_rules! pg_statement {
             type QueryId = $name<'static>;
             const HAS_STATIC_QUERY_ID: bool = true;
         }
-        pg_statement!(@impl $name<'_>, $sql, { $($field => $st),+ });
+        prepared_statement!(@impl $name<'_>, Pg, segments($sql), { $($field => $st),+ });
     };
-    (@impl $ty:ty, $sql:ident, { $($field:ident => $st:ty),+ }) => {
+    // A MySQL statement: `?` placeholders.
+    (mysql $(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, QueryId)]
+        pub(crate) struct $name {
+            $(pub(crate) $field: $rust,)+
+        }
+        prepared_statement!(@impl $name, Mysql, $sql.split('?').collect(), { $($field => $st),+ });
+    };
+    (@impl $ty:ty, $db:ty, $split:expr, { $($field:ident => $st:ty),+ }) => {
         impl diesel::query_builder::Query for $ty {
             type SqlType = diesel::sql_types::Untyped;
         }
 
-        impl QueryFragment<Pg> for $ty {
-            fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        impl QueryFragment<$db> for $ty {
+            fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, $db>) -> QueryResult<()> {
                 static SEGMENTS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-                let segs = SEGMENTS.get_or_init(|| segments($sql));
+                let segs = SEGMENTS.get_or_init(|| $split);
                 let mut i = 0;
                 $(
                     out.push_sql(segs[i]);
@@ -461,7 +471,7 @@ WITH v AS MATERIALIZED (
 )
 SELECT id, state FROM upd";
 
-pg_statement!(
+prepared_statement!(
     /// Finalizes a batch in one statement, each row guarded by its own token.
     PgFinalize<'a>, FINALIZE_PG, {
         ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
@@ -548,7 +558,7 @@ RETURNING ",
     job_columns!()
 );
 
-pg_statement!(
+prepared_statement!(
     /// Claims up to `limit` due jobs of `queue` with one token.
     PgClaim, CLAIM_PG, {
         now: Option<i64> => Nullable<BigInt>,
@@ -574,7 +584,7 @@ ORDER BY v.ord
 ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
 RETURNING id, kind, unique_key";
 
-pg_statement!(
+prepared_statement!(
     /// Inserts a batch from arrays, in input order, skipping live duplicates.
     PgEnqueueBatch<'a>, ENQUEUE_BATCH_PG, {
         queue: Vec<&'a str> => diesel::sql_types::Array<Text>,
@@ -590,6 +600,30 @@ pg_statement!(
     }
 );
 
+/// MariaDB: one job without a unique key, inserted and its id returned in one statement.
+pub(crate) const INSERT_ONE_MARIADB: &str = "\
+INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, max_attempts,
+                           run_at, timeout_ms, version, created_at, updated_at)
+SELECT ?, ?, 'pending', ?, ?, '[]', 0, ?, COALESCE(?, n.now) + ?, ?, 1, n.now, n.now
+FROM (SELECT COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))
+      AS now) AS n
+RETURNING id";
+
+prepared_statement!(mysql
+    /// Inserts one job (MariaDB 10.5+); a cached prepared statement.
+    MariaInsertOne, INSERT_ONE_MARIADB, {
+        queue: String => Text,
+        kind: String => Text,
+        priority: i32 => diesel::sql_types::Integer,
+        payload: String => Text,
+        max_attempts: i32 => diesel::sql_types::Integer,
+        run_base: Option<i64> => Nullable<BigInt>,
+        run_plus: i64 => BigInt,
+        timeout_ms: i64 => BigInt,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
 #[cfg(test)]
 mod tests {
     use super::segments;
@@ -600,5 +634,6 @@ mod tests {
         assert_eq!(segments(super::FINALIZE_PG).len(), 9);
         assert_eq!(segments(super::CLAIM_PG).len(), 7);
         assert_eq!(segments(super::ENQUEUE_BATCH_PG).len(), 11);
+        assert_eq!(super::INSERT_ONE_MARIADB.split('?').count(), 10);
     }
 }

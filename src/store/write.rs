@@ -280,57 +280,171 @@ struct LastId {
     id: i64,
 }
 
-/// MySQL: no RETURNING, and `INSERT … ON DUPLICATE KEY` reports affected rows differently
-/// per client flag, so each job is a plain insert; a duplicate-key error (which does not abort
-/// a MySQL transaction) means "look up the existing row", read with a locking read so a row
-/// committed after this transaction's snapshot is seen.
+/// Most rows in one MariaDB multi-row insert (10 binds each, under the 65,535 limit).
+const MYSQL_INSERT_CHUNK: usize = 1000;
+
+/// MySQL/MariaDB. With `returning` (MariaDB 10.5+), each run of jobs without a unique key is
+/// one multi-row `INSERT … RETURNING id` (ids come back in row order); otherwise, and for
+/// keyed jobs, one insert per job (see [`enqueue_one_mysql`]).
 pub(crate) async fn enqueue_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     batch: &[&NewJob],
     now: Option<i64>,
+    returning: bool,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
-    use diesel::result::{DatabaseErrorKind, Error as D};
-    let now = DbNow::new(now);
     let mut out = Vec::with_capacity(batch.len());
-    for j in batch {
-        let res = diesel::insert_into(jobs::table)
-            .values(new_row!(j, now))
-            .execute(&mut *conn)
-            .await;
-        match res {
-            Ok(_) => {
-                let row: LastId =
-                    diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
-                        .get_result(&mut *conn)
-                        .await?;
-                out.push(Some(Enqueued {
-                    id: JobId(row.id),
+    let mut i = 0;
+    while i < batch.len() {
+        if returning && batch[i].unique_key.is_none() {
+            let run = batch[i..]
+                .iter()
+                .take(MYSQL_INSERT_CHUNK)
+                .take_while(|j| j.unique_key.is_none())
+                .count();
+            let ids = if run == 1 {
+                vec![insert_one_mariadb(conn, batch[i], now).await?]
+            } else {
+                insert_returning_mysql(conn, &batch[i..i + run], now).await?
+            };
+            out.extend(ids.into_iter().map(|id| {
+                Some(Enqueued {
+                    id: JobId(id),
                     duplicate: false,
-                }));
-            }
-            Err(D::DatabaseError(DatabaseErrorKind::UniqueViolation, _))
-                if j.unique_key.is_some() =>
-            {
-                // A shared lock (compatible with the one the failed insert holds, unlike
-                // FOR UPDATE, which deadlocks concurrent losers) that reads the latest
-                // committed row. `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
-                let existing: Option<LastId> = diesel::sql_query(
-                    "SELECT id FROM jobvisor_jobs WHERE kind = ? AND unique_key = ? LOCK IN SHARE MODE",
-                )
-                .bind::<Text, _>(&j.kind)
-                .bind::<Nullable<Text>, _>(&j.unique_key)
-                .get_result(&mut *conn)
-                .await
-                .optional()?;
-                out.push(existing.map(|r| Enqueued {
-                    id: JobId(r.id),
-                    duplicate: true,
-                }));
-            }
-            Err(e) => return Err(e),
+                })
+            }));
+            i += run;
+        } else {
+            out.push(enqueue_one_mysql(conn, batch[i], now).await?);
+            i += 1;
         }
     }
     Ok(out)
+}
+
+/// MariaDB: one job without a unique key, by a cached prepared statement.
+async fn insert_one_mariadb(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<i64> {
+    let (run_base, run_plus) = match j.run_at {
+        RunAt::Now => (None, 0),
+        RunAt::After(d) => (None, dur_us(d)),
+        RunAt::At(t) => (Some(to_us(t)), 0),
+    };
+    let row: LastId = super::sql::MariaInsertOne {
+        queue: j.queue.clone(),
+        kind: j.kind.clone(),
+        priority: i32::from(j.priority),
+        payload: j.payload.to_string(),
+        max_attempts: i32::try_from(j.max_attempts).unwrap_or(i32::MAX),
+        run_base,
+        run_plus,
+        timeout_ms: dur_ms(j.timeout),
+        now,
+    }
+    .get_result(&mut *conn)
+    .await?;
+    Ok(row.id)
+}
+
+/// MariaDB: jobs without unique keys in one `INSERT … VALUES (…), (…) RETURNING id`.
+async fn insert_returning_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    jobs: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::sql_types::Integer;
+    const NOW: &str =
+        "COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
+    let mut sql = String::from(
+        "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
+         max_attempts, run_at, timeout_ms, version, created_at, updated_at) VALUES ",
+    );
+    for i in 0..jobs.len() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str("(?, ?, 'pending', ?, ?, '[]', 0, ?, ");
+        sql.push_str(NOW);
+        sql.push_str(" + ?, ?, 1, ");
+        sql.push_str(NOW);
+        sql.push_str(", ");
+        sql.push_str(NOW);
+        sql.push(')');
+    }
+    sql.push_str(" RETURNING id");
+    let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
+    for j in jobs {
+        let (run_base, run_plus) = match j.run_at {
+            RunAt::Now => (now, 0),
+            RunAt::After(d) => (now, dur_us(d)),
+            RunAt::At(t) => (Some(to_us(t)), 0),
+        };
+        q = q
+            .bind::<Text, _>(j.queue.clone())
+            .bind::<Text, _>(j.kind.clone())
+            .bind::<Integer, _>(i32::from(j.priority))
+            .bind::<Text, _>(j.payload.to_string())
+            .bind::<Integer, _>(i32::try_from(j.max_attempts).unwrap_or(i32::MAX))
+            .bind::<Nullable<BigInt>, _>(run_base)
+            .bind::<BigInt, _>(run_plus)
+            .bind::<BigInt, _>(dur_ms(j.timeout))
+            .bind::<Nullable<BigInt>, _>(now)
+            .bind::<Nullable<BigInt>, _>(now);
+    }
+    let rows: Vec<LastId> = q.load(&mut *conn).await?;
+    if rows.len() != jobs.len() {
+        return Err(diesel::result::Error::QueryBuilderError(
+            format!("inserted {} jobs of {}", rows.len(), jobs.len()).into(),
+        ));
+    }
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+/// MySQL, one job: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
+/// flag, so this is a plain insert and `LAST_INSERT_ID()`; a duplicate-key error (which does
+/// not abort a MySQL transaction) means "look up the existing row", read with a locking read
+/// so a row committed after this transaction's snapshot is seen.
+async fn enqueue_one_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    use diesel::result::{DatabaseErrorKind, Error as D};
+    let res = diesel::insert_into(jobs::table)
+        .values(new_row!(j, DbNow::new(now)))
+        .execute(&mut *conn)
+        .await;
+    match res {
+        Ok(_) => {
+            let row: LastId = diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                .get_result(&mut *conn)
+                .await?;
+            Ok(Some(Enqueued {
+                id: JobId(row.id),
+                duplicate: false,
+            }))
+        }
+        Err(D::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if j.unique_key.is_some() => {
+            // A shared lock (compatible with the one the failed insert holds, unlike
+            // FOR UPDATE, which deadlocks concurrent losers) that reads the latest
+            // committed row. `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
+            let existing: Option<LastId> = diesel::sql_query(
+                "SELECT id FROM jobvisor_jobs WHERE kind = ? AND unique_key = ? LOCK IN SHARE MODE",
+            )
+            .bind::<Text, _>(&j.kind)
+            .bind::<Nullable<Text>, _>(&j.unique_key)
+            .get_result(&mut *conn)
+            .await
+            .optional()?;
+            Ok(existing.map(|r| Enqueued {
+                id: JobId(r.id),
+                duplicate: true,
+            }))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Tries a write up to 5 times while it fails transiently (deadlock between concurrent
@@ -435,13 +549,18 @@ impl Store {
                 }
                 Pool::Mysql(p) => {
                     let mut c = p.get().await.map_err(super::connect::pool_err)?;
-                    if batch.len() == 1 {
+                    let returning = self.inner.insert_returning;
+                    let one_statement = batch.len() == 1
+                        || (returning
+                            && batch.len() <= MYSQL_INSERT_CHUNK
+                            && batch.iter().all(|j| j.unique_key.is_none()));
+                    if one_statement {
                         // One insert is atomic by itself, and LAST_INSERT_ID belongs to the
                         // connection: no transaction, two round trips fewer.
-                        enqueue_mysql(&mut c, batch, now).await
+                        enqueue_mysql(&mut c, batch, now, returning).await
                     } else {
                         diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                            enqueue_mysql(c, batch, now).await
+                            enqueue_mysql(c, batch, now, returning).await
                         })
                         .await
                     }
