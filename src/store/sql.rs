@@ -497,7 +497,10 @@ macro_rules! job_columns {
 
 /// SQLite's claim: the same shape without row locks (the caller holds `BEGIN IMMEDIATE`), the
 /// candidates read through the claim index by name — with `ANALYZE` statistics of a long
-/// queue SQLite otherwise chose a plan 3–4× slower.
+/// queue SQLite otherwise chose a plan 3–4× slower. The `+` on `run_at` keeps that term out
+/// of the index lookup, so the index is walked in claim order and stops at `LIMIT`: with
+/// `sqlite_stat4` samples SQLite otherwise skip-scanned every due job by `run_at` and sorted
+/// them all (110 ms instead of 4 ms per claim with 1,000,000 jobs waiting).
 pub(crate) const CLAIM_SQLITE: &str = concat!(
     "WITH n(now) AS (SELECT COALESCE(?, CAST(unixepoch('subsec') * 1000000 AS INTEGER))) \
 UPDATE jobvisor_jobs SET
@@ -515,7 +518,7 @@ FROM n
 WHERE jobvisor_jobs.id IN (
     SELECT c.id FROM jobvisor_jobs AS c INDEXED BY jobvisor_jobs_claim_idx
     WHERE c.queue = ? AND c.state IN ('pending', 'retrying')
-      AND c.run_at <= (SELECT now FROM n)
+      AND +c.run_at <= (SELECT now FROM n)
     ORDER BY c.priority, c.run_at, c.id
     LIMIT ?
 )
