@@ -444,21 +444,30 @@ pub async fn large_batches_keep_order_and_every_field(b: Backend) {
     );
     assert_eq!(j.run_at, j.created_at);
 
-    // One key in a large batch: the duplicate is found, the rest inserted.
+    // Keys inside a large batch: a new key and a duplicate split it into runs; each job
+    // still gets its own id, in input order, and the duplicate the existing one.
     let first = t
         .enqueue(NewJob::new("d", json!(0)).unique_key("k"), 0)
         .await;
-    let mut batch: Vec<NewJob> = (1..n).map(|i| NewJob::new("d", json!(i))).collect();
-    batch.push(NewJob::new("d", json!(n)).unique_key("k"));
+    let batch: Vec<NewJob> = (1..=n)
+        .map(|i| match i {
+            700 => NewJob::new("d", json!(i)).unique_key("new"),
+            701 => NewJob::new("d", json!(i)).unique_key("k"),
+            _ => NewJob::new("d", json!(i)),
+        })
+        .collect();
     let got = t
         .store
         .job_enqueue_many(EnqueueParams::many(batch).at(t.at(1)))
         .await
         .unwrap();
-    assert_eq!(got[n - 1].id, first);
-    assert!(got[n - 1].duplicate);
+    assert_eq!((got[700].id, got[700].duplicate), (first, true));
     assert_eq!(got.iter().filter(|e| e.duplicate).count(), 1);
-    assert_eq!(t.get(got[n - 2].id).await.payload, json!(n - 1));
+    let fresh: Vec<JobId> = got.iter().filter(|e| !e.duplicate).map(|e| e.id).collect();
+    assert!(fresh.windows(2).all(|w| w[0] < w[1]), "ids in input order");
+    for i in [0, 697, 698, 699, 701, 702, n - 1] {
+        assert_eq!(t.get(got[i].id).await.payload, json!(i + 1), "job #{i}");
+    }
     let all = t.store.job_counts().await.unwrap();
     let total: u64 = all.iter().map(|c| c.count).sum();
     assert_eq!(total, u64::try_from(3 * n).unwrap());

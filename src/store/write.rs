@@ -243,45 +243,136 @@ pub(crate) async fn enqueue_pg(
     Ok(out)
 }
 
-/// SQLite: diesel cannot batch an upsert with RETURNING here, and statements are in-process
-/// calls, so each job is its own `INSERT … ON CONFLICT DO NOTHING RETURNING` (the pooled path
-/// wraps them in one `BEGIN IMMEDIATE` transaction).
-pub(crate) async fn enqueue_sqlite(
-    conn: &mut SqliteConn,
-    batch: &[&NewJob],
-    now: Option<i64>,
-) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
-    let now = DbNow::new(now);
-    let mut out = Vec::with_capacity(batch.len());
-    for j in batch {
-        let id: Option<i64> = diesel::insert_into(jobs::table)
-            .values(new_row!(j, now))
-            .on_conflict((jobs::kind, jobs::unique_key))
-            .do_nothing()
-            .returning(jobs::id)
-            .get_result(&mut *conn)
-            .await
-            .optional()?;
-        let e = match id {
-            Some(id) => Some(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }),
-            None => existing!(conn, j),
-        };
-        out.push(e);
-    }
-    Ok(out)
-}
-
 #[derive(QueryableByName)]
 struct LastId {
     #[diesel(sql_type = BigInt)]
     id: i64,
 }
 
-/// Most rows in one MariaDB multi-row insert (10 binds each, under the 65,535 limit).
-const MYSQL_INSERT_CHUNK: usize = 1000;
+/// Jobs without unique keys in one `INSERT … VALUES (…), (…) RETURNING id` (MariaDB 10.5+,
+/// SQLite), on `$conn` of backend `$db` whose clock is `$now_sql`. A statement assigns its
+/// auto-increment ids in row order, so the ids, sorted, are the jobs' in input order (neither
+/// database promises the order of RETURNING rows).
+macro_rules! insert_returning {
+    ($conn:expr, $jobs:expr, $now:expr, $db:ty, $now_sql:expr) => {{
+        use diesel::sql_types::Integer;
+        let (jobs, now): (&[&NewJob], Option<i64>) = ($jobs, $now);
+        let now_sql = concat!("COALESCE(?, ", $now_sql, ")");
+        let mut sql = String::from(
+            "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
+             max_attempts, run_at, timeout_ms, version, created_at, updated_at) VALUES ",
+        );
+        for i in 0..jobs.len() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str("(?, ?, 'pending', ?, ?, '[]', 0, ?, ");
+            sql.push_str(now_sql);
+            sql.push_str(" + ?, ?, 1, ");
+            sql.push_str(now_sql);
+            sql.push_str(", ");
+            sql.push_str(now_sql);
+            sql.push(')');
+        }
+        sql.push_str(" RETURNING id");
+        let mut q = diesel::sql_query(sql).into_boxed::<$db>();
+        for j in jobs {
+            let (run_base, run_plus) = match j.run_at {
+                RunAt::Now => (now, 0),
+                RunAt::After(d) => (now, dur_us(d)),
+                RunAt::At(t) => (Some(to_us(t)), 0),
+            };
+            q = q
+                .bind::<Text, _>(j.queue.clone())
+                .bind::<Text, _>(j.kind.clone())
+                .bind::<Integer, _>(i32::from(j.priority))
+                .bind::<Text, _>(j.payload.to_string())
+                .bind::<Integer, _>(i32::try_from(j.max_attempts).unwrap_or(i32::MAX))
+                .bind::<Nullable<BigInt>, _>(run_base)
+                .bind::<BigInt, _>(run_plus)
+                .bind::<BigInt, _>(dur_ms(j.timeout))
+                .bind::<Nullable<BigInt>, _>(now)
+                .bind::<Nullable<BigInt>, _>(now);
+        }
+        let rows: Vec<LastId> = q.load(&mut *$conn).await?;
+        if rows.len() != jobs.len() {
+            return Err(diesel::result::Error::QueryBuilderError(
+                format!("inserted {} jobs of {}", rows.len(), jobs.len()).into(),
+            ));
+        }
+        let mut ids: Vec<i64> = rows.into_iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        ids
+    }};
+}
+
+/// Most rows in one multi-row insert (10 binds each, under every backend's bind limit).
+const MULTI_INSERT_CHUNK: usize = 1000;
+
+/// The length of the run of jobs without unique keys at the start of `batch`, at most
+/// [`MULTI_INSERT_CHUNK`].
+fn keyless_run(batch: &[&NewJob]) -> usize {
+    batch
+        .iter()
+        .take(MULTI_INSERT_CHUNK)
+        .take_while(|j| j.unique_key.is_none())
+        .count()
+}
+
+fn new_ids(ids: Vec<i64>) -> impl Iterator<Item = Option<Enqueued>> {
+    ids.into_iter().map(|id| {
+        Some(Enqueued {
+            id: JobId(id),
+            duplicate: false,
+        })
+    })
+}
+
+/// SQLite (inside the caller's `BEGIN IMMEDIATE`): each run of jobs without a unique key is
+/// one multi-row insert; a keyed job (or a lone one, whose insert is a cached prepared
+/// statement) is one `INSERT … ON CONFLICT DO NOTHING RETURNING` — statements are in-process
+/// calls, but each still costs its preparation and step.
+pub(crate) async fn enqueue_sqlite(
+    conn: &mut SqliteConn,
+    batch: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut i = 0;
+    while i < batch.len() {
+        let run = keyless_run(&batch[i..]);
+        if run > 1 {
+            let ids = insert_returning!(
+                conn,
+                &batch[i..i + run],
+                now,
+                diesel::sqlite::Sqlite,
+                "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+            );
+            out.extend(new_ids(ids));
+            i += run;
+            continue;
+        }
+        let j = batch[i];
+        let id: Option<i64> = diesel::insert_into(jobs::table)
+            .values(new_row!(j, DbNow::new(now)))
+            .on_conflict((jobs::kind, jobs::unique_key))
+            .do_nothing()
+            .returning(jobs::id)
+            .get_result(&mut *conn)
+            .await
+            .optional()?;
+        out.push(match id {
+            Some(id) => Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }),
+            None => existing!(conn, j),
+        });
+        i += 1;
+    }
+    Ok(out)
+}
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.5+), each run of jobs without a unique key is
 /// one multi-row `INSERT … RETURNING id` (ids come back in row order); otherwise, and for
@@ -295,28 +386,29 @@ pub(crate) async fn enqueue_mysql(
     let mut out = Vec::with_capacity(batch.len());
     let mut i = 0;
     while i < batch.len() {
-        if returning && batch[i].unique_key.is_none() {
-            let run = batch[i..]
-                .iter()
-                .take(MYSQL_INSERT_CHUNK)
-                .take_while(|j| j.unique_key.is_none())
-                .count();
-            let ids = if run == 1 {
-                vec![insert_one_mariadb(conn, batch[i], now).await?]
-            } else {
-                insert_returning_mysql(conn, &batch[i..i + run], now).await?
-            };
-            out.extend(ids.into_iter().map(|id| {
-                Some(Enqueued {
-                    id: JobId(id),
-                    duplicate: false,
-                })
+        let run = if returning {
+            keyless_run(&batch[i..])
+        } else {
+            0
+        };
+        if run == 1 {
+            out.push(Some(Enqueued {
+                id: JobId(insert_one_mariadb(conn, batch[i], now).await?),
+                duplicate: false,
             }));
-            i += run;
+        } else if run > 1 {
+            let ids = insert_returning!(
+                conn,
+                &batch[i..i + run],
+                now,
+                diesel::mysql::Mysql,
+                "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+            );
+            out.extend(new_ids(ids));
         } else {
             out.push(enqueue_one_mysql(conn, batch[i], now).await?);
-            i += 1;
         }
+        i += run.max(1);
     }
     Ok(out)
 }
@@ -346,60 +438,6 @@ async fn insert_one_mariadb(
     .get_result(&mut *conn)
     .await?;
     Ok(row.id)
-}
-
-/// MariaDB: jobs without unique keys in one `INSERT … VALUES (…), (…) RETURNING id`.
-async fn insert_returning_mysql(
-    conn: &mut diesel_async::AsyncMysqlConnection,
-    jobs: &[&NewJob],
-    now: Option<i64>,
-) -> diesel::QueryResult<Vec<i64>> {
-    use diesel::sql_types::Integer;
-    const NOW: &str =
-        "COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
-    let mut sql = String::from(
-        "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
-         max_attempts, run_at, timeout_ms, version, created_at, updated_at) VALUES ",
-    );
-    for i in 0..jobs.len() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str("(?, ?, 'pending', ?, ?, '[]', 0, ?, ");
-        sql.push_str(NOW);
-        sql.push_str(" + ?, ?, 1, ");
-        sql.push_str(NOW);
-        sql.push_str(", ");
-        sql.push_str(NOW);
-        sql.push(')');
-    }
-    sql.push_str(" RETURNING id");
-    let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
-    for j in jobs {
-        let (run_base, run_plus) = match j.run_at {
-            RunAt::Now => (now, 0),
-            RunAt::After(d) => (now, dur_us(d)),
-            RunAt::At(t) => (Some(to_us(t)), 0),
-        };
-        q = q
-            .bind::<Text, _>(j.queue.clone())
-            .bind::<Text, _>(j.kind.clone())
-            .bind::<Integer, _>(i32::from(j.priority))
-            .bind::<Text, _>(j.payload.to_string())
-            .bind::<Integer, _>(i32::try_from(j.max_attempts).unwrap_or(i32::MAX))
-            .bind::<Nullable<BigInt>, _>(run_base)
-            .bind::<BigInt, _>(run_plus)
-            .bind::<BigInt, _>(dur_ms(j.timeout))
-            .bind::<Nullable<BigInt>, _>(now)
-            .bind::<Nullable<BigInt>, _>(now);
-    }
-    let rows: Vec<LastId> = q.load(&mut *conn).await?;
-    if rows.len() != jobs.len() {
-        return Err(diesel::result::Error::QueryBuilderError(
-            format!("inserted {} jobs of {}", rows.len(), jobs.len()).into(),
-        ));
-    }
-    Ok(rows.into_iter().map(|r| r.id).collect())
 }
 
 /// MySQL, one job: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
@@ -552,7 +590,7 @@ impl Store {
                     let returning = self.inner.insert_returning;
                     let one_statement = batch.len() == 1
                         || (returning
-                            && batch.len() <= MYSQL_INSERT_CHUNK
+                            && batch.len() <= MULTI_INSERT_CHUNK
                             && batch.iter().all(|j| j.unique_key.is_none()));
                     if one_statement {
                         // One insert is atomic by itself, and LAST_INSERT_ID belongs to the
