@@ -510,9 +510,12 @@ impl Store {
             .ok_or_else(|| Error::Database(StoreError::Other("enqueue returned no row".into())))
     }
 
-    /// Enqueues many jobs in one statement (PostgreSQL, SQLite) or one transaction (MySQL).
-    /// A job whose (kind, unique_key) is already live comes back with `duplicate: true` and
-    /// the existing id; so does a repeat of a key within the batch.
+    /// Enqueues many jobs, ids in input order (which is also their claim order
+    /// among equals). PostgreSQL: one `INSERT … SELECT FROM unnest(…)`, or for 1,000 jobs or
+    /// more without unique keys one `COPY` on the store's bulk connection; SQLite and MySQL:
+    /// one transaction of multi-row inserts (MariaDB, SQLite) or one insert per job (MySQL),
+    /// keyed jobs one by one. A job whose (kind, unique_key) is already live comes back with
+    /// `duplicate: true` and the existing id; so does a repeat of a key within the batch.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] naming the first bad job and field; nothing is written.
