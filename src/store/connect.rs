@@ -397,13 +397,28 @@ fn check_sqlite_path(path: &Path) -> Result<(), String> {
 
 async fn open_sqlite(path: &str, busy_ms: u128) -> diesel::ConnectionResult<SqliteConn> {
     let mut c = SqliteConn::establish(path).await?;
-    c.batch_execute(&format!(
-        "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL; \
-         PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;"
-    ))
-    .await
-    .map_err(ConnectionError::CouldntSetupConfiguration)?;
-    Ok(c)
+    // Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
+    // locked" at once, without its busy handler, while another connection opens the same
+    // file: retry within the busy timeout.
+    let deadline = std::time::Instant::now()
+        + Duration::from_millis(u64::try_from(busy_ms).unwrap_or(u64::MAX));
+    loop {
+        let res = c
+            .batch_execute(&format!(
+                "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL; \
+                 PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;"
+            ))
+            .await;
+        match res {
+            Ok(()) => return Ok(c),
+            Err(e)
+                if e.to_string().contains("is locked") && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(ConnectionError::CouldntSetupConfiguration(e)),
+        }
+    }
 }
 
 /// Classifies a diesel error once for all backends: transient (retry may help) or not.
