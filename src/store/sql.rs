@@ -376,7 +376,8 @@ fn segments(sql: &'static str) -> Vec<&'static str> {
 }
 
 /// Defines a statement with a constant text and typed binds, loaded into a `QueryableByName`
-/// row: PostgreSQL (`$n` placeholders), or MySQL with a leading `mysql` (`?` placeholders).
+/// row: PostgreSQL (`$n` placeholders), or MySQL / SQLite with a leading `Mysql` / `Sqlite`
+/// (`?` placeholders; the text must have no other `?`).
 /// Unlike `sql_query`, it has a static query id, so diesel-async keeps it as a prepared
 /// statement: parsed (and planned) once per connection. With a lifetime, the binds may borrow
 /// (arrays of `&str` built without copying the caller's strings).
@@ -402,14 +403,14 @@ macro_rules! prepared_statement {
         }
         prepared_statement!(@impl $name<'_>, Pg, segments($sql), { $($field => $st),+ });
     };
-    // A MySQL statement: `?` placeholders.
-    (mysql $(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+    // A MySQL or SQLite statement: `?` placeholders.
+    ($db:ident $(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, QueryId)]
         pub(crate) struct $name {
             $(pub(crate) $field: $rust,)+
         }
-        prepared_statement!(@impl $name, Mysql, $sql.split('?').collect(), { $($field => $st),+ });
+        prepared_statement!(@impl $name, $db, $sql.split('?').collect(), { $($field => $st),+ });
     };
     (@impl $ty:ty, $db:ty, $split:expr, { $($field:ident => $st:ty),+ }) => {
         impl diesel::query_builder::Query for $ty {
@@ -612,7 +613,7 @@ FROM (SELECT COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_T
       AS now) AS n
 RETURNING id";
 
-prepared_statement!(mysql
+prepared_statement!(Mysql
     /// Inserts one job (MariaDB 10.5+); a cached prepared statement.
     MariaInsertOne, INSERT_ONE_MARIADB, {
         queue: String => Text,
@@ -624,6 +625,63 @@ prepared_statement!(mysql
         run_plus: i64 => BigInt,
         timeout_ms: i64 => BigInt,
         now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+/// SQLite: finalizes a batch given as one JSON array of
+/// `[id, token, state, result, error, delay_us, refund]`, each row guarded by its token.
+pub(crate) const FINALIZE_SQLITE: &str = "\
+WITH n(now) AS (SELECT COALESCE(?, CAST(unixepoch('subsec') * 1000000 AS INTEGER))), \
+v(id, token, state, result, error, delay_us, refund) AS ( \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, \
+           value ->> 6 \
+    FROM jsonb_each(?)) \
+UPDATE jobvisor_jobs SET \
+    state = CASE WHEN v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts \
+                 THEN 'dead' ELSE v.state END, \
+    result = v.result, \
+    last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
+                      WHEN v.error IS NULL THEN jobvisor_jobs.last_error ELSE v.error END, \
+    errors = CASE WHEN v.error IS NULL THEN jobvisor_jobs.errors \
+                  ELSE json_insert(COALESCE(jobvisor_jobs.errors, '[]'), '$[#]', json(v.error)) END, \
+    attempts = jobvisor_jobs.attempts - v.refund, \
+    run_at = CASE WHEN v.delay_us IS NULL THEN jobvisor_jobs.run_at ELSE n.now + v.delay_us END, \
+    finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled') \
+                         OR (v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts) \
+                       THEN n.now ELSE NULL END, \
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL, \
+    timeout_at = NULL, version = jobvisor_jobs.version + 1, updated_at = n.now \
+FROM v, n \
+WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
+  AND jobvisor_jobs.state = 'running' \
+RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state";
+
+prepared_statement!(Sqlite
+    /// Finalizes a batch (see [`FINALIZE_SQLITE`]).
+    SqliteFinalize, FINALIZE_SQLITE, {
+        now: Option<i64> => Nullable<BigInt>,
+        batch: String => Text,
+    }
+);
+
+/// SQLite: inserts jobs without unique keys given as one JSON array of
+/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms]`,
+/// in array order (so their ids ascend in it).
+pub(crate) const INSERT_MANY_SQLITE: &str = "\
+INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, max_attempts,
+                           run_at, timeout_ms, version, created_at, updated_at)
+SELECT value ->> 0, value ->> 1, 'pending', value ->> 2, value ->> 3, '[]', 0, value ->> 4,
+       COALESCE(value ->> 5, n.now) + (value ->> 6), value ->> 7, 1, n.now, n.now
+FROM (SELECT COALESCE(?, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) AS now) AS n,
+     jsonb_each(?)
+ORDER BY jsonb_each.key
+RETURNING id";
+
+prepared_statement!(Sqlite
+    /// Inserts a batch of jobs without unique keys (see [`INSERT_MANY_SQLITE`]).
+    SqliteInsertMany, INSERT_MANY_SQLITE, {
+        now: Option<i64> => Nullable<BigInt>,
+        batch: String => Text,
     }
 );
 

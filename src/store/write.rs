@@ -249,61 +249,103 @@ struct LastId {
     id: i64,
 }
 
-/// Jobs without unique keys in one `INSERT … VALUES (…), (…) RETURNING id` (MariaDB 10.5+,
-/// SQLite), on `$conn` of backend `$db` whose clock is `$now_sql`. A statement assigns its
-/// auto-increment ids in row order, so the ids, sorted, are the jobs' in input order (neither
-/// database promises the order of RETURNING rows).
-macro_rules! insert_returning {
-    ($conn:expr, $jobs:expr, $now:expr, $db:ty, $now_sql:expr) => {{
-        use diesel::sql_types::Integer;
-        let (jobs, now): (&[&NewJob], Option<i64>) = ($jobs, $now);
-        let now_sql = concat!("COALESCE(?, ", $now_sql, ")");
-        let mut sql = String::from(
-            "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
-             max_attempts, run_at, timeout_ms, version, created_at, updated_at) VALUES ",
-        );
-        for i in 0..jobs.len() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str("(?, ?, 'pending', ?, ?, '[]', 0, ?, ");
-            sql.push_str(now_sql);
-            sql.push_str(" + ?, ?, 1, ");
-            sql.push_str(now_sql);
+/// MariaDB: jobs without unique keys in one `INSERT … VALUES (…), (…) RETURNING id`. A
+/// statement assigns its auto-increment ids in row order, so the ids, sorted, are the jobs'
+/// in input order (the order of RETURNING rows is not promised).
+async fn insert_many_mariadb(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    jobs: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::sql_types::Integer;
+    const NOW: &str =
+        "COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
+    let mut sql = String::from(
+        "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
+         max_attempts, run_at, timeout_ms, version, created_at, updated_at) VALUES ",
+    );
+    for i in 0..jobs.len() {
+        if i > 0 {
             sql.push_str(", ");
-            sql.push_str(now_sql);
-            sql.push(')');
         }
-        sql.push_str(" RETURNING id");
-        let mut q = diesel::sql_query(sql).into_boxed::<$db>();
-        for j in jobs {
-            let (run_base, run_plus) = match j.run_at {
-                RunAt::Now => (now, 0),
-                RunAt::After(d) => (now, dur_us(d)),
-                RunAt::At(t) => (Some(to_us(t)), 0),
-            };
-            q = q
-                .bind::<Text, _>(j.queue.clone())
-                .bind::<Text, _>(j.kind.clone())
-                .bind::<Integer, _>(i32::from(j.priority))
-                .bind::<Text, _>(j.payload.to_string())
-                .bind::<Integer, _>(i32::try_from(j.max_attempts).unwrap_or(i32::MAX))
-                .bind::<Nullable<BigInt>, _>(run_base)
-                .bind::<BigInt, _>(run_plus)
-                .bind::<BigInt, _>(dur_ms(j.timeout))
-                .bind::<Nullable<BigInt>, _>(now)
-                .bind::<Nullable<BigInt>, _>(now);
-        }
-        let rows: Vec<LastId> = q.load(&mut *$conn).await?;
-        if rows.len() != jobs.len() {
-            return Err(diesel::result::Error::QueryBuilderError(
-                format!("inserted {} jobs of {}", rows.len(), jobs.len()).into(),
-            ));
-        }
-        let mut ids: Vec<i64> = rows.into_iter().map(|r| r.id).collect();
-        ids.sort_unstable();
-        ids
-    }};
+        sql.push_str("(?, ?, 'pending', ?, ?, '[]', 0, ?, ");
+        sql.push_str(NOW);
+        sql.push_str(" + ?, ?, 1, ");
+        sql.push_str(NOW);
+        sql.push_str(", ");
+        sql.push_str(NOW);
+        sql.push(')');
+    }
+    sql.push_str(" RETURNING id");
+    let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
+    for j in jobs {
+        let (run_base, run_plus) = run_at_parts(j, now);
+        q = q
+            .bind::<Text, _>(j.queue.clone())
+            .bind::<Text, _>(j.kind.clone())
+            .bind::<Integer, _>(i32::from(j.priority))
+            .bind::<Text, _>(j.payload.to_string())
+            .bind::<Integer, _>(i32::try_from(j.max_attempts).unwrap_or(i32::MAX))
+            .bind::<Nullable<BigInt>, _>(run_base)
+            .bind::<BigInt, _>(run_plus)
+            .bind::<BigInt, _>(dur_ms(j.timeout))
+            .bind::<Nullable<BigInt>, _>(now)
+            .bind::<Nullable<BigInt>, _>(now);
+    }
+    let rows: Vec<LastId> = q.load(&mut *conn).await?;
+    sorted_ids(rows, jobs.len())
+}
+
+/// SQLite: jobs without unique keys in one cached `INSERT … SELECT FROM json_each(?)`
+/// (a `VALUES` list compiles in time quadratic in its binds). Ids ascend in array order.
+async fn insert_many_sqlite(
+    conn: &mut SqliteConn,
+    jobs: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<i64>> {
+    type Row<'a> = (&'a str, &'a str, i16, String, u32, Option<i64>, i64, i64);
+    let rows: Vec<Row<'_>> = jobs
+        .iter()
+        .map(|j| {
+            let (run_base, run_plus) = run_at_parts(j, None);
+            (
+                j.queue.as_str(),
+                j.kind.as_str(),
+                j.priority,
+                j.payload.to_string(),
+                j.max_attempts,
+                run_base,
+                run_plus,
+                dur_ms(j.timeout),
+            )
+        })
+        .collect();
+    let batch = serde_json::to_string(&rows)
+        .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+    let rows: Vec<LastId> = super::sql::SqliteInsertMany { now, batch }
+        .load(&mut *conn)
+        .await?;
+    sorted_ids(rows, jobs.len())
+}
+
+/// `run_at` as (a fixed instant, or `now` — itself `None` for the database clock) plus a delay.
+fn run_at_parts(j: &NewJob, now: Option<i64>) -> (Option<i64>, i64) {
+    match j.run_at {
+        RunAt::Now => (now, 0),
+        RunAt::After(d) => (now, dur_us(d)),
+        RunAt::At(t) => (Some(to_us(t)), 0),
+    }
+}
+
+fn sorted_ids(rows: Vec<LastId>, expected: usize) -> diesel::QueryResult<Vec<i64>> {
+    if rows.len() != expected {
+        return Err(diesel::result::Error::QueryBuilderError(
+            format!("inserted {} jobs of {expected}", rows.len()).into(),
+        ));
+    }
+    let mut ids: Vec<i64> = rows.into_iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    Ok(ids)
 }
 
 /// Most rows in one multi-row insert (10 binds each, under every backend's bind limit).
@@ -342,14 +384,9 @@ pub(crate) async fn enqueue_sqlite(
     while i < batch.len() {
         let run = keyless_run(&batch[i..]);
         if run > 1 {
-            let ids = insert_returning!(
-                conn,
-                &batch[i..i + run],
-                now,
-                diesel::sqlite::Sqlite,
-                "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
-            );
-            out.extend(new_ids(ids));
+            out.extend(new_ids(
+                insert_many_sqlite(conn, &batch[i..i + run], now).await?,
+            ));
             i += run;
             continue;
         }
@@ -397,14 +434,9 @@ pub(crate) async fn enqueue_mysql(
                 duplicate: false,
             }));
         } else if run > 1 {
-            let ids = insert_returning!(
-                conn,
-                &batch[i..i + run],
-                now,
-                diesel::mysql::Mysql,
-                "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
-            );
-            out.extend(new_ids(ids));
+            out.extend(new_ids(
+                insert_many_mariadb(conn, &batch[i..i + run], now).await?,
+            ));
         } else {
             out.push(enqueue_one_mysql(conn, batch[i], now).await?);
         }
@@ -419,11 +451,7 @@ async fn insert_one_mariadb(
     j: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<i64> {
-    let (run_base, run_plus) = match j.run_at {
-        RunAt::Now => (None, 0),
-        RunAt::After(d) => (None, dur_us(d)),
-        RunAt::At(t) => (Some(to_us(t)), 0),
-    };
+    let (run_base, run_plus) = run_at_parts(j, None);
     let row: LastId = super::sql::MariaInsertOne {
         queue: j.queue.clone(),
         kind: j.kind.clone(),
@@ -1035,40 +1063,42 @@ struct Finalized {
     state: String,
 }
 
-/// SQLite (3.33+): the whole batch in one `UPDATE … FROM (VALUES …)` statement, so one call
-/// into the database thread instead of one per job; each row still guarded by its own token.
+/// SQLite: the whole batch in one cached `UPDATE … FROM json_each(…)` statement — one call
+/// into the database thread, each row still guarded by its own token. The batch travels as
+/// one JSON bind: a `VALUES` list of 7 binds per job made SQLite compile a new, long statement
+/// per batch, in time quadratic in its binds (a third of a drain's CPU).
 async fn finalize_sqlite(
     conn: &mut SqliteConn,
     items: &[super::Finalize],
     now: Option<i64>,
 ) -> diesel::QueryResult<HashMap<i64, JobState>> {
-    use diesel::sql_types::Integer;
-    let mut sql = String::from(
-        "WITH n(now) AS (SELECT COALESCE(?, CAST(unixepoch('subsec') * 1000000 AS INTEGER))), \
-         v(id, token, state, result, error, delay_us, refund) AS (VALUES ",
+    type Item<'a> = (
+        i64,
+        &'a str,
+        &'static str,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+        i32,
     );
-    for i in 0..items.len() {
-        sql.push_str(if i == 0 {
-            "(?, ?, ?, ?, ?, ?, ?)"
-        } else {
-            ", (?, ?, ?, ?, ?, ?, ?)"
-        });
-    }
-    sql.push_str(SQLITE_FINALIZE_TAIL);
-    let mut q = diesel::sql_query(sql)
-        .into_boxed::<diesel::sqlite::Sqlite>()
-        .bind::<Nullable<BigInt>, _>(now);
-    for f in items {
-        let row = FinalRow::from(f);
-        q = q
-            .bind::<BigInt, _>(f.id.0)
-            .bind::<Text, _>(f.token.as_str().to_string())
-            .bind::<Text, _>(row.state)
-            .bind::<Nullable<Text>, _>(row.result)
-            .bind::<Nullable<Text>, _>(row.error)
-            .bind::<Nullable<BigInt>, _>(row.delay_us)
-            .bind::<Integer, _>(row.refund);
-    }
+    let batch: Vec<Item<'_>> = items
+        .iter()
+        .map(|f| {
+            let row = FinalRow::from(f);
+            (
+                f.id.0,
+                f.token.as_str(),
+                row.state,
+                row.result,
+                row.error,
+                row.delay_us,
+                row.refund,
+            )
+        })
+        .collect();
+    let batch = serde_json::to_string(&batch)
+        .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+    let q = super::sql::SqliteFinalize { now, batch };
     let rows: Vec<Finalized> = conn
         .immediate_transaction(async |c| q.load(c).await)
         .await?;
@@ -1077,27 +1107,6 @@ async fn finalize_sqlite(
         .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
         .collect())
 }
-
-const SQLITE_FINALIZE_TAIL: &str = ") \
-UPDATE jobvisor_jobs SET \
-    state = CASE WHEN v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts \
-                 THEN 'dead' ELSE v.state END, \
-    result = v.result, \
-    last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
-                      WHEN v.error IS NULL THEN jobvisor_jobs.last_error ELSE v.error END, \
-    errors = CASE WHEN v.error IS NULL THEN jobvisor_jobs.errors \
-                  ELSE json_insert(COALESCE(jobvisor_jobs.errors, '[]'), '$[#]', json(v.error)) END, \
-    attempts = jobvisor_jobs.attempts - v.refund, \
-    run_at = CASE WHEN v.delay_us IS NULL THEN jobvisor_jobs.run_at ELSE n.now + v.delay_us END, \
-    finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled') \
-                         OR (v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts) \
-                       THEN n.now ELSE NULL END, \
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL, \
-    timeout_at = NULL, version = jobvisor_jobs.version + 1, updated_at = n.now \
-FROM v, n \
-WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
-  AND jobvisor_jobs.state = 'running' \
-RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state";
 
 /// Most jobs in one MySQL finalize statement (8 binds each, under the 65,535 limit).
 const MYSQL_FINALIZE_CHUNK: usize = 1000;
