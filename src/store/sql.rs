@@ -527,6 +527,19 @@ RETURNING ",
     job_columns!()
 );
 
+prepared_statement!(Sqlite
+    /// Claims up to `limit` due jobs of `queue` with one token (see [`CLAIM_SQLITE`]).
+    SqliteClaim, CLAIM_SQLITE, {
+        now: Option<i64> => Nullable<BigInt>,
+        owner: String => Text,
+        token: String => Text,
+        lease_us: i64 => BigInt,
+        lease_us_again: i64 => BigInt,
+        queue: String => Text,
+        limit: i64 => BigInt,
+    }
+);
+
 /// Claims due jobs of a queue. The candidates are locked by a subquery collected into an
 /// array (`= ANY(ARRAY(…))`), so the update finds its rows through the primary key whatever the
 /// planner believes: with `id IN (subquery)` a generic plan (statistics taken when the table

@@ -716,16 +716,17 @@ impl Store {
                 let _writer = self.inner.sqlite_writer.lock().await;
                 let mut c = pool.get().await.map_err(super::connect::pool_err)?;
                 c.immediate_transaction(async |c| {
-                    diesel::sql_query(super::sql::CLAIM_SQLITE)
-                        .bind::<Nullable<BigInt>, _>(bound(p.now))
-                        .bind::<Text, _>(&owner)
-                        .bind::<Text, _>(&tok)
-                        .bind::<BigInt, _>(lease_us)
-                        .bind::<BigInt, _>(lease_us)
-                        .bind::<Text, _>(&p.queue)
-                        .bind::<BigInt, _>(limit)
-                        .load::<JobRow>(c)
-                        .await
+                    super::sql::SqliteClaim {
+                        now: bound(p.now),
+                        owner: owner.clone(),
+                        token: tok.clone(),
+                        lease_us,
+                        lease_us_again: lease_us,
+                        queue: p.queue.clone(),
+                        limit,
+                    }
+                    .load::<JobRow>(c)
+                    .await
                 })
                 .await?
             }
