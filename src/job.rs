@@ -458,7 +458,7 @@ fn json_depth(value: &Value) -> usize {
 }
 
 /// Serialized size of a JSON value, without allocating the text.
-fn payload_size(value: &Value) -> usize {
+pub(crate) fn payload_size(value: &Value) -> usize {
     struct Counter(usize);
     impl std::io::Write for Counter {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -473,6 +473,27 @@ pub async fn large_batches_keep_order_and_every_field(b: Backend) {
     assert_eq!(total, u64::try_from(3 * n).unwrap());
 }
 
+/// A batch larger than a database packet (20 jobs of ~1 MB): written in several statements,
+/// every payload intact, ids in input order.
+pub async fn batches_of_large_payloads_are_split_and_kept(b: Backend) {
+    let t = Bundle::new(b).await;
+    let big = |i: usize| json!({"i": i, "blob": "x".repeat(1_000_000 - 64)});
+    let jobs: Vec<NewJob> = (0..20).map(|i| NewJob::new("big", big(i))).collect();
+    let got = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 20);
+    assert!(
+        got.windows(2).all(|w| w[0].id < w[1].id),
+        "ids in input order"
+    );
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(t.get(e.id).await.payload, big(i), "job #{i}");
+    }
+}
+
 /// PostgreSQL wakes listeners at commit for due jobs, whichever way they were inserted (one
 /// row, a batch, a copied batch) and not for delayed ones; other backends have no listener.
 pub async fn listeners_hear_due_inserts_of_every_kind(b: Backend) {
@@ -1593,6 +1614,7 @@ macro_rules! conformance_tests {
             enqueue_many_returns_ids_in_order_and_marks_duplicates,
             large_batches_keep_order_and_every_field,
             listeners_hear_due_inserts_of_every_kind,
+            batches_of_large_payloads_are_split_and_kept,
             duplicate_unique_key_returns_the_existing_id,
             concurrent_enqueues_of_one_unique_key_create_one_row,
             claim_orders_by_priority_then_run_at_then_id,

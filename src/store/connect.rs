@@ -144,8 +144,8 @@ pub(crate) struct Inner {
     pub(crate) sqlite_writer: tokio::sync::Mutex<()>,
     /// PostgreSQL: the connection large batches are copied over.
     pub(crate) pg_bulk: super::bulk::BulkConn,
-    /// MariaDB 10.5+: `INSERT … RETURNING` (MySQL has none), so an enqueue is one statement
-    /// and a batch one multi-row insert.
+    /// MariaDB 10.6+: `INSERT … RETURNING` (MySQL has none) and `JSON_TABLE`, so an enqueue
+    /// is one statement and a batch one insert.
     pub(crate) insert_returning: bool,
 }
 
@@ -342,7 +342,8 @@ async fn server_version(pool: &Bb8Pool<AsyncMysqlConnection>) -> Result<String, 
     Ok(row.v)
 }
 
-/// MariaDB has `INSERT … RETURNING` from 10.5; MySQL has none.
+/// MariaDB has `INSERT … RETURNING` from 10.5 and `JSON_TABLE` from 10.6; MySQL has no
+/// `INSERT … RETURNING`.
 fn supports_insert_returning(version: &str) -> bool {
     if !version.contains("MariaDB") {
         return false;
@@ -350,7 +351,7 @@ fn supports_insert_returning(version: &str) -> bool {
     let mut parts = version.split(|c: char| !c.is_ascii_digit());
     let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    (major, minor) >= (10, 5)
+    (major, minor) >= (10, 6)
 }
 
 /// Opens one connection to report the real reason a server cannot be reached.
@@ -586,7 +587,8 @@ mod tests {
     #[test]
     fn insert_returning_is_known_by_server_version() {
         assert!(supports_insert_returning("10.11.6-MariaDB-0+deb12u1"));
-        assert!(supports_insert_returning("10.5.0-MariaDB"));
+        assert!(supports_insert_returning("10.6.0-MariaDB"));
+        assert!(!supports_insert_returning("10.5.9-MariaDB"));
         assert!(supports_insert_returning("11.4.2-MariaDB-log"));
         assert!(!supports_insert_returning("10.4.32-MariaDB"));
         assert!(!supports_insert_returning("8.0.36"));

@@ -627,7 +627,7 @@ FROM (SELECT COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_T
 RETURNING id";
 
 prepared_statement!(Mysql
-    /// Inserts one job (MariaDB 10.5+); a cached prepared statement.
+    /// Inserts one job (MariaDB 10.6+); a cached prepared statement.
     MariaInsertOne, INSERT_ONE_MARIADB, {
         queue: String => Text,
         kind: String => Text,
@@ -693,6 +693,33 @@ RETURNING id";
 prepared_statement!(Sqlite
     /// Inserts a batch of jobs without unique keys (see [`INSERT_MANY_SQLITE`]).
     SqliteInsertMany, INSERT_MANY_SQLITE, {
+        now: Option<i64> => Nullable<BigInt>,
+        batch: String => Text,
+    }
+);
+
+/// MariaDB 10.6+: inserts jobs without unique keys given as one JSON array of
+/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms]`, in
+/// array order (so their ids ascend in it).
+pub(crate) const INSERT_MANY_MARIADB: &str = "\
+INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, max_attempts,
+                           run_at, timeout_ms, version, created_at, updated_at)
+SELECT t.queue, t.kind, 'pending', t.priority, t.payload, '[]', 0, t.max_attempts,
+       COALESCE(t.run_base, n.now) + t.run_plus, t.timeout_ms, 1, n.now, n.now
+FROM (SELECT COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))
+      AS now) AS n,
+     JSON_TABLE(?, '$[*]' COLUMNS (
+         ord FOR ORDINALITY,
+         queue LONGTEXT PATH '$[0]', kind LONGTEXT PATH '$[1]', priority INT PATH '$[2]',
+         payload LONGTEXT PATH '$[3]', max_attempts INT PATH '$[4]',
+         run_base BIGINT PATH '$[5]', run_plus BIGINT PATH '$[6]', timeout_ms BIGINT PATH '$[7]'
+     )) AS t
+ORDER BY t.ord
+RETURNING id";
+
+prepared_statement!(Mysql
+    /// Inserts a batch of jobs without unique keys (see [`INSERT_MANY_MARIADB`]).
+    MariaInsertMany, INSERT_MANY_MARIADB, {
         now: Option<i64> => Nullable<BigInt>,
         batch: String => Text,
     }

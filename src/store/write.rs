@@ -249,60 +249,24 @@ struct LastId {
     id: i64,
 }
 
-/// MariaDB: jobs without unique keys in one `INSERT … VALUES (…), (…) RETURNING id`. A
-/// statement assigns its auto-increment ids in row order, so the ids, sorted, are the jobs'
-/// in input order (the order of RETURNING rows is not promised).
+/// MariaDB: jobs without unique keys in one cached `INSERT … SELECT FROM JSON_TABLE(?) …
+/// RETURNING id` (a `VALUES` list would be a new, long statement to prepare per batch).
+/// Ids ascend in array order.
 async fn insert_many_mariadb(
     conn: &mut diesel_async::AsyncMysqlConnection,
     jobs: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<i64>> {
-    use diesel::sql_types::Integer;
-    const NOW: &str =
-        "COALESCE(?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
-    let mut sql = String::from(
-        "INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, attempts, \
-         max_attempts, run_at, timeout_ms, version, created_at, updated_at) VALUES ",
-    );
-    for i in 0..jobs.len() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str("(?, ?, 'pending', ?, ?, '[]', 0, ?, ");
-        sql.push_str(NOW);
-        sql.push_str(" + ?, ?, 1, ");
-        sql.push_str(NOW);
-        sql.push_str(", ");
-        sql.push_str(NOW);
-        sql.push(')');
-    }
-    sql.push_str(" RETURNING id");
-    let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
-    for j in jobs {
-        let (run_base, run_plus) = run_at_parts(j, now);
-        q = q
-            .bind::<Text, _>(j.queue.clone())
-            .bind::<Text, _>(j.kind.clone())
-            .bind::<Integer, _>(i32::from(j.priority))
-            .bind::<Text, _>(j.payload.to_string())
-            .bind::<Integer, _>(i32::try_from(j.max_attempts).unwrap_or(i32::MAX))
-            .bind::<Nullable<BigInt>, _>(run_base)
-            .bind::<BigInt, _>(run_plus)
-            .bind::<BigInt, _>(dur_ms(j.timeout))
-            .bind::<Nullable<BigInt>, _>(now)
-            .bind::<Nullable<BigInt>, _>(now);
-    }
-    let rows: Vec<LastId> = q.load(&mut *conn).await?;
+    let batch = batch_json(jobs)?;
+    let rows: Vec<LastId> = super::sql::MariaInsertMany { now, batch }
+        .load(&mut *conn)
+        .await?;
     sorted_ids(rows, jobs.len())
 }
 
-/// SQLite: jobs without unique keys in one cached `INSERT … SELECT FROM json_each(?)`
-/// (a `VALUES` list compiles in time quadratic in its binds). Ids ascend in array order.
-async fn insert_many_sqlite(
-    conn: &mut SqliteConn,
-    jobs: &[&NewJob],
-    now: Option<i64>,
-) -> diesel::QueryResult<Vec<i64>> {
+/// Jobs as the JSON array the batch inserts unpack:
+/// `[queue, kind, priority, payload text, max_attempts, run_at or null, delay_us, timeout_ms]`.
+fn batch_json(jobs: &[&NewJob]) -> diesel::QueryResult<String> {
     type Row<'a> = (&'a str, &'a str, i16, String, u32, Option<i64>, i64, i64);
     let rows: Vec<Row<'_>> = jobs
         .iter()
@@ -320,8 +284,17 @@ async fn insert_many_sqlite(
             )
         })
         .collect();
-    let batch = serde_json::to_string(&rows)
-        .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+    serde_json::to_string(&rows).map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))
+}
+
+/// SQLite: jobs without unique keys in one cached `INSERT … SELECT FROM json_each(?)`
+/// (a `VALUES` list compiles in time quadratic in its binds). Ids ascend in array order.
+async fn insert_many_sqlite(
+    conn: &mut SqliteConn,
+    jobs: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<i64>> {
+    let batch = batch_json(jobs)?;
     let rows: Vec<LastId> = super::sql::SqliteInsertMany { now, batch }
         .load(&mut *conn)
         .await?;
@@ -348,17 +321,28 @@ fn sorted_ids(rows: Vec<LastId>, expected: usize) -> diesel::QueryResult<Vec<i64
     Ok(ids)
 }
 
-/// Most rows in one multi-row insert (10 binds each, under every backend's bind limit).
+/// Most rows in one batch insert.
 const MULTI_INSERT_CHUNK: usize = 1000;
+/// Most payload bytes in one batch insert (well under MySQL's default 16 MiB packet and
+/// SQLite's 1 GB string limit, whatever the payloads).
+const MULTI_INSERT_BYTES: usize = 4 << 20;
 
-/// The length of the run of jobs without unique keys at the start of `batch`, at most
-/// [`MULTI_INSERT_CHUNK`].
+/// The length of the run of jobs without unique keys at the start of `batch`: at most
+/// [`MULTI_INSERT_CHUNK`] jobs and [`MULTI_INSERT_BYTES`] of payload, at least one job.
 fn keyless_run(batch: &[&NewJob]) -> usize {
-    batch
-        .iter()
-        .take(MULTI_INSERT_CHUNK)
-        .take_while(|j| j.unique_key.is_none())
-        .count()
+    let mut bytes = 0;
+    let mut n = 0;
+    for j in batch.iter().take(MULTI_INSERT_CHUNK) {
+        if j.unique_key.is_some() {
+            break;
+        }
+        bytes += crate::job::payload_size(&j.payload);
+        if n > 0 && bytes > MULTI_INSERT_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n
 }
 
 fn new_ids(ids: Vec<i64>) -> impl Iterator<Item = Option<Enqueued>> {
@@ -411,9 +395,9 @@ pub(crate) async fn enqueue_sqlite(
     Ok(out)
 }
 
-/// MySQL/MariaDB. With `returning` (MariaDB 10.5+), each run of jobs without a unique key is
-/// one multi-row `INSERT … RETURNING id` (ids come back in row order); otherwise, and for
-/// keyed jobs, one insert per job (see [`enqueue_one_mysql`]).
+/// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
+/// one `INSERT … SELECT FROM JSON_TABLE(…) RETURNING id`; otherwise, and for keyed jobs, one
+/// insert per job (see [`enqueue_one_mysql`]).
 pub(crate) async fn enqueue_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     batch: &[&NewJob],
@@ -619,10 +603,8 @@ impl Store {
                 Pool::Mysql(p) => {
                     let mut c = p.get().await.map_err(super::connect::pool_err)?;
                     let returning = self.inner.insert_returning;
-                    let one_statement = batch.len() == 1
-                        || (returning
-                            && batch.len() <= MULTI_INSERT_CHUNK
-                            && batch.iter().all(|j| j.unique_key.is_none()));
+                    let one_statement =
+                        batch.len() == 1 || (returning && keyless_run(batch) == batch.len());
                     if one_statement {
                         // One insert is atomic by itself, and LAST_INSERT_ID belongs to the
                         // connection: no transaction, two round trips fewer.
