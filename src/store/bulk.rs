@@ -79,13 +79,20 @@ impl BulkConn {
     pub(crate) async fn enqueue(
         &self,
         url: &str,
+        connect_timeout: std::time::Duration,
         batch: &[&NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         let mut guard = self.client.lock().await;
         if guard.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            let connect = tokio_postgres::connect(url, tokio_postgres::NoTls);
+            let (client, connection) = tokio::time::timeout(connect_timeout, connect)
                 .await
+                .map_err(|_| {
+                    Error::Database(StoreError::Transient(format!(
+                        "opening the COPY connection: no answer within {connect_timeout:?}"
+                    )))
+                })?
                 .map_err(|e| db_err("opening the COPY connection", &e))?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {

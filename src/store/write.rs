@@ -582,7 +582,7 @@ impl Store {
                 match self
                     .inner
                     .pg_bulk
-                    .enqueue(&self.inner.url, batch, now)
+                    .enqueue(&self.inner.url, self.inner.opts.connect_timeout, batch, now)
                     .await
                 {
                     Err(e) if e.is_transient() && tries < TRANSIENT_TRIES => continue,
