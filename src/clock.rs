@@ -5,8 +5,8 @@
 //! [`ManualClock`] binds its own instant into every statement instead, which is how
 //! simulation tests drive leases, timeouts and backoff without sleeping.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 
@@ -17,6 +17,14 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
 
     /// The instant to bind into store statements: `None` means "the database decides".
     fn bound_now(&self) -> Option<DateTime<Utc>>;
+
+    /// Time since an arbitrary fixed origin that never jumps back and counts on while the
+    /// process is frozen: lease estimates and timeouts are measured on it (ARCHITECTURE.md §6,
+    /// invariant 9). The default follows [`Clock::now`], which suits a test clock.
+    fn monotonic(&self) -> Duration {
+        let us = self.now().timestamp_micros();
+        Duration::from_micros(u64::try_from(us).unwrap_or(0))
+    }
 }
 
 /// The real clock; store statements use the database clock.
@@ -30,6 +38,13 @@ impl Clock for SystemClock {
 
     fn bound_now(&self) -> Option<DateTime<Utc>> {
         None
+    }
+
+    /// [`Instant`] (`CLOCK_MONOTONIC` on Linux) since the first call: immune to wall-clock
+    /// steps, and it keeps counting while the process is stopped (`SIGSTOP`).
+    fn monotonic(&self) -> Duration {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed()
     }
 }
 

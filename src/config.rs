@@ -8,50 +8,64 @@ use crate::backoff::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::job::check_name;
 
-/// Jobs of one queue run at once on one node.
+/// Jobs of one queue run at once on one node: **10**.
 pub const DEFAULT_CONCURRENCY: u32 = 10;
-/// The most claimed jobs a queue keeps ready beyond its running ones, so a worker that
-/// finishes starts the next job without waiting for a round trip. Their leases are held and
-/// renewed like any other. The window adapts below this (see
+/// The most claimed jobs a queue keeps ready beyond its running ones: **1,000**, so a worker
+/// that finishes starts the next job without waiting for a round trip. Their leases are held
+/// and renewed like any other. The window adapts below this (see
 /// [`PREFETCH_MAX_WAIT`](crate::scheduler::PREFETCH_MAX_WAIT)): deep for quick jobs, shallow
 /// for slow ones; 0 turns prefetch off.
 pub const DEFAULT_PREFETCH: u32 = 1000;
-/// How often an idle fetcher looks for due jobs.
+/// How often an idle fetcher looks for due jobs: **1 s** (PostgreSQL also wakes it at once
+/// on enqueue).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// Lease length.
+/// Lease length: **30 s**. A job whose node dies runs again elsewhere about this long later.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Heartbeat: how often a node renews all its leases.
+/// Heartbeat, how often a node renews all its leases: **10 s** (a third of the lease).
 pub const DEFAULT_RENEW_EVERY: Duration = Duration::from_secs(10);
-/// How often running jobs' deadlines (timeout, cancel grace, lease) are checked.
+/// How often running jobs' deadlines (timeout, cancel grace, lease) are checked: **200 ms**.
 pub const DEFAULT_DEADLINE_CHECK_EVERY: Duration = Duration::from_millis(200);
-/// How often the sweeper reclaims expired leases.
+/// How often the sweeper reclaims expired leases: **15 s**.
 pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(15);
-/// Jobs reclaimed per sweep batch.
+/// Jobs reclaimed per sweep batch: **100**.
 pub const DEFAULT_SWEEP_BATCH: u32 = 100;
-/// How often the archiver runs.
+/// How often the archiver runs: **60 s**.
 pub const DEFAULT_ARCHIVE_EVERY: Duration = Duration::from_secs(60);
-/// Terminal jobs stay in the live table this long.
+/// Succeeded and cancelled jobs stay in the live table this long: **24 h**.
 pub const DEFAULT_ARCHIVE_AFTER: Duration = Duration::from_secs(24 * 3600);
-/// Archived jobs are deleted after this long.
+/// Dead jobs stay in the live table this long: **28 days**. Dead letters wait for a human
+/// (to read the error, fix the cause and retry them), so they are kept far longer than
+/// successes, and the dead count does not silently drop while nobody has looked.
+pub const DEFAULT_ARCHIVE_DEAD_AFTER: Duration = Duration::from_secs(28 * 24 * 3600);
+/// Archived jobs are deleted this long after they were archived: **7 days**.
 pub const DEFAULT_PRUNE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Rows moved or deleted per archiver batch.
+/// Rows moved or deleted per archiver batch: **1,000**.
 pub const DEFAULT_ARCHIVE_BATCH: u32 = 1000;
-/// How long a cancelled handler may take to return before it is stopped.
+/// How long a cancelled handler may take to return before it is stopped: **5 s**.
 pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(5);
-/// How long graceful shutdown waits for running jobs.
+/// How long graceful shutdown waits for running jobs: **30 s**.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a node refreshes its row in the node registry (10 s); it counts as alive for
+/// three of these.
+pub const DEFAULT_NODE_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
+/// How long a due job may wait with no live node able to run it before it is reported
+/// (5 minutes).
+pub const DEFAULT_UNSERVED_AFTER: Duration = Duration::from_secs(300);
+/// How often a node looks for such jobs (1 minute).
+pub const DEFAULT_UNSERVED_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// Settings of one queue on one node.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct QueueConfig {
-    /// Jobs run at once (≥ 1).
+    /// Jobs run at once, 1 to 10,000 (default 10).
     pub concurrency: u32,
-    /// Claimed jobs kept ready beyond the running ones (see [`DEFAULT_PREFETCH`]).
+    /// Claimed jobs kept ready beyond the running ones (default 1,000; see
+    /// [`DEFAULT_PREFETCH`]).
     pub prefetch: u32,
-    /// How often an idle fetcher polls.
+    /// How often an idle fetcher polls (default 1 s).
     pub poll_interval: Duration,
-    /// Retry policy for this queue (else the scheduler's).
+    /// Retry policy for this queue (default `None`: the scheduler's).
     pub retry: Option<RetryPolicy>,
 }
 
@@ -131,35 +145,50 @@ impl QueueConfig {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct SchedulerConfig {
-    /// Lease length.
+    /// Lease length (default 30 s).
     pub lease: Duration,
-    /// Heartbeat interval; at most a third of `lease`, so two renewals can fail before it
-    /// expires.
+    /// Heartbeat interval (default 10 s); at most a third of `lease`, so two renewals can
+    /// fail before it expires.
     pub renew_every: Duration,
-    /// How often deadlines are checked.
+    /// How often deadlines are checked (default 200 ms).
     pub deadline_check_every: Duration,
-    /// Sweeper interval.
+    /// Sweeper interval (default 15 s).
     pub sweep_every: Duration,
-    /// Sweeper batch size.
+    /// Sweeper batch size (default 100).
     pub sweep_batch: u32,
-    /// Archiver interval.
+    /// Archiver interval (default 60 s).
     pub archive_every: Duration,
-    /// Live-table retention of terminal jobs.
+    /// Live-table retention of succeeded and cancelled jobs (default 24 h).
     pub archive_after: Duration,
-    /// Archive retention.
+    /// Live-table retention of dead jobs (default 28 days); at least `archive_after`.
+    pub archive_dead_after: Duration,
+    /// Archive retention (default 7 days).
     pub prune_after: Duration,
-    /// Archiver batch size.
+    /// Archiver batch size (default 1,000).
     pub archive_batch: u32,
-    /// Default retry policy.
+    /// Default retry policy (default [`RetryPolicy::default`]: 15 s doubling to 24 h).
     pub retry: RetryPolicy,
     /// Threads that run handlers (default: the number of CPUs).
     pub handler_threads: usize,
-    /// Grace given to a cancelled handler.
+    /// Grace given to a cancelled handler (default 5 s).
     pub cancel_grace: Duration,
-    /// Graceful shutdown's wait for running jobs.
+    /// Graceful shutdown's wait for running jobs (default 30 s).
     pub shutdown_timeout: Duration,
-    /// Install interval timers (false in simulation: tests send the ticks).
+    /// Install interval timers (default true; false in simulation: tests send the ticks).
     pub timers: bool,
+    /// How often the node refreshes its row in the node registry, which says which queues
+    /// it serves and which kinds it runs (default 10 s, [`DEFAULT_NODE_HEARTBEAT_EVERY`]).
+    /// A node silent for three of these counts as gone.
+    pub node_heartbeat_every: Duration,
+    /// Due jobs that have waited this long with no live node serving their queue, or none
+    /// with a handler for their kind, are reported: a warning and [`Event::Unserved`]
+    /// (default 5 min, [`DEFAULT_UNSERVED_AFTER`]).
+    ///
+    /// [`Event::Unserved`]: crate::Event::Unserved
+    pub unserved_after: Duration,
+    /// How often the node looks for such jobs (default 1 min,
+    /// [`DEFAULT_UNSERVED_CHECK_EVERY`]); each check repeats the report while they wait.
+    pub unserved_check_every: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -172,6 +201,7 @@ impl Default for SchedulerConfig {
             sweep_batch: DEFAULT_SWEEP_BATCH,
             archive_every: DEFAULT_ARCHIVE_EVERY,
             archive_after: DEFAULT_ARCHIVE_AFTER,
+            archive_dead_after: DEFAULT_ARCHIVE_DEAD_AFTER,
             prune_after: DEFAULT_PRUNE_AFTER,
             archive_batch: DEFAULT_ARCHIVE_BATCH,
             retry: RetryPolicy::default(),
@@ -179,6 +209,9 @@ impl Default for SchedulerConfig {
             cancel_grace: DEFAULT_CANCEL_GRACE,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             timers: true,
+            node_heartbeat_every: DEFAULT_NODE_HEARTBEAT_EVERY,
+            unserved_after: DEFAULT_UNSERVED_AFTER,
+            unserved_check_every: DEFAULT_UNSERVED_CHECK_EVERY,
         }
     }
 }
@@ -210,8 +243,10 @@ impl SchedulerConfig {
         sweep_batch: u32,
         /// Sets the archiver interval.
         archive_every: Duration,
-        /// Sets how long terminal jobs stay in the live table.
+        /// Sets how long succeeded and cancelled jobs stay in the live table.
         archive_after: Duration,
+        /// Sets how long dead jobs stay in the live table (at least `archive_after`).
+        archive_dead_after: Duration,
         /// Sets how long archived jobs are kept.
         prune_after: Duration,
         /// Sets the archiver batch size.
@@ -226,6 +261,12 @@ impl SchedulerConfig {
         shutdown_timeout: Duration,
         /// Installs interval timers or not (simulation sends ticks itself).
         timers: bool,
+        /// Sets how often the node refreshes its registry row.
+        node_heartbeat_every: Duration,
+        /// Sets how long due jobs may wait unserved before they are reported.
+        unserved_after: Duration,
+        /// Sets how often unserved jobs are looked for.
+        unserved_check_every: Duration,
     }
 
     /// Checks every field.
@@ -239,6 +280,8 @@ impl SchedulerConfig {
             ("deadline_check_every", self.deadline_check_every),
             ("sweep_every", self.sweep_every),
             ("archive_every", self.archive_every),
+            ("node_heartbeat_every", self.node_heartbeat_every),
+            ("unserved_check_every", self.unserved_check_every),
         ];
         for (field, d) in positive {
             if d.is_zero() {
@@ -274,6 +317,16 @@ impl SchedulerConfig {
                 reason: "must be at least 1".into(),
             });
         }
+        if self.archive_dead_after < self.archive_after {
+            return Err(Error::Config {
+                field: "archive_dead_after",
+                reason: format!(
+                    "{:?} is shorter than archive_after {:?}; dead jobs are kept at least as \
+                     long as successes",
+                    self.archive_dead_after, self.archive_after
+                ),
+            });
+        }
         if self.prune_after.is_zero() {
             return Err(Error::Config {
                 field: "prune_after",
@@ -298,6 +351,11 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         SchedulerConfig::default().validate().unwrap();
+        let d = SchedulerConfig::default();
+        assert!(
+            d.archive_dead_after >= 14 * d.archive_after,
+            "dead letters are kept weeks, successes a day"
+        );
         QueueConfig::default().validate("default").unwrap();
     }
 
@@ -343,6 +401,15 @@ mod tests {
                 .validate()
             ),
             "handler_threads"
+        );
+        assert_eq!(
+            field(
+                SchedulerConfig::default()
+                    .archive_after(Duration::from_secs(3600))
+                    .archive_dead_after(Duration::from_secs(60))
+                    .validate()
+            ),
+            "archive_dead_after"
         );
         assert_eq!(
             field(QueueConfig::default().concurrency(0).validate("q")),

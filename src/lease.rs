@@ -1,5 +1,5 @@
 //! Lease identities: the node that holds a lease and the random token every write by the
-//! holder must present (DESIGN §3, invariant 1).
+//! holder must present (ARCHITECTURE.md §6, invariant 1).
 //!
 //! A [`LeaseToken`] is a bearer secret for one claim of one job: its `Debug` output is redacted
 //! so it never lands in logs.
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::job::check_name;
 
-/// Longest node id, in characters.
+/// Longest node id: **255** characters.
 pub const MAX_NODE_ID_LEN: usize = 255;
 
 /// One process's identity, stored in `lease_owner`.

@@ -8,24 +8,47 @@
 //! own database transaction (the transactional outbox).
 //!
 //! # Layout
+//! * [`client`] — [`Client`], the application's door: enqueue (also inside the caller's
+//!   transaction), get, list, counts, cancel, retry, wait; queue lags, the node registry,
+//!   unserved jobs, archive and prune.
+//! * [`scheduler`] — the runtime: [`Scheduler`], [`SchedulerBuilder`], [`SchedulerHandle`],
+//!   [`Event`]s; its actors (fetcher, lease manager, job supervisor, sweeper, archiver,
+//!   registrar) are crate-private.
+//! * [`handler`] — [`JobHandler`], [`handler_fn`], [`JobContext`] and what a handler returns.
+//! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
+//! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
 //! * [`lease`] — [`NodeId`] and [`LeaseToken`] (redacted in `Debug`).
 //! * [`clock`] — where time comes from: the database's clock in production, a
 //!   [`ManualClock`](clock::ManualClock) in simulation.
 //! * [`error`] — the one public [`Error`] type; lost guards are outcomes, not errors.
-//! * [`store`] — the only code that speaks SQL: [`Store`] and one method per guarded
-//!   transition, identical on all three backends.
+//! * [`store`] — the only code that speaks SQL: [`Store`], a connection handle (connect,
+//!   options, backend, migrate); the operations behind [`Client`] and the actors are
+//!   crate-private.
+//! * `testing` (feature `test-util`, not a stable API) — test databases, the simulation
+//!   harness, and the engine's operations and actors opened to jobvisor's own tests.
+//!
+//! # Features
+//! * `postgres`, `mysql`, `sqlite` (all on by default): the backends compiled in. A build
+//!   with one of them compiles no code, and links no driver, of the others; a URL of a
+//!   backend left out is refused with [`Error::InvalidInput`] naming the feature.
+//! * `test-util`: the `testing` module (not a stable API).
+//! * `cli`: the `jobvisor` operator command line (`src/bin/jobvisor/`).
 //!
 //! # Example
 //! ```no_run
 //! # async fn demo() -> jobvisor::Result<()> {
-//! use jobvisor::{EnqueueParams, NewJob, Store, StoreOptions};
+//! use jobvisor::{Client, NewJob, Store, StoreOptions};
 //!
 //! let store = Store::connect_with("sqlite://jobs.db", StoreOptions::default().migrate(true)).await?;
-//! let e = store.job_enqueue(NewJob::new("send_email", serde_json::json!({"to": "a@example.com"})), None).await?;
+//! let client = Client::new(store);
+//! let e = client.enqueue(NewJob::new("send_email", serde_json::json!({"to": "a@example.com"}))).await?;
 //! println!("enqueued job {} (duplicate: {})", e.id, e.duplicate);
 //! # Ok(()) }
 //! ```
+
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!("jobvisor needs at least one backend: enable the feature postgres, mysql or sqlite");
 
 pub mod backoff;
 pub mod client;
@@ -49,8 +72,7 @@ pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt};
 pub use lease::{LeaseToken, NodeId};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 pub use store::{
-    ArchiveParams, Backend, CancelOutcome, CancelParams, ClaimParams, ClaimedJob, EnqueueParams,
-    Enqueued, Finalization, Finalize, FinalizeParams, Guarded, LeaseRef, ListParams, PruneParams,
-    ReclaimParams, ReclaimReason, Reclaimed, RenewParams, Renewed, RetryParams, StateCount, Store,
-    StoreOptions,
+    Backend, CancelOutcome, Enqueued, Guarded, ListParams, OutboxConnection, ReclaimReason,
+    StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
 };
+pub use store::{NodeInfo, QueueLag, Unserved, UnservedReason};

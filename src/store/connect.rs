@@ -1,163 +1,28 @@
-//! Opening a store: URL parsing, connection pools per backend, and the one mapping of
-//! database errors to [`StoreError`] (transient or not).
+//! Opening a store: the URL names the backend, whose module opens its pools
+//! ([`Driver::open`](super::driver::Driver::open)); then the schema is checked (or migrated).
+//! Helpers every backend's connection setup shares live here too: bounded connection attempts
+//! and the pool builder.
+//!
+//! A store keeps two pools on one database: the main one, and a small one of
+//! [`RENEW_LANE_SIZE`](super::RENEW_LANE_SIZE) connections for lease renewals only, so a renewal never waits behind a
+//! hung claim or finalization, nor for a connection one of them holds.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::time::{Duration, Instant};
 
-use diesel::result::{ConnectionError, DatabaseErrorKind};
-use diesel::sqlite::SqliteConnection;
-use diesel_async::pooled_connection::bb8::Pool as Bb8Pool;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{
-    AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, SimpleAsyncConnection,
-};
+use diesel_async::AsyncConnection;
 
-use super::{Store, DEFAULT_MAX_PAYLOAD_BYTES};
-use crate::error::{redact_url, Error, Result, StoreError};
+use super::driver::Driver;
+use super::timeout::{ConnPool, Manager};
+use super::{Backend, Inner, Store, StoreOptions};
+use crate::error::{redact_url, Error, Result};
 
-pub(crate) type SqliteConn = SyncConnectionWrapper<SqliteConnection>;
-
-/// Which database a store talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// PostgreSQL 13+.
-    Postgres,
-    /// MySQL 8.0.1+ or MariaDB 10.6+.
-    Mysql,
-    /// SQLite 3.35+ (bundled).
-    Sqlite,
-}
-
-/// Options for [`Store::connect_with`]. Every default is a named constant.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct StoreOptions {
-    /// Pooled connections (default 10; SQLite 4).
-    pub pool_size: Option<u32>,
-    /// How long to wait for a connection, at connect and from the pool (default 10 s).
-    pub connect_timeout: Duration,
-    /// SQLite only: how long a writer waits for the write lock (default 5 s).
-    pub busy_timeout: Duration,
-    /// Largest payload accepted, in bytes of JSON (default 1 MiB).
-    pub max_payload_bytes: usize,
-    /// Run pending migrations (under a lock) before checking the schema (default false).
-    pub migrate: bool,
-}
-
-/// Default wait for a connection.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default SQLite busy timeout.
-pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default pool size for PostgreSQL and MySQL.
-pub const DEFAULT_POOL_SIZE: u32 = 10;
-/// Default pool size for SQLite (one writer at a time anyway).
-pub const DEFAULT_SQLITE_POOL_SIZE: u32 = 4;
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            pool_size: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            busy_timeout: DEFAULT_BUSY_TIMEOUT,
-            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
-            migrate: false,
-        }
-    }
-}
-
-impl StoreOptions {
-    /// Sets the pool size. On PostgreSQL the store also opens, at first need, one listening
-    /// connection per scheduler and one connection for batches of 1,000 jobs or more, which
-    /// it copies (`COPY`) instead of inserting.
-    pub fn pool_size(mut self, n: u32) -> Self {
-        self.pool_size = Some(n);
-        self
-    }
-
-    /// Sets the connect / checkout timeout.
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
-
-    /// Sets the SQLite busy timeout.
-    pub fn busy_timeout(mut self, d: Duration) -> Self {
-        self.busy_timeout = d;
-        self
-    }
-
-    /// Sets the payload size limit.
-    pub fn max_payload_bytes(mut self, n: usize) -> Self {
-        self.max_payload_bytes = n;
-        self
-    }
-
-    /// Runs pending migrations at connect.
-    pub fn migrate(mut self, yes: bool) -> Self {
-        self.migrate = yes;
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.pool_size == Some(0) {
-            return Err(Error::Config {
-                field: "pool_size",
-                reason: "must be at least 1".into(),
-            });
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::Config {
-                field: "connect_timeout",
-                reason: "must be more than 0".into(),
-            });
-        }
-        if self.max_payload_bytes == 0 {
-            return Err(Error::Config {
-                field: "max_payload_bytes",
-                reason: "must be more than 0".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-pub(crate) enum Pool {
-    Pg(Bb8Pool<AsyncPgConnection>),
-    Mysql(Bb8Pool<AsyncMysqlConnection>),
-    Sqlite(Bb8Pool<SqliteConn>),
-}
-
-pub(crate) struct Inner {
-    pub(crate) pool: Pool,
-    pub(crate) backend: Backend,
-    /// The URL as given, for migrations (which open their own connection). Never logged.
-    pub(crate) url: String,
-    pub(crate) url_redacted: String,
-    pub(crate) opts: StoreOptions,
-    /// SQLite has one writer at a time: this process's writes queue here, where the next one
-    /// starts the moment the last ends. Waiting in SQLite's busy handler instead sleeps in
-    /// steps of up to 100 ms (measured: claims waiting ~30 ms behind a 3 ms finalize).
-    /// Other processes on the same file still meet the busy timeout.
-    pub(crate) sqlite_writer: tokio::sync::Mutex<()>,
-    /// PostgreSQL: the connection large batches are copied over.
-    pub(crate) pg_bulk: super::bulk::BulkConn,
-    /// MariaDB 10.6+: `INSERT … RETURNING` (MySQL has none) and `JSON_TABLE`, so an enqueue
-    /// is one statement and a batch one insert.
-    pub(crate) insert_returning: bool,
-}
-
-/// A parsed database URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
-    Pg(String),
-    Mysql(String),
-    Sqlite(PathBuf),
-}
-
-pub(crate) fn parse_url(url: &str) -> Result<Target> {
+/// Splits a database URL into its backend and the URL (or, for SQLite, the file path) that
+/// backend opens.
+pub(crate) fn parse_url(url: &str) -> Result<(Backend, String)> {
     let bad = |reason: String| Error::InvalidInput {
         field: "url",
         reason: format!("{} in {:?}", reason, redact_url(url)),
@@ -167,8 +32,8 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
         return Err(bad(format!("no URL scheme; {expected}")));
     };
     match scheme.to_ascii_lowercase().as_str() {
-        "postgres" | "postgresql" => Ok(Target::Pg(url.to_string())),
-        "mysql" | "mariadb" => Ok(Target::Mysql(format!("mysql:{rest}"))),
+        "postgres" | "postgresql" => Ok((Backend::Postgres, url.to_string())),
+        "mysql" | "mariadb" => Ok((Backend::Mysql, format!("mysql:{rest}"))),
         "sqlite" => {
             let path = rest.strip_prefix("//").unwrap_or(rest);
             let path = path.split('?').next().unwrap_or(path);
@@ -182,7 +47,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
                         .to_string(),
                 ));
             }
-            Ok(Target::Sqlite(PathBuf::from(path)))
+            Ok((Backend::Sqlite, path.to_string()))
         }
         other => Err(bad(format!("unknown scheme {other:?}; {expected}"))),
     }
@@ -213,91 +78,19 @@ impl Store {
     /// Opens a store with explicit options; see [`Store::connect`].
     ///
     /// # Errors
-    /// As [`Store::connect`], plus [`Error::Config`] for invalid options.
+    /// As [`Store::connect`], plus [`Error::Config`] for invalid options, and
+    /// [`Error::InvalidInput`] for a backend this build leaves out (Cargo features
+    /// `postgres`, `mysql`, `sqlite`).
     pub async fn connect_with(url: &str, opts: StoreOptions) -> Result<Store> {
         opts.validate()?;
-        let target = parse_url(url)?;
-        let url_redacted = redact_url(url);
-        let connect_err = |reason: String| Error::Connect {
-            url: url_redacted.clone(),
-            reason,
-        };
-        let timeout = opts.connect_timeout;
-        let mut insert_returning = false;
-        let (pool, backend) = match &target {
-            Target::Pg(u) => {
-                probe::<AsyncPgConnection>(u, timeout)
-                    .await
-                    .map_err(|r| connect_err(format!("{r}; expected a PostgreSQL server")))?;
-                let mut cfg = ManagerConfig::<AsyncPgConnection>::default();
-                cfg.recycling_method = RecyclingMethod::Fast;
-                let mgr = AsyncDieselConnectionManager::new_with_config(u.clone(), cfg);
-                let pool = builder(&opts, DEFAULT_POOL_SIZE).build_unchecked(mgr);
-                (Pool::Pg(pool), Backend::Postgres)
-            }
-            Target::Mysql(u) => {
-                probe::<AsyncMysqlConnection>(u, timeout)
-                    .await
-                    .map_err(|r| connect_err(format!("{r}; expected a MySQL or MariaDB server")))?;
-                let mut cfg = ManagerConfig::<AsyncMysqlConnection>::default();
-                // Verified, not Fast: diesel-async cannot tell that the server closed a MySQL
-                // connection (it can for PostgreSQL), so after a server restart every pooled
-                // connection would stay dead forever. One `SELECT 1` per checkout.
-                cfg.recycling_method = RecyclingMethod::Verified;
-                // READ COMMITTED: no gap locks, so concurrent `SKIP LOCKED` claims and
-                // duplicate-key inserts do not deadlock each other (REPEATABLE READ does).
-                cfg.custom_setup = Box::new(|conn_url: &str| {
-                    let conn_url = conn_url.to_string();
-                    Box::pin(async move {
-                        let mut c = AsyncMysqlConnection::establish(&conn_url).await?;
-                        c.batch_execute(
-                            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-                             SET SESSION time_zone = '+00:00'",
-                        )
-                        .await
-                        .map_err(ConnectionError::CouldntSetupConfiguration)?;
-                        Ok(c)
-                    })
-                });
-                let mgr = AsyncDieselConnectionManager::new_with_config(u.clone(), cfg);
-                let pool = builder(&opts, DEFAULT_POOL_SIZE)
-                    .test_on_check_out(true)
-                    .build_unchecked(mgr);
-                let version = server_version(&pool)
-                    .await
-                    .map_err(|e| connect_err(format!("reading the server version: {e}")))?;
-                insert_returning = supports_insert_returning(&version);
-                (Pool::Mysql(pool), Backend::Mysql)
-            }
-            Target::Sqlite(path) => {
-                check_sqlite_path(path).map_err(connect_err)?;
-                let path_s = path.to_string_lossy().into_owned();
-                let busy_ms = opts.busy_timeout.as_millis();
-                // First open here, so a bad file is reported now with its real cause.
-                open_sqlite(&path_s, busy_ms)
-                    .await
-                    .map_err(|e| connect_err(format!("{e}; expected a writable SQLite file")))?;
-                let mut cfg = ManagerConfig::<SqliteConn>::default();
-                cfg.recycling_method = RecyclingMethod::Fast;
-                cfg.custom_setup = Box::new(move |conn_url: &str| {
-                    let conn_url = conn_url.to_string();
-                    Box::pin(async move { open_sqlite(&conn_url, busy_ms).await })
-                });
-                let mgr = AsyncDieselConnectionManager::new_with_config(path_s, cfg);
-                let pool = builder(&opts, DEFAULT_SQLITE_POOL_SIZE).build_unchecked(mgr);
-                (Pool::Sqlite(pool), Backend::Sqlite)
-            }
-        };
+        let (backend, target) = parse_url(url)?;
+        let driver = Driver::open(backend, &target, url, &opts).await?;
         let store = Store {
             inner: std::sync::Arc::new(Inner {
-                pool,
-                backend,
+                driver,
                 url: url.to_string(),
-                url_redacted,
+                url_redacted: redact_url(url),
                 opts,
-                sqlite_writer: tokio::sync::Mutex::new(()),
-                pg_bulk: super::bulk::BulkConn::default(),
-                insert_returning,
             }),
         };
         if store.inner.opts.migrate {
@@ -309,247 +102,94 @@ impl Store {
 
     /// Which backend this store talks to.
     pub fn backend(&self) -> Backend {
-        self.inner.backend
+        self.inner.driver.backend()
     }
 
     /// The options it was opened with.
     pub fn options(&self) -> &StoreOptions {
         &self.inner.opts
     }
-}
 
-fn builder<M: bb8::ManageConnection>(opts: &StoreOptions, default_size: u32) -> bb8::Builder<M> {
-    bb8::Pool::builder()
-        .max_size(opts.pool_size.unwrap_or(default_size))
-        .connection_timeout(opts.connect_timeout)
-        // No ping per checkout (a `SELECT 1` would double the cost of every short statement):
-        // PostgreSQL connections report being closed, SQLite has no server. MySQL opts in.
-        .test_on_check_out(false)
-}
-
-/// The MySQL server's `VERSION()`, e.g. `8.0.36` or `10.11.6-MariaDB-0+deb12u1`.
-async fn server_version(pool: &Bb8Pool<AsyncMysqlConnection>) -> Result<String, String> {
-    #[derive(diesel::QueryableByName)]
-    struct Version {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        v: String,
-    }
-    let mut c = pool.get().await.map_err(|e| e.to_string())?;
-    let row: Version =
-        diesel_async::RunQueryDsl::get_result(diesel::sql_query("SELECT VERSION() AS v"), &mut *c)
-            .await
-            .map_err(|e| e.to_string())?;
-    Ok(row.v)
-}
-
-/// MariaDB has `INSERT … RETURNING` from 10.5 and `JSON_TABLE` from 10.6; MySQL has no
-/// `INSERT … RETURNING`.
-fn supports_insert_returning(version: &str) -> bool {
-    if !version.contains("MariaDB") {
-        return false;
-    }
-    let mut parts = version.split(|c: char| !c.is_ascii_digit());
-    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    (major, minor) >= (10, 6)
-}
-
-/// Opens one connection to report the real reason a server cannot be reached.
-async fn probe<C: AsyncConnection>(url: &str, timeout: Duration) -> Result<(), String> {
-    match tokio::time::timeout(timeout, C::establish(url)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(scrub(&connection_error_text(&e), url)),
-        Err(_) => Err(format!("no answer within {timeout:?}")),
+    /// Runs a hot-path operation under the store's statement bound (see [`super::timeout`]).
+    pub(crate) async fn bounded<T>(
+        &self,
+        op: super::timeout::Op,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        super::timeout::bounded(op, self.inner.statement_bound(), fut).await
     }
 }
 
-fn connection_error_text(e: &ConnectionError) -> String {
-    match e {
-        ConnectionError::InvalidConnectionUrl(m) => format!("invalid connection URL: {m}"),
-        other => other.to_string(),
-    }
-}
-
-/// Removes the password from a driver message that may echo the URL.
-fn scrub(msg: &str, url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(u) => match u.password() {
-            Some(p) if !p.is_empty() => msg.replace(p, "***"),
-            _ => msg.to_string(),
-        },
-        Err(_) => msg.to_string(),
-    }
-}
-
-fn check_sqlite_path(path: &Path) -> Result<(), String> {
-    if path.is_dir() {
-        return Err(format!("{} is a directory", path.display()));
-    }
-    if let Some(parent) = path.parent() {
-        if !parent.as_os_str().is_empty() && !parent.is_dir() {
+/// Runs `attempt` (one try at opening a connection) with at most `each` per try, starting a
+/// fresh one after each timeout until `total` has passed; an error ends it at once. A try
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// that hung in a network cut is thus replaced within `each` of the heal.
+pub(crate) async fn attempts<T, F, Fut>(
+    each: Duration,
+    total: Duration,
+    mut attempt: F,
+) -> std::result::Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, String>>,
+{
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        let left = total.saturating_sub(start.elapsed());
+        if left.is_zero() {
             return Err(format!(
-                "directory {} does not exist (the file is created, its directory is not)",
-                parent.display()
+                "no answer within {total:?} ({tries} attempts of at most {each:?}, \
+                 StoreOptions::connect_attempt_timeout)"
             ));
         }
-    }
-    Ok(())
-}
-
-async fn open_sqlite(path: &str, busy_ms: u128) -> diesel::ConnectionResult<SqliteConn> {
-    let mut c = SqliteConn::establish(path).await?;
-    // Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
-    // locked" at once, without its busy handler, while another connection opens the same
-    // file: retry within the busy timeout.
-    let deadline = std::time::Instant::now()
-        + Duration::from_millis(u64::try_from(busy_ms).unwrap_or(u64::MAX));
-    loop {
-        let res = c
-            .batch_execute(&format!(
-                "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL; \
-                 PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;"
-            ))
-            .await;
-        match res {
-            Ok(()) => return Ok(c),
-            Err(e)
-                if e.to_string().contains("is locked") && std::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => return Err(ConnectionError::CouldntSetupConfiguration(e)),
+        tries += 1;
+        if let Ok(res) = tokio::time::timeout(each.min(left), attempt()).await {
+            return res;
         }
     }
 }
 
-/// Classifies a diesel error once for all backends: transient (retry may help) or not.
-pub(crate) fn classify(e: diesel::result::Error) -> StoreError {
-    use diesel::result::Error as D;
-    match e {
-        D::DatabaseError(kind, info) => {
-            let msg = info.message().to_string();
-            match kind {
-                DatabaseErrorKind::SerializationFailure
-                | DatabaseErrorKind::ClosedConnection
-                | DatabaseErrorKind::UnableToSendCommand => StoreError::Transient(msg),
-                DatabaseErrorKind::UniqueViolation
-                | DatabaseErrorKind::ForeignKeyViolation
-                | DatabaseErrorKind::NotNullViolation
-                | DatabaseErrorKind::CheckViolation => StoreError::Constraint {
-                    name: info.constraint_name().unwrap_or("unknown").to_string(),
-                    message: msg,
-                },
-                _ if is_transient_text(&msg) => StoreError::Transient(msg),
-                _ => StoreError::Other(msg),
-            }
-        }
-        D::BrokenTransactionManager => StoreError::Transient("broken transaction manager".into()),
-        other => {
-            let msg = other.to_string();
-            if is_transient_text(&msg) {
-                StoreError::Transient(msg)
-            } else {
-                StoreError::Other(msg)
-            }
-        }
-    }
-}
-
-/// Messages by which the three drivers report conditions worth retrying.
-fn is_transient_text(msg: &str) -> bool {
-    const SIGNS: &[&str] = &[
-        "deadlock",                 // PG 40P01, MySQL 1213
-        "Deadlock found",           // MySQL 1213
-        "Lock wait timeout",        // MySQL 1205
-        "could not serialize",      // PG 40001
-        "database is locked",       // SQLITE_BUSY
-        "database table is locked", // SQLITE_LOCKED
-        "connection closed",        // tokio-postgres
-        "Connection refused",       //
-        "connection reset",         //
-        "Connection reset",         //
-        "broken pipe",              //
-        "Broken pipe",              //
-        "terminating connection",   // PG admin shutdown
-        "the database system is",   // PG starting up / shutting down
-        "server has gone away",     // MySQL 2006
-        "Lost connection",          // MySQL 2013
-        "Server shutdown",          // MySQL 1053
-        "Connection was killed",    // MySQL
-        "Input/output error",       // mysql_async io
-        "error communicating",      // tokio-postgres io
-        "unexpected end of file",   //
-        "too many clients",         // PG 53300
-        "Too many connections",     // MySQL 1040
-    ];
-    SIGNS.iter().any(|s| msg.contains(s))
-}
-
-impl From<diesel::result::Error> for Error {
-    fn from(e: diesel::result::Error) -> Self {
-        Error::Database(classify(e))
-    }
-}
-
-/// Maps a failure to check a connection out of the pool (always transient).
-pub(crate) fn pool_err<E: std::fmt::Display>(e: bb8::RunError<E>) -> Error {
-    match e {
-        bb8::RunError::User(e) => Error::Database(StoreError::Transient(format!(
-            "cannot open a database connection: {e}"
-        ))),
-        bb8::RunError::TimedOut => Error::Database(StoreError::Transient(
-            "no database connection available within the connect timeout".into(),
-        )),
-    }
-}
-
-/// Runs `$body` with `$conn` bound to a pooled connection of whichever backend the store
-/// uses. The body is type-checked once per backend, so it may only use portable SQL.
-macro_rules! with_conn {
-    ($store:expr, |$conn:ident| $body:expr) => {
-        match &$store.inner.pool {
-            $crate::store::connect::Pool::Pg(p) => {
-                let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
-                let $conn = &mut *c;
-                $body
-            }
-            $crate::store::connect::Pool::Mysql(p) => {
-                let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
-                let $conn = &mut *c;
-                $body
-            }
-            $crate::store::connect::Pool::Sqlite(p) => {
-                let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
-                let $conn = &mut *c;
-                $body
-            }
-        }
+/// One pool of `size` connections, each opened by `setup`. `verify`: ping each connection at
+/// checkout (a `SELECT 1`), for MySQL, where diesel-async cannot tell that the server closed a
+/// connection (it can for PostgreSQL, and SQLite has no server): after a server restart every
+/// pooled connection would otherwise stay dead forever. Elsewhere a ping would double the cost
+/// of every short statement.
+pub(crate) fn pool<C>(
+    opts: &StoreOptions,
+    size: u32,
+    verify: bool,
+    setup: diesel_async::pooled_connection::SetupCallback<C>,
+) -> ConnPool<C>
+where
+    C: AsyncConnection + 'static,
+    Manager<C>: bb8::ManageConnection,
+{
+    let mut cfg = ManagerConfig::<C>::default();
+    cfg.recycling_method = if verify {
+        RecyclingMethod::Verified
+    } else {
+        RecyclingMethod::Fast
     };
+    cfg.custom_setup = setup;
+    // The URL is in `setup`; the manager's copy is unused.
+    let mgr = Manager::new(AsyncDieselConnectionManager::new_with_config("", cfg));
+    bb8::Pool::builder()
+        .max_size(size)
+        .connection_timeout(opts.connect_timeout)
+        .test_on_check_out(verify)
+        .build_unchecked(mgr)
 }
 
-/// Like `with_conn!`, but runs `$body` inside a transaction (`BEGIN IMMEDIATE` on SQLite, so
-/// a read-then-write never fails on a lock upgrade). `$body` returns `QueryResult<T>`.
-macro_rules! with_tx {
-    ($store:expr, |$conn:ident| $body:expr) => {
-        match &$store.inner.pool {
-            $crate::store::connect::Pool::Pg(p) => {
-                let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
-                diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
-            }
-            $crate::store::connect::Pool::Mysql(p) => {
-                let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
-                diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
-            }
-            $crate::store::connect::Pool::Sqlite(p) => {
-                let _writer = $store.inner.sqlite_writer.lock().await;
-                let mut c = p.get().await.map_err($crate::store::connect::pool_err)?;
-                c.immediate_transaction(async |$conn| $body).await
-            }
-        }
-    };
+/// `url` with `kv` appended to its query string.
+#[cfg(any(feature = "mysql", all(feature = "test-util", feature = "postgres")))]
+pub(crate) fn with_query(url: &str, kv: &str) -> String {
+    if url.contains('?') {
+        format!("{url}&{kv}")
+    } else {
+        format!("{url}?{kv}")
+    }
 }
-
-pub(crate) use {with_conn, with_tx};
 
 #[cfg(test)]
 mod tests {
@@ -557,22 +197,25 @@ mod tests {
 
     #[test]
     fn urls_are_parsed_or_rejected_by_name() {
-        assert!(matches!(parse_url("postgres://u@h/db"), Ok(Target::Pg(_))));
+        assert!(matches!(
+            parse_url("postgres://u@h/db"),
+            Ok((Backend::Postgres, _))
+        ));
         assert!(matches!(
             parse_url("postgresql://u@h/db"),
-            Ok(Target::Pg(_))
+            Ok((Backend::Postgres, _))
         ));
         assert_eq!(
             parse_url("mariadb://u@h/db").ok(),
-            Some(Target::Mysql("mysql://u@h/db".into()))
+            Some((Backend::Mysql, "mysql://u@h/db".into()))
         );
         assert_eq!(
             parse_url("sqlite://data/jobs.db").ok(),
-            Some(Target::Sqlite(PathBuf::from("data/jobs.db")))
+            Some((Backend::Sqlite, "data/jobs.db".into()))
         );
         assert_eq!(
             parse_url("sqlite:///tmp/jobs.db").ok(),
-            Some(Target::Sqlite(PathBuf::from("/tmp/jobs.db")))
+            Some((Backend::Sqlite, "/tmp/jobs.db".into()))
         );
         for bad in ["redis://h", "jobs.db", "sqlite://", "sqlite://:memory:"] {
             let err = parse_url(bad).unwrap_err().to_string();
@@ -582,24 +225,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("oracle") && !err.contains("hunter2"), "{err}");
-    }
-
-    #[test]
-    fn insert_returning_is_known_by_server_version() {
-        assert!(supports_insert_returning("10.11.6-MariaDB-0+deb12u1"));
-        assert!(supports_insert_returning("10.6.0-MariaDB"));
-        assert!(!supports_insert_returning("10.5.9-MariaDB"));
-        assert!(supports_insert_returning("11.4.2-MariaDB-log"));
-        assert!(!supports_insert_returning("10.4.32-MariaDB"));
-        assert!(!supports_insert_returning("8.0.36"));
-        assert!(!supports_insert_returning("8.4.0-commercial"));
-        assert!(!supports_insert_returning(""));
-    }
-
-    #[test]
-    fn transient_errors_are_recognised() {
-        assert!(is_transient_text("deadlock detected"));
-        assert!(is_transient_text("database is locked"));
-        assert!(!is_transient_text("syntax error at or near"));
     }
 }

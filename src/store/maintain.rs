@@ -1,34 +1,44 @@
-//! Writes by actors and operators that hold no lease: archive, prune, cancel and manual
-//! retry. Each is guarded by the row's `version` (or locked with `SKIP LOCKED`), so it never
-//! overwrites a change it did not see.
+//! Writes by actors and operators that hold no lease, written once for every backend with
+//! diesel's query builder: the sweeper's reclaim, the archiver's archive and prune, operator
+//! cancel and manual retry. Each is guarded by the row's `version` (or locked with `SKIP
+//! LOCKED`), so it never overwrites a change it did not see. A body here is type-checked
+//! once per backend through `with_write!` / `with_tx!` (`driver.rs`), so it can only use
+//! portable SQL and the expressions of `expr.rs`.
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
+use serde_json::Value;
 
-use super::connect::{with_conn, with_tx};
-use super::rows::dur_us;
+use super::batch::bound;
+use super::driver::{with_tx, with_write};
+use super::expr::{DbNow, JsonAppend, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL};
+use super::rows::{dur_us, from_us};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
-use super::sql::{DbNow, SkipLocked, RETRYABLE_BY_HAND, TERMINAL};
-use super::write::bound;
-use super::{ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, RetryParams, Store};
+use super::timeout::Op;
+use super::{
+    ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
+    Reclaimed, RetryParams, Store,
+};
 use crate::error::{Error, Result, StoreError};
-use crate::job::{Job, JobState};
+use crate::job::{Job, JobFailure, JobId, JobState};
 
 /// Times a version-guarded write is retried after losing a race before giving up.
 const RACE_TRIES: usize = 5;
 
 impl Store {
-    /// Moves terminal jobs finished more than `older_than` ago to the archive, at most
-    /// `limit` of them, insert and delete in one transaction. Returns how many moved.
+    /// Moves terminal jobs finished more than `older_than` ago to the archive (dead ones only
+    /// once they finished more than `dead_older_than` ago as well), at most `limit` of them,
+    /// insert and delete in one transaction. Returns how many moved.
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn job_archive(&self, p: ArchiveParams) -> Result<u64> {
+    pub(crate) async fn job_archive(&self, p: ArchiveParams) -> Result<u64> {
         if p.limit == 0 {
             return Ok(0);
         }
         let now = DbNow::new(bound(p.now));
         let cutoff = now.plus(-dur_us(p.older_than));
+        let dead_cutoff = now.plus(-dur_us(p.dead_older_than));
         let limit = i64::from(p.limit);
         let moved: usize = with_tx!(self, |conn| {
             let ids: Vec<i64> = SkipLocked(
@@ -36,6 +46,11 @@ impl Store {
                     .select(jobs::id)
                     .filter(TERMINAL)
                     .filter(jobs::finished_at.lt(cutoff.nullable()))
+                    .filter(
+                        jobs::state
+                            .ne(JobState::Dead.as_str())
+                            .or(jobs::finished_at.lt(dead_cutoff.nullable())),
+                    )
                     .order(jobs::finished_at.asc())
                     .limit(limit),
             )
@@ -79,6 +94,8 @@ impl Store {
                                 jobs::first_started_at,
                                 jobs::finished_at,
                                 now,
+                                jobs::started_at,
+                                jobs::refunds,
                             ),
                         )),
                 )
@@ -112,6 +129,8 @@ impl Store {
                         archive::first_started_at,
                         archive::finished_at,
                         archive::archived_at,
+                        archive::started_at,
+                        archive::refunds,
                     ),
                 ))
                 .execute(conn)
@@ -138,14 +157,8 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn job_vacuum_live(&self) -> Result<()> {
-        if let super::connect::Pool::Pg(pool) = &self.inner.pool {
-            use diesel_async::SimpleAsyncConnection;
-            let mut c = pool.get().await.map_err(super::connect::pool_err)?;
-            c.batch_execute("VACUUM (SKIP_LOCKED) jobvisor_jobs")
-                .await?;
-        }
-        Ok(())
+    pub(crate) async fn job_vacuum_live(&self) -> Result<()> {
+        self.inner.driver.vacuum_live().await
     }
 
     /// Deletes archived jobs archived more than `older_than` ago, at most `limit`. Returns
@@ -153,13 +166,13 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Database`].
-    pub async fn job_prune_archive(&self, p: PruneParams) -> Result<u64> {
+    pub(crate) async fn job_prune_archive(&self, p: PruneParams) -> Result<u64> {
         if p.limit == 0 {
             return Ok(0);
         }
         let cutoff = DbNow::new(bound(p.now)).plus(-dur_us(p.older_than));
         let limit = i64::from(p.limit);
-        let n: usize = with_conn!(self, |conn| {
+        let n: usize = with_write!(self, |conn| {
             let ids: Vec<i64> = archive::table
                 .select(archive::id)
                 .filter(archive::archived_at.lt(cutoff))
@@ -184,7 +197,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::NotFound`] for an unknown id; [`Error::Database`].
-    pub async fn job_cancel(&self, p: CancelParams) -> Result<CancelOutcome> {
+    pub(crate) async fn job_cancel(&self, p: CancelParams) -> Result<CancelOutcome> {
         let now = DbNow::new(bound(p.now));
         for _ in 0..RACE_TRIES {
             let Some(job) = self.job_get(p.id).await? else {
@@ -196,7 +209,7 @@ impl Store {
             let id = p.id.0;
             let version = job.version;
             let n: usize = if job.state == JobState::Running {
-                with_conn!(self, |conn| {
+                with_write!(self, |conn| {
                     diesel::update(
                         jobs::table
                             .filter(jobs::id.eq(id))
@@ -211,7 +224,7 @@ impl Store {
                     .await?
                 })
             } else {
-                with_conn!(self, |conn| {
+                with_write!(self, |conn| {
                     diesel::update(
                         jobs::table
                             .filter(jobs::id.eq(id))
@@ -256,7 +269,7 @@ impl Store {
     /// # Errors
     /// [`Error::NotFound`], [`Error::InvalidTransition`] from any other state,
     /// [`Error::InvalidInput`] for an archived job; [`Error::Database`].
-    pub async fn job_retry(&self, p: RetryParams) -> Result<Guarded<Job>> {
+    pub(crate) async fn job_retry(&self, p: RetryParams) -> Result<Guarded<Job>> {
         let now = DbNow::new(bound(p.now));
         let Some(job) = self.job_get(p.id).await? else {
             return Err(Error::NotFound { id: p.id });
@@ -281,7 +294,7 @@ impl Store {
         let version = job.version;
         let max_attempts =
             i32::try_from(job.max_attempts.max(job.attempts + 1)).unwrap_or(i32::MAX);
-        let n: usize = with_conn!(self, |conn| {
+        let n: usize = with_write!(self, |conn| {
             diesel::update(
                 jobs::table
                     .filter(jobs::id.eq(id))
@@ -309,5 +322,160 @@ impl Store {
             .await?
             .ok_or(Error::NotFound { id: p.id })?;
         Ok(Guarded::Applied(job))
+    }
+
+    /// Reclaims, in one bounded batch, running jobs whose lease expired or whose timeout
+    /// passed; their lease is cleared, version + 1, and the reason recorded in `last_error`
+    /// and `errors` with `detail: {"owner": <the node that held it>}`:
+    /// * **timeout** (`timeout_at` passed — set only once a renewal recorded the handler's
+    ///   start): `retrying` after `backoff(attempts)`, or `dead` with its attempts used up;
+    /// * **lease expired** with a recorded start: the same, code `lease_expired`;
+    /// * **lease expired before any start was recorded** (the node died or was cut off with
+    ///   the job in its prefetch, or within a heartbeat of starting it): the attempt is given
+    ///   back — `pending` at once, `attempts` − 1, `refunds` + 1, code `not_started` — while
+    ///   `refunds < max_attempts`; past that bound it counts like `lease_expired`, so a job
+    ///   that kills its node at start still ends `dead` after at most 2 × `max_attempts`
+    ///   claims.
+    ///
+    /// The former holder's writes are refused from then on.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn job_reclaim_expired(&self, p: ReclaimParams) -> Result<Vec<Reclaimed>> {
+        self.bounded(Op::Reclaim, self.reclaim_unbounded(p)).await
+    }
+
+    async fn reclaim_unbounded(&self, p: ReclaimParams) -> Result<Vec<Reclaimed>> {
+        if p.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = DbNow::new(bound(p.now));
+        let limit = i64::from(p.limit);
+        let backoff = p.backoff.clone();
+        type Cand = (
+            (i64, i64, i32, i32, String, String),
+            (Option<i64>, Option<i64>, i32, Option<String>, i64),
+        );
+        let done: Vec<Reclaimed> = with_tx!(self, |conn| {
+            let cands: Vec<Cand> = SkipLocked(
+                jobs::table
+                    .select((
+                        (
+                            jobs::id,
+                            jobs::version,
+                            jobs::attempts,
+                            jobs::max_attempts,
+                            jobs::kind,
+                            jobs::queue,
+                        ),
+                        (
+                            jobs::timeout_at,
+                            jobs::started_at,
+                            jobs::refunds,
+                            jobs::lease_owner,
+                            now,
+                        ),
+                    ))
+                    .filter(RUNNING)
+                    // Running jobs are exactly those with a lease: this reads the sweep index.
+                    .filter(jobs::lease_expires_at.is_not_null())
+                    .filter(
+                        jobs::lease_expires_at
+                            .lt(now.nullable())
+                            .or(jobs::timeout_at.lt(now.nullable())),
+                    )
+                    .order(jobs::id.asc())
+                    .limit(limit),
+            )
+            .load(conn)
+            .await?;
+            let mut done = Vec::with_capacity(cands.len());
+            for (
+                (id, version, attempts, max_attempts, kind, queue),
+                (timeout_at, started_at, refunds, owner, db_now),
+            ) in cands
+            {
+                let reason = if timeout_at.is_some_and(|t| t < db_now) {
+                    ReclaimReason::Timeout
+                } else if started_at.is_none() && refunds < max_attempts {
+                    ReclaimReason::NotStarted
+                } else {
+                    ReclaimReason::LeaseExpired
+                };
+                let attempt = u32::try_from(attempts).unwrap_or(0);
+                let refund = reason == ReclaimReason::NotStarted;
+                let dead = !refund && attempts >= max_attempts;
+                let new_state = if refund {
+                    JobState::Pending
+                } else if dead {
+                    JobState::Dead
+                } else {
+                    JobState::Retrying
+                };
+                let message = match reason {
+                    ReclaimReason::Timeout => "the attempt ran past its timeout".to_string(),
+                    ReclaimReason::LeaseExpired => {
+                        "the lease expired: its node stopped renewing (crashed, paused or cut off)"
+                            .to_string()
+                    }
+                    ReclaimReason::NotStarted => format!(
+                        "the lease expired before the handler's start was recorded (its node \
+                         crashed, paused or was cut off); the attempt is not counted \
+                         (refund {} of at most {max_attempts})",
+                        refunds + 1
+                    ),
+                };
+                let err = serde_json::to_value(
+                    JobFailure::new(reason.code(), message, attempt)
+                        .with_detail(serde_json::json!({ "owner": owner }))
+                        .at(from_us(db_now)),
+                )
+                .unwrap_or(Value::Null);
+                let run_at_us = if dead || refund {
+                    db_now
+                } else {
+                    db_now.saturating_add(dur_us(backoff(attempt)))
+                };
+                let n = diesel::update(
+                    jobs::table
+                        .filter(jobs::id.eq(id))
+                        .filter(jobs::version.eq(version)),
+                )
+                .set((
+                    (
+                        jobs::state.eq(new_state.as_str()),
+                        jobs::last_error.eq(Some(err.clone())),
+                        jobs::errors.eq(JsonAppend { value: err }),
+                        jobs::run_at.eq(run_at_us),
+                        jobs::finished_at.eq(dead.then_some(db_now)),
+                        jobs::updated_at.eq(db_now),
+                        jobs::version.eq(jobs::version + 1),
+                        jobs::attempts.eq(attempts - i32::from(refund)),
+                        jobs::refunds.eq(refunds + i32::from(refund)),
+                    ),
+                    (
+                        jobs::lease_owner.eq(None::<String>),
+                        jobs::lease_token.eq(None::<String>),
+                        jobs::lease_expires_at.eq(None::<i64>),
+                        jobs::heartbeat_at.eq(None::<i64>),
+                        jobs::timeout_at.eq(None::<i64>),
+                    ),
+                ))
+                .execute(conn)
+                .await?;
+                if n == 1 {
+                    done.push(Reclaimed {
+                        id: JobId(id),
+                        kind,
+                        queue,
+                        reason,
+                        new_state,
+                        attempts: attempt - u32::from(refund),
+                    });
+                }
+            }
+            Ok::<_, diesel::result::Error>(done)
+        })?;
+        Ok(done)
     }
 }

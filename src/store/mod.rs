@@ -1,419 +1,160 @@
 //! The job store: the only code in jobvisor that speaks SQL.
 //!
-//! [`Store`] is a cheap-to-clone handle on a connection pool for one of three backends
-//! (PostgreSQL, MySQL/MariaDB, SQLite), chosen by the URL given to [`Store::connect`]. Every
-//! state transition of DESIGN §4 is one method taking a `*Params` struct that carries `now`
-//! (`None`: the database's clock decides; `Some`: a test clock's instant is bound instead).
-//! Writes by a lease holder present its [`LeaseToken`] in the SQL and report a lost guard as
-//! [`Guarded::LeaseLost`] — an outcome, not an error.
+//! [`Store`] is a cheap-to-clone connection handle for one of three backends (PostgreSQL,
+//! MySQL/MariaDB, SQLite), chosen by the URL given to [`Store::connect`]. Every state
+//! transition of DESIGN §4 is one crate-private method taking a `*Params` struct that carries
+//! `now` (`None`: the database's clock decides; `Some`: a test clock's instant is bound
+//! instead). Writes by a lease holder present its [`LeaseToken`](crate::LeaseToken) in the
+//! SQL and report a lost guard as [`Guarded::LeaseLost`] — an outcome, not an error.
 //!
-//! Layout: `connect` (URLs, pools, error mapping), `migrate` (embedded migrations, schema
-//! check), `write` (enqueue, claim, renew, finalize, reclaim), `maintain` (archive, prune,
-//! cancel, retry), `read` (get, list, counts), `outbox` (enqueue inside the caller's
-//! transaction), `bulk` (large batches by `COPY` on PostgreSQL), `sql` (custom SQL expressions), `rows` (row ↔ domain), `schema`
-//! (`table!`). Backend differences are `match` arms inside each operation.
+//! # Layout, in layers (each imports only those below it)
+//! 1. The engine's entry points on [`Store`]: `ops` (enqueue, claim, renew, finalize:
+//!    validation, bounds, retries, matching results — once for every backend), `maintain`
+//!    (reclaim, archive, prune, cancel, manual retry) and `read` (get, list, counts), both
+//!    written once with diesel's query builder; `outbox` (enqueue in the caller's
+//!    transaction); `migrate` (embedded migrations, the schema check); `connect` (URL →
+//!    backend, open).
+//! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
+//!    of each operation whose SQL differs (columns written, guard, result), and the only
+//!    dispatch on the backend.
+//! 3. One module per backend, each behind its Cargo feature, each opening with how its
+//!    backend differs: `postgres` (`COPY`, `LISTEN`, array statements), `mysql` (no
+//!    `UPDATE … RETURNING`; MariaDB's `INSERT … RETURNING`), `sqlite` (one writer, taken
+//!    structurally). Each owns its connection setup, its state and its statements (`sql.rs`).
+//!    No backend module imports another.
+//! 4. Shared below both: `batch` (helpers several backends' statements use), `expr`
+//!    (custom SQL expressions), `errors` (classification), `options`, `params`, `rows`,
+//!    `schema`, `timeout` (bounded operations, poisoned connections).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde_json::Value;
-
-use crate::job::{Job, JobFailure, JobId, JobState, NewJob};
-use crate::lease::{LeaseToken, NodeId};
-
-mod bulk;
+mod batch;
 mod connect;
-mod listen;
+pub(crate) mod driver;
+mod errors;
+mod expr;
 mod maintain;
 mod migrate;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod nodes;
+mod ops;
+mod options;
 mod outbox;
+#[cfg(feature = "postgres")]
+mod postgres;
+// Public types in a crate-private module: the lease holder's part is reachable from outside
+// only through `crate::testing` (feature `test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod params;
 mod read;
 mod rows;
 mod schema;
-mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod timeout;
+mod tls;
 
-pub use connect::{
-    DEFAULT_BUSY_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_POOL_SIZE,
-};
-pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
-mod write;
-
-#[cfg(any(test, feature = "test-util"))]
+#[cfg(all(
+    feature = "test-util",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 pub mod conformance;
 
-pub use connect::{Backend, StoreOptions};
-pub use listen::Listener;
+#[cfg(all(feature = "test-util", feature = "postgres"))]
+pub(crate) use connect::with_query;
+pub(crate) use driver::Listener;
+pub use nodes::{NodeInfo, Unserved, UnservedReason};
+pub use options::{
+    Backend, StoreOptions, TcpKeepalive, DEFAULT_BUSY_TIMEOUT, DEFAULT_CONNECT_ATTEMPT_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_SERVER_STATEMENT_TIMEOUT,
+    DEFAULT_SQLITE_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TCP_USER_TIMEOUT, RENEW_LANE_SIZE,
+};
 pub use outbox::OutboxConnection;
+pub(crate) use params::{
+    ArchiveParams, CancelParams, ClaimParams, ClaimedJob, EnqueueParams, Finalization, Finalize,
+    FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams, Renewed,
+    RetryParams,
+};
+pub use params::{
+    CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, StateCount,
+};
+pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+pub use tls::TlsMode;
+
+impl Store {
+    /// Opens a listener for wake-ups, on PostgreSQL; `None` on backends without one.
+    ///
+    /// Its connection is opened like the pool's (see [`StoreOptions`]): TCP keepalives and
+    /// `TCP_USER_TIMEOUT` close it when the server is cut off, after which
+    /// [`Listener::next`] returns `None`, and each attempt to open it is bounded.
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) (transient) when the connection or
+    /// `LISTEN` fails.
+    pub(crate) async fn listen(&self) -> crate::error::Result<Option<Listener>> {
+        self.inner.driver.listen(self.inner.statement_bound()).await
+    }
+}
+
+#[cfg(feature = "test-util")]
+impl Store {
+    /// Runs raw SQL on the store's database (tests corrupt rows as something other than
+    /// jobvisor might): [`crate::testing::exec_sql`].
+    pub(crate) async fn exec_raw(&self, sql: &str) -> crate::error::Result<()> {
+        use diesel_async::SimpleAsyncConnection;
+        driver::with_write!(self, |conn| {
+            conn.batch_execute(sql).await?;
+        });
+        Ok(())
+    }
+}
 
 /// Default largest payload accepted, in bytes of JSON (1 MiB).
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
-/// A handle on the job tables of one database. Clone it freely: clones share the pool.
+/// A connection handle on the job tables of one database: [`connect`](Store::connect),
+/// [`connect_with`](Store::connect_with), [`options`](Store::options),
+/// [`backend`](Store::backend), [`migrate`](Store::migrate). Clone it freely: clones share the
+/// pool. Applications enqueue and inspect jobs through a [`Client`](crate::Client) made from
+/// it; the scheduler's actors run the lease holder's operations on it.
+///
+/// The hot-path operations (enqueue, claim, renew, finalize, reclaim) give up after
+/// [`StoreOptions::statement_timeout`] (an enqueue after that much per started 1,000 jobs or
+/// 4 MiB of payload) with a transient [`Error::Database`](crate::Error::Database) naming the
+/// operation, the bound and what it was waiting for; a connection one of them gave up on is
+/// closed, never reused. Renewals run on connections of their own. Enqueueing on the
+/// caller's connection ([`Client::enqueue_in`](crate::Client::enqueue_in)) is the caller's to
+/// bound.
 #[derive(Clone)]
 pub struct Store {
-    inner: Arc<connect::Inner>,
+    inner: Arc<Inner>,
+}
+
+/// What a store's clones share.
+pub(crate) struct Inner {
+    /// The backend: its pools, its own state, its statements.
+    pub(crate) driver: driver::Driver,
+    /// The URL as given, for migrations (which open their own connection). Never logged.
+    pub(crate) url: String,
+    pub(crate) url_redacted: String,
+    pub(crate) opts: StoreOptions,
+}
+
+impl Inner {
+    /// The bound of one hot-path operation (see [`StoreOptions::statement_timeout`]).
+    pub(crate) fn statement_bound(&self) -> std::time::Duration {
+        driver::statement_bound(self.driver.backend(), &self.opts)
+    }
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("backend", &self.inner.backend)
+            .field("backend", &self.inner.driver.backend())
             .field("url", &self.inner.url_redacted)
             .finish_non_exhaustive()
     }
-}
-
-/// The outcome of a guarded write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Guarded<T> {
-    /// The guard held and the write was applied.
-    Applied(T),
-    /// The presented lease token is no longer the job's (its lease expired and it was
-    /// reclaimed, possibly re-claimed by someone else), or the job is no longer running.
-    /// Nothing was written.
-    LeaseLost,
-    /// The job's version moved on since it was read (someone else changed it first).
-    /// Nothing was written.
-    Stale,
-}
-
-impl<T> Guarded<T> {
-    /// True for [`Guarded::Applied`].
-    pub fn is_applied(&self) -> bool {
-        matches!(self, Guarded::Applied(_))
-    }
-}
-
-/// Result of enqueueing one job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The new job's id, or the existing job's id for a duplicate.
-    pub id: JobId,
-    /// True when a live job with the same (kind, unique_key) already existed: nothing new was
-    /// written.
-    pub duplicate: bool,
-}
-
-/// Enqueue one or many jobs.
-#[derive(Debug, Clone, Default)]
-pub struct EnqueueParams {
-    /// The jobs, validated before anything is written.
-    pub jobs: Vec<NewJob>,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-impl EnqueueParams {
-    /// Params for one job at the database's clock.
-    pub fn one(job: NewJob) -> Self {
-        EnqueueParams {
-            jobs: vec![job],
-            now: None,
-        }
-    }
-
-    /// Params for many jobs at the database's clock.
-    pub fn many(jobs: Vec<NewJob>) -> Self {
-        EnqueueParams { jobs, now: None }
-    }
-
-    /// Binds a test clock's instant.
-    pub fn at(mut self, now: Option<DateTime<Utc>>) -> Self {
-        self.now = now;
-        self
-    }
-}
-
-/// Claim up to `limit` due jobs of a queue.
-#[derive(Debug, Clone)]
-pub struct ClaimParams {
-    /// The queue.
-    pub queue: String,
-    /// The claiming node.
-    pub owner: NodeId,
-    /// Most jobs to claim (0 claims nothing).
-    pub limit: u32,
-    /// Lease length.
-    pub lease: Duration,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// A job just claimed, with the token its holder must present.
-#[derive(Debug, Clone)]
-pub struct ClaimedJob {
-    /// The job as it is now (state `running`, attempts counted).
-    pub job: Job,
-    /// The lease token of this claim.
-    pub token: LeaseToken,
-}
-
-/// One lease to renew.
-#[derive(Debug, Clone)]
-pub struct LeaseRef {
-    /// The job.
-    pub id: JobId,
-    /// The token of the holder's claim.
-    pub token: LeaseToken,
-}
-
-/// Renew many leases in one statement.
-#[derive(Debug, Clone)]
-pub struct RenewParams {
-    /// The leases.
-    pub leases: Vec<LeaseRef>,
-    /// New lease length, from now.
-    pub lease: Duration,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// A renewed lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Renewed {
-    /// The lease's new end.
-    pub expires_at: DateTime<Utc>,
-    /// Set when someone asked to cancel the job: the holder should stop the handler and
-    /// finalize it `cancelled`.
-    pub cancel_requested: bool,
-}
-
-/// What a holder writes when it is done with a job.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Finalization {
-    /// Succeeded with a result; `last_error` is cleared, `attempts` kept.
-    Succeeded {
-        /// The handler's result.
-        result: Value,
-    },
-    /// Failed; claimable again at `now + delay`. The error is appended to `errors`.
-    Retry {
-        /// This attempt's error.
-        error: JobFailure,
-        /// Backoff before the next attempt.
-        delay: Duration,
-    },
-    /// Failed permanently (or out of attempts).
-    Dead {
-        /// This attempt's error.
-        error: JobFailure,
-    },
-    /// Stopped because a cancel was asked for.
-    Cancelled {
-        /// What was recorded (code `cancelled`).
-        error: JobFailure,
-    },
-    /// Reschedule at `now + delay` without using an attempt (the handler snoozed, or the node
-    /// gave the lease back at shutdown). State becomes `pending`.
-    Requeue {
-        /// When to run again, from now.
-        delay: Duration,
-    },
-}
-
-/// One job's finalization, presented with its lease token.
-#[derive(Debug, Clone)]
-pub struct Finalize {
-    /// The job.
-    pub id: JobId,
-    /// The holder's token.
-    pub token: LeaseToken,
-    /// What to write.
-    pub outcome: Finalization,
-}
-
-impl Finalize {
-    /// Succeeded with `result`.
-    pub fn succeeded(id: JobId, token: LeaseToken, result: Value) -> Self {
-        Finalize {
-            id,
-            token,
-            outcome: Finalization::Succeeded { result },
-        }
-    }
-
-    /// Failed; retry after `delay`.
-    pub fn retry(id: JobId, token: LeaseToken, error: JobFailure, delay: Duration) -> Self {
-        Finalize {
-            id,
-            token,
-            outcome: Finalization::Retry { error, delay },
-        }
-    }
-
-    /// Failed permanently.
-    pub fn dead(id: JobId, token: LeaseToken, error: JobFailure) -> Self {
-        Finalize {
-            id,
-            token,
-            outcome: Finalization::Dead { error },
-        }
-    }
-
-    /// Cancelled while running.
-    pub fn cancelled(id: JobId, token: LeaseToken, error: JobFailure) -> Self {
-        Finalize {
-            id,
-            token,
-            outcome: Finalization::Cancelled { error },
-        }
-    }
-
-    /// Back to pending after `delay`, the attempt not counted (snooze, or lease given back).
-    pub fn requeue(id: JobId, token: LeaseToken, delay: Duration) -> Self {
-        Finalize {
-            id,
-            token,
-            outcome: Finalization::Requeue { delay },
-        }
-    }
-}
-
-/// Finalize many jobs in one round trip.
-#[derive(Debug, Clone, Default)]
-pub struct FinalizeParams {
-    /// The finalizations; each job at most once.
-    pub items: Vec<Finalize>,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// Reclaim running jobs whose lease expired or whose timeout passed.
-#[derive(Clone)]
-pub struct ReclaimParams {
-    /// Most jobs handled in this batch.
-    pub limit: u32,
-    /// Backoff before the retry, given the attempt that was lost (1-based).
-    pub backoff: Arc<dyn Fn(u32) -> Duration + Send + Sync>,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-impl std::fmt::Debug for ReclaimParams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReclaimParams")
-            .field("limit", &self.limit)
-            .field("now", &self.now)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Why a running job was reclaimed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReclaimReason {
-    /// Its lease expired (its node stopped renewing).
-    LeaseExpired,
-    /// It ran past its timeout.
-    Timeout,
-}
-
-impl ReclaimReason {
-    /// The error code recorded: `lease_expired` or `timeout`.
-    pub fn code(self) -> &'static str {
-        match self {
-            ReclaimReason::LeaseExpired => "lease_expired",
-            ReclaimReason::Timeout => "timeout",
-        }
-    }
-}
-
-/// One reclaimed job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reclaimed {
-    /// The job.
-    pub id: JobId,
-    /// Its kind.
-    pub kind: String,
-    /// Its queue.
-    pub queue: String,
-    /// Why.
-    pub reason: ReclaimReason,
-    /// `Retrying` or `Dead`.
-    pub new_state: JobState,
-    /// Attempts so far (the lost one counted).
-    pub attempts: u32,
-}
-
-/// Archive terminal jobs finished more than `older_than` ago.
-#[derive(Debug, Clone)]
-pub struct ArchiveParams {
-    /// Retention in the live table.
-    pub older_than: Duration,
-    /// Most jobs moved in this batch.
-    pub limit: u32,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// Delete archived jobs archived more than `older_than` ago.
-#[derive(Debug, Clone)]
-pub struct PruneParams {
-    /// Retention in the archive.
-    pub older_than: Duration,
-    /// Most rows deleted in this batch.
-    pub limit: u32,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// Cancel a job.
-#[derive(Debug, Clone)]
-pub struct CancelParams {
-    /// The job.
-    pub id: JobId,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// What a cancel did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CancelOutcome {
-    /// It was pending or retrying and is now `cancelled`.
-    Cancelled(Job),
-    /// It is running: the request is recorded and its holder will stop it and finalize it
-    /// `cancelled` (seen at its next renewal).
-    Requested(Job),
-    /// It had already finished: nothing changed.
-    AlreadyFinished(Job),
-}
-
-/// Manually retry a dead or cancelled job.
-#[derive(Debug, Clone)]
-pub struct RetryParams {
-    /// The job.
-    pub id: JobId,
-    /// Only retry if the job is still at this version (what the operator looked at).
-    pub expected_version: Option<i64>,
-    /// `None`: the database clock; `Some`: a test clock.
-    pub now: Option<DateTime<Utc>>,
-}
-
-/// Filters for [`Store::job_list`].
-#[derive(Debug, Clone, Default)]
-pub struct ListParams {
-    /// Only this queue.
-    pub queue: Option<String>,
-    /// Only this kind.
-    pub kind: Option<String>,
-    /// Only this state.
-    pub state: Option<JobState>,
-    /// Only ids greater than this (keyset paging: pass the last id of the previous page).
-    pub after: Option<JobId>,
-    /// Page size; 0 means the default of 100, at most 1,000.
-    pub limit: u32,
-    /// List the archive instead of the live table.
-    pub archived: bool,
-}
-
-/// Live jobs of one queue in one state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateCount {
-    /// The queue.
-    pub queue: String,
-    /// The state.
-    pub state: JobState,
-    /// How many.
-    pub count: u64,
 }

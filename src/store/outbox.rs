@@ -1,14 +1,24 @@
 //! Enqueue inside the caller's own transaction (the transactional outbox): the job commits
 //! with the caller's business rows or not at all.
 //!
-//! [`OutboxConnection`] is implemented for each backend's diesel-async connection type and
-//! sealed; [`Store::job_enqueue_in`] takes any of them.
+//! [`OutboxConnection`] is implemented for each backend's diesel-async connection type, and
+//! for the same connections checked out of a bb8 pool (diesel-async's `bb8` pools) or a
+//! deadpool pool (feature `deadpool`); it is sealed. [`Store::job_enqueue_in`] takes any of
+//! them, and refuses a connection to another kind of database than the store's.
 
-use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
+#[cfg(feature = "mysql")]
+use diesel_async::AsyncMysqlConnection;
+#[cfg(feature = "postgres")]
+use diesel_async::AsyncPgConnection;
 
-use super::connect::SqliteConn;
-use super::write::{bound, enqueue_mysql, enqueue_pg, enqueue_sqlite};
-use super::{EnqueueParams, Enqueued, Store};
+use super::batch::bound;
+#[cfg(feature = "mysql")]
+use super::mysql::enqueue_mysql;
+#[cfg(feature = "postgres")]
+use super::postgres::enqueue_pg;
+#[cfg(feature = "sqlite")]
+use super::sqlite::{enqueue_sqlite, SqliteConn};
+use super::{Backend, EnqueueParams, Enqueued, Store};
 use crate::error::{Error, Result, StoreError};
 use crate::job::NewJob;
 
@@ -17,8 +27,27 @@ mod sealed {
 }
 
 /// A diesel-async connection jobvisor can enqueue on: `AsyncPgConnection`,
-/// `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>`. Sealed.
+/// `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` — owned, or checked
+/// out of a pool: `diesel_async::pooled_connection::bb8::PooledConnection<'_, C>` and, with
+/// the feature `deadpool`, `diesel_async::pooled_connection::deadpool::Object<C>`. Sealed.
+///
+/// # Examples
+/// ```no_run
+/// # async fn demo(
+/// #     client: jobvisor::Client,
+/// #     pool: diesel_async::pooled_connection::bb8::Pool<diesel_async::AsyncPgConnection>,
+/// # ) -> jobvisor::Result<()> {
+/// let mut conn = pool.get().await.expect("a connection");
+/// client
+///     .enqueue_in(&mut conn, vec![jobvisor::NewJob::new("welcome", serde_json::json!({}))])
+///     .await?;
+/// # Ok(()) }
+/// ```
 pub trait OutboxConnection: sealed::Sealed + Send {
+    /// The kind of database the connection talks to.
+    #[doc(hidden)]
+    fn backend(&self) -> Backend;
+
     #[doc(hidden)]
     fn enqueue_on(
         &mut self,
@@ -28,11 +57,19 @@ pub trait OutboxConnection: sealed::Sealed + Send {
     ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send;
 }
 
+#[cfg(feature = "postgres")]
 impl sealed::Sealed for AsyncPgConnection {}
+#[cfg(feature = "mysql")]
 impl sealed::Sealed for AsyncMysqlConnection {}
+#[cfg(feature = "sqlite")]
 impl sealed::Sealed for SqliteConn {}
 
+#[cfg(feature = "postgres")]
 impl OutboxConnection for AsyncPgConnection {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
     async fn enqueue_on(
         &mut self,
         jobs: &[NewJob],
@@ -44,7 +81,12 @@ impl OutboxConnection for AsyncPgConnection {
     }
 }
 
+#[cfg(feature = "mysql")]
 impl OutboxConnection for AsyncMysqlConnection {
+    fn backend(&self) -> Backend {
+        Backend::Mysql
+    }
+
     async fn enqueue_on(
         &mut self,
         jobs: &[NewJob],
@@ -56,7 +98,12 @@ impl OutboxConnection for AsyncMysqlConnection {
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl OutboxConnection for SqliteConn {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
     async fn enqueue_on(
         &mut self,
         jobs: &[NewJob],
@@ -68,37 +115,96 @@ impl OutboxConnection for SqliteConn {
     }
 }
 
+/// `OutboxConnection` for a backend's connection checked out of a pool — bb8's, and
+/// deadpool's with the feature `deadpool` — by delegating to the connection it holds.
+macro_rules! pooled_outbox {
+    ($feature:literal, $conn:ty) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for diesel_async::pooled_connection::bb8::PooledConnection<'_, $conn> {}
+
+        #[cfg(feature = $feature)]
+        impl OutboxConnection
+            for diesel_async::pooled_connection::bb8::PooledConnection<'_, $conn>
+        {
+            fn backend(&self) -> Backend {
+                (**self).backend()
+            }
+
+            fn enqueue_on(
+                &mut self,
+                jobs: &[NewJob],
+                now: Option<i64>,
+                insert_returning: bool,
+            ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send {
+                (**self).enqueue_on(jobs, now, insert_returning)
+            }
+        }
+
+        #[cfg(all(feature = $feature, feature = "deadpool"))]
+        impl sealed::Sealed for diesel_async::pooled_connection::deadpool::Object<$conn> {}
+
+        #[cfg(all(feature = $feature, feature = "deadpool"))]
+        impl OutboxConnection for diesel_async::pooled_connection::deadpool::Object<$conn> {
+            fn backend(&self) -> Backend {
+                (**self).backend()
+            }
+
+            fn enqueue_on(
+                &mut self,
+                jobs: &[NewJob],
+                now: Option<i64>,
+                insert_returning: bool,
+            ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send {
+                (**self).enqueue_on(jobs, now, insert_returning)
+            }
+        }
+    };
+}
+
+pooled_outbox!("postgres", AsyncPgConnection);
+pooled_outbox!("mysql", AsyncMysqlConnection);
+pooled_outbox!("sqlite", SqliteConn);
+
 impl Store {
+    /// MariaDB 10.6+: `INSERT … RETURNING` (see the `mysql` module).
+    fn insert_returning(&self) -> bool {
+        match &self.inner.driver {
+            #[cfg(feature = "mysql")]
+            super::driver::Driver::Mysql(d) => d.insert_returning,
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => false,
+        }
+    }
+
     /// Enqueues jobs on the caller's connection, inside whatever transaction it has open:
     /// they become visible when the caller commits and vanish if it rolls back.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] naming the bad field (nothing is written); [`Error::Database`]
-    /// (the caller's transaction is then usually to be rolled back).
-    ///
-    /// # Examples
-    /// ```no_run
-    /// # async fn demo(store: jobvisor::Store, conn: &mut diesel_async::AsyncPgConnection) -> jobvisor::Result<()> {
-    /// use diesel_async::AsyncConnection;
-    /// use jobvisor::{EnqueueParams, NewJob};
-    /// conn.transaction(async |conn| {
-    ///     // ... insert the business row on `conn` ...
-    ///     store.job_enqueue_in(conn, EnqueueParams::one(NewJob::new("welcome", serde_json::json!({"user": 42})))).await?;
-    ///     Ok::<_, jobvisor::Error>(())
-    /// }).await
-    /// # }
-    /// ```
-    pub async fn job_enqueue_in<C: OutboxConnection>(
+    /// [`Error::InvalidInput`] naming the bad field, or `conn` when it talks to another kind
+    /// of database than the store (nothing is written); [`Error::Database`] (the caller's
+    /// transaction is then usually to be rolled back).
+    pub(crate) async fn job_enqueue_in<C: OutboxConnection>(
         &self,
         conn: &mut C,
         p: EnqueueParams,
     ) -> Result<Vec<Enqueued>> {
+        let (got, want) = (conn.backend(), self.backend());
+        if got != want {
+            return Err(Error::invalid(
+                "conn",
+                format!(
+                    "a {got:?} connection was given to a store on {want:?}; expected a \
+                     connection to the store's own database (jobs enqueued elsewhere would \
+                     never be seen)"
+                ),
+            ));
+        }
         self.validate_jobs(&p.jobs)?;
         if p.jobs.is_empty() {
             return Ok(Vec::new());
         }
         let got = conn
-            .enqueue_on(&p.jobs, bound(p.now), self.inner.insert_returning)
+            .enqueue_on(&p.jobs, bound(p.now), self.insert_returning())
             .await?;
         got.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
             Error::Database(StoreError::Transient(

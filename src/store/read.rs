@@ -4,10 +4,11 @@
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::connect::with_conn;
-use super::rows::{ArchiveRow, JobRow};
+use super::driver::with_conn;
+use super::expr::DbNow;
+use super::rows::{from_us, to_us, ArchiveRow, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
-use super::{ListParams, StateCount, Store};
+use super::{ListParams, QueueLag, StateCount, Store};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 
@@ -21,7 +22,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Corrupt`] if the stored row cannot be read; [`Error::Database`].
-    pub async fn job_get(&self, id: JobId) -> Result<Option<Job>> {
+    pub(crate) async fn job_get(&self, id: JobId) -> Result<Option<Job>> {
         let live: Option<JobRow> = with_conn!(self, |conn| {
             jobs::table
                 .filter(jobs::id.eq(id.0))
@@ -51,7 +52,7 @@ impl Store {
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over [`MAX_LIST_LIMIT`]; [`Error::Corrupt`];
     /// [`Error::Database`].
-    pub async fn job_list(&self, p: ListParams) -> Result<Vec<Job>> {
+    pub(crate) async fn job_list(&self, p: ListParams) -> Result<Vec<Job>> {
         if p.limit > MAX_LIST_LIMIT {
             return Err(Error::invalid(
                 "limit",
@@ -68,6 +69,8 @@ impl Store {
         });
         let after = p.after.map_or(i64::MIN, |a| a.0);
         let state = p.state.map(JobState::as_str);
+        let created_after = p.created_after.map(to_us);
+        let created_before = p.created_before.map(to_us);
         if p.archived {
             let rows: Vec<ArchiveRow> = with_conn!(self, |conn| {
                 let mut q = archive::table
@@ -84,6 +87,15 @@ impl Store {
                 }
                 if let Some(st) = state {
                     q = q.filter(archive::state.eq(st));
+                }
+                if let Some(t) = created_after {
+                    q = q.filter(archive::created_at.gt(t));
+                }
+                if let Some(t) = created_before {
+                    q = q.filter(archive::created_at.lt(t));
+                }
+                if let Some(k) = &p.unique_key {
+                    q = q.filter(archive::unique_key.eq(k.clone()));
                 }
                 q.load(conn).await?
             });
@@ -107,6 +119,15 @@ impl Store {
                 if let Some(st) = state {
                     q = q.filter(jobs::state.eq(st));
                 }
+                if let Some(t) = created_after {
+                    q = q.filter(jobs::created_at.gt(t));
+                }
+                if let Some(t) = created_before {
+                    q = q.filter(jobs::created_at.lt(t));
+                }
+                if let Some(k) = &p.unique_key {
+                    q = q.filter(jobs::unique_key.eq(k.clone()));
+                }
                 q.load(conn).await?
             });
             rows.into_iter().map(|r| r.into_job(None)).collect()
@@ -118,7 +139,7 @@ impl Store {
     /// # Errors
     /// [`Error::Database`]; [`Error::InvalidInput`] naming a stored state jobvisor does not
     /// know.
-    pub async fn job_counts(&self) -> Result<Vec<StateCount>> {
+    pub(crate) async fn job_counts(&self) -> Result<Vec<StateCount>> {
         let rows: Vec<(String, String, i64)> = with_conn!(self, |conn| {
             jobs::table
                 .group_by((jobs::queue, jobs::state))
@@ -136,5 +157,37 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Per queue with due jobs waiting: how many, and since when the oldest has been due —
+    /// the queue's lag. One grouped read of the waiting rows that are due.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn queue_lags(&self) -> Result<Vec<QueueLag>> {
+        let now = DbNow::new(None);
+        let waiting = [JobState::Pending.as_str(), JobState::Retrying.as_str()];
+        let rows: Vec<(String, i64, Option<i64>)> = with_conn!(self, |conn| {
+            jobs::table
+                .filter(jobs::state.eq_any(waiting))
+                .filter(jobs::run_at.le(now))
+                .group_by(jobs::queue)
+                .select((
+                    jobs::queue,
+                    diesel::dsl::count_star(),
+                    diesel::dsl::min(jobs::run_at),
+                ))
+                .order(jobs::queue.asc())
+                .load(conn)
+                .await?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(queue, n, oldest)| QueueLag {
+                queue,
+                due: u64::try_from(n).unwrap_or(0),
+                oldest_due: from_us(oldest.unwrap_or(0)),
+            })
+            .collect())
     }
 }

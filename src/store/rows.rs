@@ -18,7 +18,10 @@ use crate::lease::NodeId;
 /// A live row, exactly as stored.
 #[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = jobvisor_jobs)]
-#[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+#[cfg_attr(
+    all(feature = "postgres", feature = "mysql", feature = "sqlite"),
+    diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))
+)]
 pub(crate) struct JobRow {
     pub(crate) id: i64,
     pub(crate) queue: String,
@@ -44,12 +47,17 @@ pub(crate) struct JobRow {
     pub(crate) updated_at: i64,
     pub(crate) first_started_at: Option<i64>,
     pub(crate) finished_at: Option<i64>,
+    pub(crate) started_at: Option<i64>,
+    pub(crate) refunds: i32,
 }
 
 /// An archived row, exactly as stored.
 #[derive(Debug, Clone, Queryable, Selectable)]
 #[diesel(table_name = jobvisor_jobs_archive)]
-#[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+#[cfg_attr(
+    all(feature = "postgres", feature = "mysql", feature = "sqlite"),
+    diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))
+)]
 pub(crate) struct ArchiveRow {
     #[diesel(embed)]
     pub(crate) job: ArchivedJobColumns,
@@ -59,7 +67,10 @@ pub(crate) struct ArchiveRow {
 /// The live-table columns of an archived row (same names, other table).
 #[derive(Debug, Clone, Queryable, Selectable)]
 #[diesel(table_name = jobvisor_jobs_archive)]
-#[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+#[cfg_attr(
+    all(feature = "postgres", feature = "mysql", feature = "sqlite"),
+    diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))
+)]
 pub(crate) struct ArchivedJobColumns {
     pub(crate) id: i64,
     pub(crate) queue: String,
@@ -85,6 +96,8 @@ pub(crate) struct ArchivedJobColumns {
     pub(crate) updated_at: i64,
     pub(crate) first_started_at: Option<i64>,
     pub(crate) finished_at: Option<i64>,
+    pub(crate) started_at: Option<i64>,
+    pub(crate) refunds: i32,
 }
 
 impl From<ArchivedJobColumns> for JobRow {
@@ -114,6 +127,8 @@ impl From<ArchivedJobColumns> for JobRow {
             updated_at: a.updated_at,
             first_started_at: a.first_started_at,
             finished_at: a.finished_at,
+            started_at: a.started_at,
+            refunds: a.refunds,
         }
     }
 }
@@ -214,6 +229,8 @@ impl JobRow {
             updated_at: from_us(self.updated_at),
             first_started_at: self.first_started_at.map(from_us),
             finished_at: self.finished_at.map(from_us),
+            started_at: self.started_at.map(from_us),
+            refunds: u32::try_from(self.refunds).unwrap_or(0),
             archived_at: archived_at.map(from_us),
         })
     }

@@ -33,6 +33,8 @@ diesel::table! {
         updated_at -> BigInt,
         first_started_at -> Nullable<BigInt>,
         finished_at -> Nullable<BigInt>,
+        started_at -> Nullable<BigInt>,
+        refunds -> Integer,
     }
 }
 
@@ -65,5 +67,21 @@ diesel::table! {
         first_started_at -> Nullable<BigInt>,
         finished_at -> Nullable<BigInt>,
         archived_at -> BigInt,
+        started_at -> Nullable<BigInt>,
+        refunds -> Integer,
     }
 }
+
+diesel::table! {
+    /// The nodes running a scheduler and what they serve (JSON arrays of queue and kind
+    /// names); see `store::nodes`.
+    jobvisor_nodes (node) {
+        node -> Text,
+        queues -> Text,
+        kinds -> Text,
+        started_at -> BigInt,
+        heartbeat_at -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_nodes);

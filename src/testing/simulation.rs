@@ -1,29 +1,5 @@
-//! Simulation harness for testing handlers and the runtime: a [`ManualClock`], the actors
-//! started on a temp SQLite store (or any store) with **no timers**, and each actor's address,
-//! so a test drives everything through mailboxes — fetch, renew, check deadlines, sweep,
-//! archive, advance the clock — deterministically, without sleeping.
-//!
-//! Handlers still run on their own threads; a test waits for the [`Event`]s that report what
-//! they did ([`Simulation::next_event`]), with a generous real-time safety net that only fires
-//! if something is broken.
-//!
-//! ```no_run
-//! # async fn demo() {
-//! use std::time::Duration;
-//! use jobvisor::{handler_fn, JobOutcome, NewJob, testing::Simulation};
-//!
-//! let mut sim = Simulation::sqlite(|b| {
-//!     b.handler("hello", handler_fn(|_: serde_json::Value, _ctx| async { JobOutcome::success("hi") }))
-//! })
-//! .await;
-//! let id = sim.client.enqueue(NewJob::new("hello", serde_json::json!({}))).await.unwrap().id;
-//! sim.fetch("default").await;
-//! assert_eq!(sim.finished(id).await, jobvisor::JobState::Succeeded);
-//! sim.clock.advance(Duration::from_secs(60));
-//! # }
-//! ```
-
-#![allow(clippy::missing_panics_doc)]
+//! [`Simulation`]: a node under a [`ManualClock`] with no timers, driven through its actors'
+//! mailboxes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,15 +7,16 @@ use std::time::Duration;
 use actix::Addr;
 use tokio::sync::broadcast;
 
+use super::TestDb;
 use crate::client::Client;
 use crate::clock::ManualClock;
 use crate::config::{QueueConfig, SchedulerConfig};
 use crate::job::{JobId, JobState};
-use crate::scheduler::{
-    ArchiveNow, ArchiveReport, CheckDeadlines, Event, FetchNow, Fetcher, LeaseManager, RenewLeases,
-    RenewReport, Scheduler, SchedulerBuilder, SchedulerHandle, SweepNow,
-};
-use crate::store::conformance::TestDb;
+use crate::scheduler::archiver::{ArchiveNow, ArchiveReport};
+use crate::scheduler::fetcher::{FetchNow, Fetcher};
+use crate::scheduler::lease_manager::{CheckDeadlines, LeaseManager, RenewLeases, RenewReport};
+use crate::scheduler::sweeper::SweepNow;
+use crate::scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle};
 use crate::store::{Backend, Store};
 
 /// Real-time safety net for waiting on events; only reached when something is broken.
@@ -168,6 +145,25 @@ impl Simulation {
     /// Sweeps; answers how many jobs were reclaimed.
     pub async fn sweep(&self) -> usize {
         self.handle.sweeper().send(SweepNow).await.unwrap_or(0)
+    }
+
+    /// Refreshes this node's row in the node registry.
+    pub async fn node_heartbeat(&self) {
+        let _ = self
+            .handle
+            .registrar()
+            .send(crate::scheduler::NodeHeartbeat)
+            .await;
+    }
+
+    /// Looks for due jobs no live node can run; answers how many groups were reported (as
+    /// [`Event::Unserved`](crate::Event::Unserved)).
+    pub async fn check_unserved(&self) -> usize {
+        self.handle
+            .registrar()
+            .send(crate::scheduler::CheckUnserved)
+            .await
+            .unwrap_or(0)
     }
 
     /// Archives and prunes.

@@ -7,16 +7,20 @@
 //! are drawn from the table's sequence first, in the same transaction, in input order.
 //!
 //! diesel-async does not expose `COPY`, so the store keeps one extra connection for it,
-//! opened at the first such batch and reopened if it is lost.
+//! opened at the first such batch (like the pool's: see [`PgConnector`]) and reopened if it
+//! is lost. It is taken out of its slot while in use and put back only after a success, so a
+//! batch abandoned half-way (its enqueue timed out) closes it.
 
 use futures_util::pin_mut;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{Json, ToSql, Type};
 
-use super::rows::{dur_ms, dur_us, to_us};
-use super::Enqueued;
+use super::connect::PgConnector;
+use super::sql::now_us;
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, NewJob, RunAt};
+use crate::store::rows::{dur_ms, dur_us, to_us};
+use crate::store::Enqueued;
 
 /// The smallest batch written by `COPY` (three more round trips than one `INSERT`). At this
 /// size `COPY` already matches the `INSERT` even when its connection is opened for the batch
@@ -30,13 +34,16 @@ pub(crate) fn eligible(batch: &[&NewJob]) -> bool {
 
 /// The store's `COPY` connection, opened on first use.
 #[derive(Default)]
-pub(crate) struct BulkConn {
+pub(crate) struct CopyConn {
     client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
 }
 
-const IDS_AND_NOW: &str = "\
-SELECT COALESCE($1::bigint, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint),
-       ARRAY(SELECT nextval('jobvisor_jobs_id_seq') FROM generate_series(1, $2::int))";
+const IDS_AND_NOW: &str = concat!(
+    "SELECT COALESCE($1::bigint, ",
+    now_us!(),
+    "),
+       ARRAY(SELECT nextval('jobvisor_jobs_id_seq') FROM generate_series(1, $2::int))"
+);
 
 const COPY_JOBS: &str = "\
 COPY jobvisor_jobs (id, queue, kind, state, priority, payload, max_attempts, run_at, timeout_ms,
@@ -75,42 +82,28 @@ fn db_err(what: &str, e: &tokio_postgres::Error) -> Error {
     })
 }
 
-impl BulkConn {
+impl CopyConn {
     /// Inserts `batch` (see [`eligible`]) in one transaction; every job is new.
     pub(crate) async fn enqueue(
         &self,
-        url: &str,
-        connect_timeout: std::time::Duration,
+        connector: &PgConnector,
         batch: &[&NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
-        let mut guard = self.client.lock().await;
-        if guard.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            let connect = tokio_postgres::connect(url, tokio_postgres::NoTls);
-            let (client, connection) = tokio::time::timeout(connect_timeout, connect)
-                .await
-                .map_err(|_| {
-                    Error::Database(StoreError::Transient(format!(
-                        "opening the COPY connection: no answer within {connect_timeout:?}"
-                    )))
-                })?
-                .map_err(|e| db_err("opening the COPY connection", &e))?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "COPY connection closed");
-                }
-            });
-            *guard = Some(client);
-        }
-        let Some(client) = guard.as_mut() else {
-            return Err(Error::Database(StoreError::Transient(
-                "no COPY connection".into(),
-            )));
+        let mut slot = self.client.lock().await;
+        let mut client = match slot.take() {
+            Some(c) if !c.is_closed() => c,
+            _ => connector.client().await.map_err(|e| {
+                Error::Database(StoreError::Transient(format!(
+                    "opening the COPY connection: {e}"
+                )))
+            })?,
         };
-        let res = copy_batch(client, batch, now).await;
-        if res.is_err() {
-            // Whatever state it is in (mid-COPY, aborted transaction), start afresh.
-            *guard = None;
+        let res = copy_batch(&mut client, batch, now).await;
+        // After a failure, whatever state it is in (mid-COPY, aborted transaction), it is
+        // dropped and the next batch starts afresh.
+        if res.is_ok() {
+            *slot = Some(client);
         }
         res
     }
@@ -135,6 +128,12 @@ async fn copy_batch(
         .transaction()
         .await
         .map_err(|e| db_err("BEGIN", &e))?;
+    // A large batch may take longer than the session's server-side statement bound; the
+    // client's bound on the enqueue (which grows with the batch) covers it instead, and the
+    // server's keepalives end the session if the client vanishes mid-COPY.
+    tx.batch_execute("SET LOCAL statement_timeout = 0")
+        .await
+        .map_err(|e| db_err("SET LOCAL statement_timeout", &e))?;
     let row = tx
         .query_one(IDS_AND_NOW, &[&now, &n])
         .await

@@ -1,0 +1,237 @@
+//! Helpers shared by several backends' statements, below the backends and the seam (so no
+//! backend imports another): the columns of a new row, the look-up of an existing duplicate,
+//! a batch of jobs as one JSON bind, the rows batched statements return, and one
+//! finalization as the columns every backend's finalize writes.
+
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{Queryable, QueryableByName};
+
+use super::rows::{dur_us, to_us};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use super::{rows::dur_ms, Enqueued};
+use super::{Finalization, Finalize};
+use crate::job::JobFailure;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use crate::job::{JobId, NewJob, RunAt};
+
+/// Bound `now` in microseconds, if any.
+pub(crate) fn bound(now: Option<chrono::DateTime<chrono::Utc>>) -> Option<i64> {
+    now.map(to_us)
+}
+
+/// The columns of a new row; `run_at` and the timestamps are SQL expressions of `now`.
+/// `attempts` (0) and `version` (1) are the schema's column defaults; `errors` is written
+/// because MySQL's `JSON` column can have no default (PostgreSQL's and SQLite's default to
+/// `[]`, which their batch inserts rely on).
+macro_rules! new_row {
+    ($job:expr, $now:expr) => {{
+        use diesel::ExpressionMethods;
+        use serde_json::Value;
+        use $crate::job::{JobState, NewJob, RunAt};
+        use $crate::store::expr::DbNow;
+        use $crate::store::rows::{dur_ms, dur_us, to_us};
+        use $crate::store::schema::jobvisor_jobs as jobs;
+        let j: &NewJob = $job;
+        let now: DbNow = $now;
+        let run_at = match j.run_at {
+            RunAt::Now => now,
+            RunAt::After(d) => now.plus(dur_us(d)),
+            // COALESCE(bound, db-now) + 0 = the given instant.
+            RunAt::At(t) => DbNow::new(Some(to_us(t))),
+        };
+        (
+            jobs::queue.eq(j.queue.clone()),
+            jobs::kind.eq(j.kind.clone()),
+            jobs::unique_key.eq(j.unique_key.clone()),
+            jobs::state.eq(JobState::Pending.as_str()),
+            jobs::priority.eq(i32::from(j.priority)),
+            jobs::payload.eq(j.payload.clone()),
+            jobs::errors.eq(Value::Array(Vec::new())),
+            jobs::max_attempts.eq(i32::try_from(j.max_attempts).unwrap_or(i32::MAX)),
+            jobs::run_at.eq(run_at),
+            jobs::timeout_ms.eq(dur_ms(j.timeout)),
+            jobs::created_at.eq(now),
+            jobs::updated_at.eq(now),
+        )
+    }};
+}
+
+/// The live job holding `$job`'s (kind, unique_key), as a duplicate; `None` if it vanished
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+/// (archived) since the insert skipped it, in which case the caller inserts again.
+macro_rules! existing {
+    ($conn:expr, $job:expr) => {{
+        use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
+        use diesel_async::RunQueryDsl;
+        use $crate::job::{JobId, NewJob};
+        use $crate::store::schema::jobvisor_jobs as jobs;
+        use $crate::store::Enqueued;
+        let j: &NewJob = $job;
+        jobs::table
+            .select(jobs::id)
+            .filter(jobs::kind.eq(&j.kind))
+            .filter(jobs::unique_key.eq(&j.unique_key))
+            .first::<i64>(&mut *$conn)
+            .await
+            .optional()?
+            .map(|id| Enqueued {
+                id: JobId(id),
+                duplicate: true,
+            })
+    }};
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[derive(QueryableByName)]
+pub(crate) struct LastId {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// Jobs as the JSON array the batch inserts unpack:
+/// `[queue, kind, priority, payload text, max_attempts, run_at or null, delay_us, timeout_ms]`.
+pub(crate) fn batch_json(jobs: &[&NewJob]) -> diesel::QueryResult<String> {
+    type Row<'a> = (&'a str, &'a str, i16, String, u32, Option<i64>, i64, i64);
+    let rows: Vec<Row<'_>> = jobs
+        .iter()
+        .map(|j| {
+            let (run_base, run_plus) = run_at_parts(j, None);
+            (
+                j.queue.as_str(),
+                j.kind.as_str(),
+                j.priority,
+                j.payload.to_string(),
+                j.max_attempts,
+                run_base,
+                run_plus,
+                dur_ms(j.timeout),
+            )
+        })
+        .collect();
+    serde_json::to_string(&rows).map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// `run_at` as (a fixed instant, or `now` — itself `None` for the database clock) plus a delay.
+pub(crate) fn run_at_parts(j: &NewJob, now: Option<i64>) -> (Option<i64>, i64) {
+    match j.run_at {
+        RunAt::Now => (now, 0),
+        RunAt::After(d) => (now, dur_us(d)),
+        RunAt::At(t) => (Some(to_us(t)), 0),
+    }
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// The ids of a batch insert in ascending (input) order; an error unless all came back.
+pub(crate) fn sorted_ids(rows: Vec<LastId>, expected: usize) -> diesel::QueryResult<Vec<i64>> {
+    if rows.len() != expected {
+        return Err(diesel::result::Error::QueryBuilderError(
+            format!("inserted {} jobs of {expected}", rows.len()).into(),
+        ));
+    }
+    let mut ids: Vec<i64> = rows.into_iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// Most rows in one batch insert.
+pub(crate) const MULTI_INSERT_CHUNK: usize = 1000;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// Most payload bytes in one batch insert (well under MySQL's default 16 MiB packet and
+/// SQLite's 1 GB string limit, whatever the payloads).
+pub(crate) const MULTI_INSERT_BYTES: usize = 4 << 20;
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// The length of the run of jobs without unique keys at the start of `batch`: at most
+/// [`MULTI_INSERT_CHUNK`] jobs and [`MULTI_INSERT_BYTES`] of payload, at least one job.
+pub(crate) fn keyless_run(batch: &[&NewJob]) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for j in batch.iter().take(MULTI_INSERT_CHUNK) {
+        if j.unique_key.is_some() {
+            break;
+        }
+        bytes += crate::job::payload_size(&j.payload);
+        if n > 0 && bytes > MULTI_INSERT_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// Ids of newly inserted jobs as enqueue results.
+pub(crate) fn new_ids(ids: Vec<i64>) -> impl Iterator<Item = Option<Enqueued>> {
+    ids.into_iter().map(|id| {
+        Some(Enqueued {
+            id: JobId(id),
+            duplicate: false,
+        })
+    })
+}
+
+/// A renewed lease as a statement returns it.
+#[derive(Queryable, QueryableByName)]
+pub(crate) struct RenewedRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) lease_token: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) lease_expires_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) cancel_requested_at: Option<i64>,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[derive(QueryableByName)]
+pub(crate) struct Finalized {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) state: String,
+}
+
+/// One finalization as the columns of a batched statement.
+pub(crate) struct FinalRow {
+    pub(crate) state: &'static str,
+    pub(crate) result: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) delay_us: Option<i64>,
+    pub(crate) refund: i32,
+}
+
+impl From<&Finalize> for FinalRow {
+    fn from(f: &Finalize) -> Self {
+        let json = |v: &JobFailure| serde_json::to_string(v).ok();
+        let (state, result, error, delay_us, refund) = match &f.outcome {
+            Finalization::Succeeded { result } => (
+                "succeeded",
+                serde_json::to_string(result).ok(),
+                None,
+                None,
+                0,
+            ),
+            Finalization::Retry { error, delay } => {
+                ("retrying", None, json(error), Some(dur_us(*delay)), 0)
+            }
+            Finalization::Dead { error } => ("dead", None, json(error), None, 0),
+            Finalization::Cancelled { error } => ("cancelled", None, json(error), None, 0),
+            Finalization::Requeue { delay } => ("pending", None, None, Some(dur_us(*delay)), 1),
+        };
+        FinalRow {
+            state,
+            result,
+            error,
+            delay_us,
+            refund,
+        }
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use existing;
+pub(crate) use new_row;

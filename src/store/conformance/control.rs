@@ -1,0 +1,146 @@
+//! Conformance cases. Operator control: cancel (pending, running, finished) and manual retry guarded by version.
+
+use super::*;
+
+pub async fn cancel_pending_running_and_finished_jobs(b: Backend) {
+    let t = Bundle::new(b).await;
+    let pending = t
+        .enqueue(
+            NewJob::new("k", json!(1)).delay(Duration::from_secs(100)),
+            0,
+        )
+        .await;
+    let running = t.enqueue(NewJob::new("k", json!(2)), 0).await;
+    let c = t.claim("default", "n", 1, 1).await.pop().unwrap();
+    assert_eq!(c.job.id, running);
+
+    let out = t
+        .store
+        .job_cancel(CancelParams {
+            id: pending,
+            now: t.at(2),
+        })
+        .await
+        .unwrap();
+    let CancelOutcome::Cancelled(j) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!((j.state, j.finished_at), (JobState::Cancelled, t.at(2)));
+
+    let out = t
+        .store
+        .job_cancel(CancelParams {
+            id: running,
+            now: t.at(3),
+        })
+        .await
+        .unwrap();
+    let CancelOutcome::Requested(j) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(j.cancel_requested_at, t.at(3));
+    let Guarded::Applied(r) = t.renew(running, &c.token, 4).await else {
+        panic!()
+    };
+    assert!(
+        r.cancel_requested,
+        "the holder learns of the cancel at renewal"
+    );
+    let f = t
+        .finalize(
+            Finalize::cancelled(
+                running,
+                c.token,
+                JobFailure::new("cancelled", "cancel requested", 1),
+            ),
+            5,
+        )
+        .await;
+    assert_eq!(f, Guarded::Applied(JobState::Cancelled));
+
+    let out = t
+        .store
+        .job_cancel(CancelParams {
+            id: pending,
+            now: t.at(6),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out, CancelOutcome::AlreadyFinished(_)));
+    let e = t
+        .store
+        .job_cancel(CancelParams {
+            id: JobId(987_654),
+            now: t.at(6),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+}
+
+pub async fn manual_retry_of_a_dead_job_is_version_guarded(b: Backend) {
+    let t = Bundle::new(b).await;
+    let id = t
+        .enqueue(NewJob::new("k", json!({})).max_attempts(1), 0)
+        .await;
+    let c = t.claim("default", "n", 1, 0).await.pop().unwrap();
+    t.finalize(Finalize::dead(id, c.token, err("fatal", 1)), 1)
+        .await;
+    let dead = t.get(id).await;
+
+    let e = t
+        .store
+        .job_retry(RetryParams {
+            id: JobId(424_242),
+            expected_version: None,
+            now: t.at(2),
+        })
+        .await;
+    assert!(matches!(e, Err(Error::NotFound { .. })));
+    let stale = t
+        .store
+        .job_retry(RetryParams {
+            id,
+            expected_version: Some(dead.version - 1),
+            now: t.at(2),
+        })
+        .await
+        .unwrap();
+    assert_eq!(stale, Guarded::Stale);
+    let Guarded::Applied(j) = t
+        .store
+        .job_retry(RetryParams {
+            id,
+            expected_version: Some(dead.version),
+            now: t.at(2),
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("retry not applied")
+    };
+    assert_eq!(j.state, JobState::Pending);
+    assert_eq!(j.max_attempts, 2, "one more attempt allowed");
+    assert_eq!(j.errors.len(), 1, "history kept");
+    let e = t
+        .store
+        .job_retry(RetryParams {
+            id,
+            expected_version: None,
+            now: t.at(3),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidTransition {
+                from: JobState::Pending,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let c = t.claim("default", "n", 1, 3).await.pop().unwrap();
+    assert_eq!(c.job.attempts, 2);
+}

@@ -1,0 +1,453 @@
+//! The seam between the store and its backends: [`Driver`], one variant per backend module
+//! (`postgres`, `mysql`, `sqlite`, each behind its Cargo feature), and the only place that
+//! dispatches on the backend.
+//!
+//! **Enum, not trait.** The set of backends is closed and known at compile time; an enum
+//! keeps dispatch static (no boxed futures: async functions in a `dyn` trait would need
+//! them on every hot-path call), lets a variant vanish with its feature, and lets
+//! [`with_conn!`] / [`with_tx!`] / [`with_write!`] type-check one portable body once per
+//! backend with that backend's connection type — the Rust shape for a closed set (as
+//! mini-redis dispatches commands). Not a stable API: nothing outside `store/` names it.
+//!
+//! # The operations whose SQL differs per backend
+//! Each contract is written once, here; every backend's function of the same name honours it
+//! and says only *how* (its module doc states how its backend differs). `now` is the bound
+//! test-clock instant in epoch µs, or `None` for the database's clock, which every time
+//! written by one statement is then read from.
+//!
+//! * [`enqueue`](Driver::enqueue) — inserts each job of `batch` as `pending`, `attempts` 0,
+//!   `version` 1, `errors` `[]`, `run_at` from its [`RunAt`](crate::job::RunAt),
+//!   `created_at = updated_at = now`; a job whose (kind, unique key) is already live is not
+//!   inserted. Result, in input order: `Some` new id, `Some` existing id with
+//!   `duplicate: true` (also for a repeat of a key within the batch), or `None` when the
+//!   live duplicate vanished (archived) before it could be read — the caller tries that job
+//!   again. Atomic per batch.
+//! * [`claim`](Driver::claim) — guard: `queue` matches, state `pending`/`retrying`,
+//!   `run_at <= now`, `kind` one of `kinds` when given (the node's handlers: a rolling deploy
+//!   never burns an attempt on a node without the kind), skipping rows another claimer holds; up to `limit` in (priority,
+//!   run_at, id) order. Writes `running`, `lease_owner`, `lease_token`, `lease_expires_at =
+//!   now + lease`, `heartbeat_at = now`, `attempts + 1`, `version + 1`, `updated_at`, and
+//!   clears `started_at` / `timeout_at`. Returns the claimed rows as they now are (any order).
+//! * [`renew`](Driver::renew) — guard per row: `(id, lease_token)` presented and state
+//!   `running`. Writes `lease_expires_at = now + lease`, `heartbeat_at = now`; for a lease
+//!   carrying `started_ago` whose start is not recorded yet: `started_at = now − ago`,
+//!   `first_started_at` if unset, `timeout_at = started_at + timeout + grace`. Returns the
+//!   renewed rows' (id, token, new expiry, cancel request); a missing row is a lost lease.
+//! * [`finalize`](Driver::finalize) — guard per row: `(id, lease_token)` and `running`.
+//!   Writes the outcome's state (a retry with its attempts used up becomes `dead`),
+//!   `result`, `last_error` (cleared on success), appends the error to `errors`, `attempts −
+//!   1` for a requeue, `run_at = now + delay` when there is a delay, `finished_at` for a
+//!   terminal state, clears the lease columns and `timeout_at`, `version + 1`, `updated_at`.
+//!   Returns the state each applied row reached; a missing row is a lost lease.
+//! * [`vacuum_live`](Driver::vacuum_live) and [`listen`](Driver::listen) — PostgreSQL only;
+//!   nothing (or no listener) elsewhere.
+//! * Migrations ([`run_migrations`], [`latest_migration`]) — each backend embeds its own
+//!   folder and serialises concurrent migrators its own way.
+//!
+//! Everything else (reclaim, archive, prune, cancel, manual retry, reads) is written once in
+//! `portable.rs` with diesel's query builder, through the macros below.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::batch::RenewedRow;
+use super::rows::JobRow;
+use super::{Backend, Enqueued, Finalize, LeaseRef, StoreOptions};
+use crate::error::{Error, Result};
+use crate::job::{JobState, NewJob};
+
+#[cfg(feature = "mysql")]
+use super::mysql::MysqlDriver;
+#[cfg(feature = "postgres")]
+use super::postgres::PgDriver;
+#[cfg(feature = "sqlite")]
+use super::sqlite::SqliteDriver;
+
+/// A store's backend: its connections, its own state, its statements.
+// One per store, behind the store's `Arc`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Driver {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(PgDriver),
+    /// MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    Mysql(MysqlDriver),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(SqliteDriver),
+}
+
+/// What a claim needs (see the module doc).
+#[derive(Debug)]
+pub(crate) struct ClaimArgs {
+    pub(crate) queue: String,
+    pub(crate) owner: String,
+    pub(crate) token: String,
+    pub(crate) lease_us: i64,
+    pub(crate) limit: i64,
+    /// Only these kinds (the claiming node's handlers); `None`: any kind.
+    pub(crate) kinds: Option<Vec<String>>,
+    pub(crate) now: Option<i64>,
+}
+
+/// What a renewal needs (see the module doc).
+#[derive(Debug)]
+pub(crate) struct RenewArgs<'a> {
+    pub(crate) leases: &'a [LeaseRef],
+    pub(crate) lease_us: i64,
+    pub(crate) grace_us: i64,
+    pub(crate) now: Option<i64>,
+}
+
+/// A backend this build leaves out.
+fn not_built(backend: Backend) -> Error {
+    let feature = match backend {
+        Backend::Postgres => "postgres",
+        Backend::Mysql => "mysql",
+        Backend::Sqlite => "sqlite",
+    };
+    Error::InvalidInput {
+        field: "url",
+        reason: format!(
+            "{backend:?} is not compiled into this build of jobvisor; expected a URL of an \
+             enabled backend, or the Cargo feature {feature:?}"
+        ),
+    }
+}
+
+impl Driver {
+    /// Opens `backend` on `target` (a URL, or SQLite's file path); `url` is the URL as given
+    /// (for error messages, redacted).
+    #[allow(unused_variables)] // each parameter is unused when its backends are left out
+    pub(crate) async fn open(
+        backend: Backend,
+        target: &str,
+        url: &str,
+        opts: &StoreOptions,
+    ) -> Result<Driver> {
+        let connect_err = |reason: String| Error::Connect {
+            url: crate::error::redact_url(url),
+            reason,
+        };
+        match backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => match PgDriver::open(target, opts).await {
+                Ok(d) => Ok(Driver::Postgres(d)),
+                Err(OpenError::Url(e)) => Err(Error::InvalidInput {
+                    field: "url",
+                    reason: format!("{e} in {:?}", crate::error::redact_url(url)),
+                }),
+                Err(OpenError::Connect(e)) => Err(connect_err(e)),
+            },
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => match MysqlDriver::open(target, opts).await {
+                Ok(d) => Ok(Driver::Mysql(d)),
+                Err(OpenError::Url(e)) => Err(Error::InvalidInput {
+                    field: "url",
+                    reason: format!("{e} in {:?}", crate::error::redact_url(url)),
+                }),
+                Err(OpenError::Connect(e)) => Err(connect_err(e)),
+            },
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => {
+                let bound = statement_bound(Backend::Sqlite, opts);
+                SqliteDriver::open(target, opts, bound)
+                    .await
+                    .map(Driver::Sqlite)
+                    .map_err(connect_err)
+            }
+            #[allow(unreachable_patterns)] // reachable when a backend is left out
+            other => Err(not_built(other)),
+        }
+    }
+
+    /// Which backend.
+    pub(crate) fn backend(&self) -> Backend {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(_) => Backend::Postgres,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(_) => Backend::Mysql,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Enqueues a validated batch (see the module doc).
+    pub(crate) async fn enqueue(
+        &self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+    ) -> Result<Vec<Option<Enqueued>>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.enqueue(batch, now).await,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.enqueue(batch, now).await,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(d) => d.enqueue(batch, now).await,
+        }
+    }
+
+    /// Claims due jobs (see the module doc).
+    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.claim(a).await,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.claim(a).await,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(d) => d.claim(a).await,
+        }
+    }
+
+    /// Renews leases, on the renewal lane (see the module doc).
+    pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.renew(a).await,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.renew(a).await,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(d) => d.renew(a).await,
+        }
+    }
+
+    /// Finalizes a batch, each job at most once (see the module doc).
+    pub(crate) async fn finalize(
+        &self,
+        items: &[Finalize],
+        now: Option<i64>,
+    ) -> Result<HashMap<i64, JobState>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.finalize(items, now).await,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.finalize(items, now).await,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(d) => d.finalize(items, now).await,
+        }
+    }
+
+    /// Reclaims the live table's dead space: `VACUUM` on PostgreSQL; nothing elsewhere
+    /// (InnoDB purges by itself, SQLite reuses freed pages).
+    pub(crate) async fn vacuum_live(&self) -> Result<()> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.vacuum_live().await,
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => Ok(()),
+        }
+    }
+
+    /// A wake-up listener (PostgreSQL's `LISTEN`); `None` elsewhere.
+    #[allow(unused_variables)] // `limit` is unused without PostgreSQL
+    pub(crate) async fn listen(&self, limit: Duration) -> Result<Option<Listener>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => Ok(Some(Listener {
+                pg: d.listen(limit).await?,
+            })),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => Ok(None),
+        }
+    }
+}
+
+/// The bound of one hot-path operation on `backend` (see
+/// [`StoreOptions::statement_timeout`]): SQLite adds its busy timeout, the wait for another
+/// process's write.
+pub(crate) fn statement_bound(backend: Backend, opts: &StoreOptions) -> Duration {
+    match backend {
+        Backend::Sqlite => opts.statement_timeout.saturating_add(opts.busy_timeout),
+        Backend::Postgres | Backend::Mysql => opts.statement_timeout,
+    }
+}
+
+/// The connection a store's migrations run on: for the network backends, opened by the
+/// store's connector (TLS, keepalives, bounds as every other connection); SQLite opens its
+/// file itself.
+pub(crate) enum MigrationConn {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(Box<diesel_async::AsyncPgConnection>),
+    /// MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    Mysql(Box<diesel_async::AsyncMysqlConnection>),
+    /// SQLite, at the store's path.
+    #[cfg(feature = "sqlite")]
+    File,
+}
+
+impl Driver {
+    /// Opens the connection migrations run on.
+    ///
+    /// # Errors
+    /// The connection's failure, as text (password scrubbed by the connector).
+    pub(crate) async fn migration_conn(&self) -> std::result::Result<MigrationConn, String> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d
+                .connector
+                .diesel()
+                .await
+                .map(|c| MigrationConn::Postgres(Box::new(c)))
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d
+                .connector
+                .diesel()
+                .await
+                .map(|c| MigrationConn::Mysql(Box::new(c)))
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => Ok(MigrationConn::File),
+        }
+    }
+}
+
+/// Runs the pending migrations on `conn` (SQLite: on the file at `target`); blocking, see
+/// `migrate.rs`.
+#[allow(unused_variables)] // each parameter is unused when its backends are left out
+pub(crate) fn run_migrations(
+    conn: MigrationConn,
+    target: &str,
+    busy_ms: u128,
+) -> std::result::Result<(), super::migrate::BoxError> {
+    match conn {
+        #[cfg(feature = "postgres")]
+        MigrationConn::Postgres(c) => super::postgres::run_migrations(*c),
+        #[cfg(feature = "mysql")]
+        MigrationConn::Mysql(c) => super::mysql::run_migrations(*c),
+        #[cfg(feature = "sqlite")]
+        MigrationConn::File => super::sqlite::run_migrations(target, busy_ms),
+    }
+}
+
+/// Why a backend could not be opened: a malformed URL, or a server that did not answer.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// The URL is malformed (reason, password scrubbed).
+    Url(String),
+    /// The server cannot be reached (reason, password scrubbed).
+    Connect(String),
+}
+
+/// The latest migration version this build embeds for `backend`.
+pub(crate) fn latest_migration(backend: Backend) -> String {
+    match backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => super::postgres::latest_migration(),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => super::mysql::latest_migration(),
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite => super::sqlite::latest_migration(),
+        #[allow(unreachable_patterns)] // reachable when a backend is left out
+        _ => String::new(),
+    }
+}
+
+/// A wake-up channel from the database: PostgreSQL's `LISTEN` (the other backends have
+/// none). Notifications that arrive while no one awaits [`Listener::next`] are buffered.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    #[cfg(feature = "postgres")]
+    pg: super::postgres::listen::PgListener,
+}
+
+impl Listener {
+    /// The next notified queue; `None` when the connection is gone (listen again).
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn next(&mut self) -> Option<Result<String>> {
+        self.pg.next().await
+    }
+
+    /// Never constructed without PostgreSQL.
+    #[cfg(not(feature = "postgres"))]
+    pub(crate) async fn next(&mut self) -> Option<Result<String>> {
+        None
+    }
+}
+
+/// Runs `$body` with `$conn` bound to a pooled connection of whichever backend the store
+/// uses, for reads (on SQLite: no writer lock). The body is type-checked once per backend,
+/// so it may only use portable SQL.
+macro_rules! with_conn {
+    ($store:expr, |$conn:ident| $body:expr) => {
+        match &$store.inner.driver {
+            #[cfg(feature = "postgres")]
+            $crate::store::driver::Driver::Postgres(d) => {
+                let mut c = d.conn(false).await?;
+                let $conn = &mut *c;
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            $crate::store::driver::Driver::Mysql(d) => {
+                let mut c = d.conn(false).await?;
+                let $conn = &mut *c;
+                $body
+            }
+            #[cfg(feature = "sqlite")]
+            $crate::store::driver::Driver::Sqlite(d) => {
+                let mut c = d.reader().await?;
+                let $conn = &mut *c;
+                $body
+            }
+        }
+    };
+}
+
+/// Like `with_conn!`, for a single-statement write: on SQLite the connection comes with the
+/// writer lock.
+macro_rules! with_write {
+    ($store:expr, |$conn:ident| $body:expr) => {
+        match &$store.inner.driver {
+            #[cfg(feature = "postgres")]
+            $crate::store::driver::Driver::Postgres(d) => {
+                let mut c = d.conn(false).await?;
+                let $conn = &mut *c;
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            $crate::store::driver::Driver::Mysql(d) => {
+                let mut c = d.conn(false).await?;
+                let $conn = &mut *c;
+                $body
+            }
+            #[cfg(feature = "sqlite")]
+            $crate::store::driver::Driver::Sqlite(d) => {
+                let mut c = d.writer(false).await?;
+                let $conn = &mut *c;
+                $body
+            }
+        }
+    };
+}
+
+/// Like `with_write!`, but runs `$body` inside a transaction (`BEGIN IMMEDIATE` on SQLite,
+/// so a read-then-write never fails on a lock upgrade). `$body` returns `QueryResult<T>`.
+macro_rules! with_tx {
+    ($store:expr, |$conn:ident| $body:expr) => {
+        match &$store.inner.driver {
+            #[cfg(feature = "postgres")]
+            $crate::store::driver::Driver::Postgres(d) => {
+                let mut c = d.conn(false).await?;
+                diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
+            }
+            #[cfg(feature = "mysql")]
+            $crate::store::driver::Driver::Mysql(d) => {
+                let mut c = d.conn(false).await?;
+                diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
+            }
+            #[cfg(feature = "sqlite")]
+            $crate::store::driver::Driver::Sqlite(d) => {
+                let mut c = d.writer(false).await?;
+                c.immediate_transaction(async |$conn| $body).await
+            }
+        }
+    };
+}
+
+pub(crate) use {with_conn, with_tx, with_write};

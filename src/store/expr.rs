@@ -1,0 +1,242 @@
+//! The few SQL expressions diesel's builder does not have, each rendered once per backend.
+//!
+//! * [`DbNow`]: "now" as epoch microseconds — the bound test-clock instant if there is one,
+//!   else the database's clock — plus an offset. Every stored time and every comparison goes
+//!   through it, so production nodes never compare their own clocks.
+//! * [`JsonAppend`]: append one JSON value to a JSON array column (the `errors` history).
+//!
+//! * [`StateIn`], [`SkipLocked`], `prepared_statement!`, `job_columns!`.
+//!
+//! All render static SQL for a given backend and type, so prepared statements stay cached.
+//! Each dialect's rendering (its "now", JSON append, row-value comparison, `SKIP LOCKED`)
+//! lives in that backend's `sql.rs`, so a build without a backend compiles none of it.
+
+use diesel::backend::Backend;
+use diesel::expression::ValidGrouping;
+use diesel::expression::{is_aggregate, AppearsOnTable, Expression, SelectableExpression};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::result::QueryResult;
+use diesel::sql_types::{BigInt, Bool, Json, Nullable};
+
+use super::schema::jobvisor_jobs;
+
+/// The statement's "now" in epoch microseconds plus `plus_us`.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbNow {
+    /// The test clock's instant, or `None` for the database clock.
+    pub(crate) bound: Option<i64>,
+    /// Added to now (a lease, a delay).
+    pub(crate) plus_us: i64,
+}
+
+impl DbNow {
+    pub(crate) fn new(bound: Option<i64>) -> Self {
+        DbNow { bound, plus_us: 0 }
+    }
+
+    pub(crate) fn plus(self, us: i64) -> Self {
+        DbNow {
+            bound: self.bound,
+            plus_us: self.plus_us.saturating_add(us),
+        }
+    }
+}
+
+impl Expression for DbNow {
+    type SqlType = BigInt;
+}
+
+impl<QS> AppearsOnTable<QS> for DbNow {}
+impl<QS> SelectableExpression<QS> for DbNow {}
+impl<GB> ValidGrouping<GB> for DbNow {
+    type IsAggregate = is_aggregate::Never;
+}
+
+/// The database clock, in epoch microseconds, per backend.
+pub(crate) trait ClockSql: Backend {
+    const NOW_US: &'static str;
+}
+
+impl<DB> QueryFragment<DB> for DbNow
+where
+    DB: Backend + ClockSql + diesel::sql_types::HasSqlType<BigInt>,
+    Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.bound)?;
+        out.push_sql(", ");
+        out.push_sql(DB::NOW_US);
+        out.push_sql(") + ");
+        out.push_bind_param::<BigInt, _>(&self.plus_us)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `errors` with one JSON value appended.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct JsonAppend {
+    /// The value to append (an error record).
+    pub(crate) value: serde_json::Value,
+}
+
+impl Expression for JsonAppend {
+    type SqlType = Json;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for JsonAppend {}
+impl SelectableExpression<jobvisor_jobs::table> for JsonAppend {}
+impl<GB> ValidGrouping<GB> for JsonAppend {
+    type IsAggregate = is_aggregate::Never;
+}
+
+/// `state IN ('pending', 'retrying')` with the states as SQL literals, so PostgreSQL can
+/// match the partial indexes even under a generic prepared plan. The states come from
+/// [`JobState::as_str`](crate::job::JobState::as_str): constants, never user input.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StateIn(pub(crate) &'static [crate::job::JobState]);
+
+pub(crate) const RUNNING: StateIn = StateIn(&[crate::job::JobState::Running]);
+pub(crate) const TERMINAL: StateIn = StateIn(&[
+    crate::job::JobState::Succeeded,
+    crate::job::JobState::Dead,
+    crate::job::JobState::Cancelled,
+]);
+pub(crate) const RETRYABLE_BY_HAND: StateIn =
+    StateIn(&[crate::job::JobState::Dead, crate::job::JobState::Cancelled]);
+
+// The text depends on the value, not the type: key the statement cache by text.
+impl QueryId for StateIn {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Expression for StateIn {
+    type SqlType = Bool;
+}
+impl<QS> AppearsOnTable<QS> for StateIn {}
+impl<QS> SelectableExpression<QS> for StateIn {}
+impl<GB> ValidGrouping<GB> for StateIn {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB: Backend> QueryFragment<DB> for StateIn {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("state IN (");
+        for (i, st) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push_sql(", ");
+            }
+            out.push_sql("'");
+            out.push_sql(st.as_str());
+            out.push_sql("'");
+        }
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// A row-locking select: `… FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL, so concurrent
+/// sweepers and archivers on other nodes take disjoint batches; plain on SQLite, whose
+/// `BEGIN IMMEDIATE` already makes the transaction the only writer.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct SkipLocked<Q>(pub(crate) Q);
+
+impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for SkipLocked<Q> {
+    type SqlType = Q::SqlType;
+}
+
+/// MySQL only: `claim_queue = ?`, the stored generated column that is the queue while a job
+/// is claimable (see the MySQL migration). Matching it scans the claim index in order, so
+/// Splits a statement at its `$n` placeholders (which must appear in order), so a
+#[cfg(feature = "postgres")]
+/// [`QueryFragment`] can push the text around each bind.
+pub(crate) fn segments(sql: &'static str) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut rest = sql;
+    while let Some(i) = rest.find('$') {
+        out.push(&rest[..i]);
+        let digits = rest[i + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        rest = &rest[i + 1 + digits..];
+    }
+    out.push(rest);
+    out
+}
+
+/// Defines a statement with a constant text and typed binds, loaded into a `QueryableByName`
+/// row: PostgreSQL (`$n` placeholders), or MySQL / SQLite with a leading `Mysql` / `Sqlite`
+/// (`?` placeholders; the text must have no other `?`).
+/// Unlike `sql_query`, it has a static query id, so diesel-async keeps it as a prepared
+/// statement: parsed (and planned) once per connection. With a lifetime, the binds may borrow
+/// (arrays of `&str` built without copying the caller's strings).
+macro_rules! prepared_statement {
+    ($(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, diesel::query_builder::QueryId)]
+        pub(crate) struct $name {
+            $(pub(crate) $field: $rust,)+
+        }
+        prepared_statement!(@impl $name, Pg, $crate::store::expr::segments($sql), { $($field => $st),+ });
+    };
+    ($(#[$doc:meta])* $name:ident<$lt:lifetime>, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub(crate) struct $name<$lt> {
+            $(pub(crate) $field: $rust,)+
+        }
+
+        impl diesel::query_builder::QueryId for $name<'_> {
+            type QueryId = $name<'static>;
+            const HAS_STATIC_QUERY_ID: bool = true;
+        }
+        prepared_statement!(@impl $name<'_>, Pg, $crate::store::expr::segments($sql), { $($field => $st),+ });
+    };
+    // A MySQL or SQLite statement: `?` placeholders.
+    ($db:ident $(#[$doc:meta])* $name:ident, $sql:ident, { $($field:ident : $rust:ty => $st:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, diesel::query_builder::QueryId)]
+        pub(crate) struct $name {
+            $(pub(crate) $field: $rust,)+
+        }
+        prepared_statement!(@impl $name, $db, $sql.split('?').collect(), { $($field => $st),+ });
+    };
+    (@impl $ty:ty, $db:ty, $split:expr, { $($field:ident => $st:ty),+ }) => {
+        impl diesel::query_builder::Query for $ty {
+            type SqlType = diesel::sql_types::Untyped;
+        }
+
+        impl diesel::query_builder::QueryFragment<$db> for $ty {
+            fn walk_ast<'b>(
+                &'b self,
+                mut out: diesel::query_builder::AstPass<'_, 'b, $db>,
+            ) -> diesel::result::QueryResult<()> {
+                static SEGMENTS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+                let segs = SEGMENTS.get_or_init(|| $split);
+                let mut i = 0;
+                $(
+                    out.push_sql(segs[i]);
+                    out.push_bind_param::<$st, _>(&self.$field)?;
+                    i += 1;
+                )+
+                out.push_sql(segs[i]);
+                Ok(())
+            }
+        }
+    };
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+/// Every column of a live row but the token, in `JobRow`'s order.
+macro_rules! job_columns {
+    () => {
+        "id, queue, kind, unique_key, state, priority, payload, result, last_error, errors, \
+         attempts, max_attempts, run_at, timeout_ms, timeout_at, lease_owner, lease_expires_at, \
+         heartbeat_at, version, cancel_requested_at, created_at, updated_at, first_started_at, \
+         finished_at, started_at, refunds"
+    };
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use job_columns;
+pub(crate) use prepared_statement;

@@ -1,0 +1,490 @@
+//! MySQL 8 and MariaDB 10.6+: row locks and `SKIP LOCKED` like PostgreSQL, but no
+//! `UPDATE … RETURNING`.
+//!
+//! How it differs from the others, up front:
+//! * **No `UPDATE … RETURNING`** (neither flavour): a claim selects with `FOR UPDATE SKIP
+//!   LOCKED`, updates and reads back in one transaction; a renewal updates and reads back;
+//!   a finalization locks the held rows, then writes them all in one `UPDATE … JOIN (SELECT …
+//!   UNION ALL …)` and derives each row's new state from the locked row (nothing read back).
+//!   Both batch statements are chunked ([`CHUNK`]) under the 65,535-bind limit.
+//! * **No `LIMIT` in `IN (subquery)`** on MariaDB, hence the separate select.
+//! * **`INSERT … RETURNING` and `JSON_TABLE` only on MariaDB 10.6+** (the store reads the
+//!   server's version at connect, [`MysqlDriver::insert_returning`]): there a batch is one
+//!   insert; on MySQL each job is its own insert and `LAST_INSERT_ID()`.
+//! * **Duplicate keys are errors**, not `ON CONFLICT DO NOTHING`: an insert that hits a live
+//!   unique key looks the existing row up with a shared lock.
+//! * Sessions run READ COMMITTED (no gap locks between claimers) in UTC; pooled connections
+//!   are pinged at checkout, since a server restart is otherwise not noticed. No `LISTEN`:
+//!   nodes poll. Migrations serialise on `GET_LOCK`.
+
+use std::collections::HashMap;
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use super::batch::{
+    batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, FinalRow, LastId,
+    RenewedRow,
+};
+use super::connect::pool;
+use super::driver::{ClaimArgs, OpenError, RenewArgs};
+use super::expr::{DbNow, RUNNING};
+use super::rows::{dur_ms, dur_us, JobRow};
+use super::schema::jobvisor_jobs as jobs;
+use super::timeout::{checkout, ConnPool, Lease};
+use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
+use crate::error::Result;
+use crate::job::{JobId, JobState, NewJob};
+
+pub(crate) mod connect;
+pub(crate) mod sql;
+
+use connect::MysqlConnector;
+use sql::{ClaimQueueIs, LeasePairs};
+
+/// The migrations, embedded.
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
+
+/// Most jobs in one renew or finalize statement (8 binds each, under the 65,535 limit).
+const CHUNK: usize = 1000;
+
+/// A MySQL/MariaDB store's connections and what its server can do.
+pub(crate) struct MysqlDriver {
+    pool: ConnPool<AsyncMysqlConnection>,
+    /// Lease renewals only (see [`RENEW_LANE_SIZE`]).
+    renew_pool: ConnPool<AsyncMysqlConnection>,
+    /// MariaDB 10.6+: `INSERT … RETURNING` (MySQL has none) and `JSON_TABLE`, so an enqueue
+    /// is one statement and a batch one insert.
+    pub(crate) insert_returning: bool,
+    /// How connections are opened (the migration connection's too).
+    pub(crate) connector: MysqlConnector,
+}
+
+impl MysqlDriver {
+    /// Reads the server's version on a first connection (which also reports the real reason
+    /// a server cannot be reached: `Err(reason)`), then opens the pools.
+    pub(crate) async fn open(
+        url: &str,
+        opts: &StoreOptions,
+    ) -> std::result::Result<MysqlDriver, OpenError> {
+        let connector = MysqlConnector::new(url, opts).map_err(OpenError::Url)?;
+        let version = connect::server_version(&connector)
+            .await
+            .map_err(|r| OpenError::Connect(format!("{r}; expected a MySQL or MariaDB server")))?;
+        let connector = connector.for_flavour(opts, version.contains("MariaDB"));
+        let setup = |c: &MysqlConnector| -> diesel_async::pooled_connection::SetupCallback<
+            AsyncMysqlConnection,
+        > {
+            let c = c.clone();
+            Box::new(move |_: &str| {
+                let c = c.clone();
+                Box::pin(async move { c.diesel().await })
+            })
+        };
+        let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
+        Ok(MysqlDriver {
+            pool: pool(opts, size, true, setup(&connector)),
+            renew_pool: pool(opts, RENEW_LANE_SIZE, true, setup(&connector)),
+            connector,
+            insert_returning: connect::supports_insert_returning(&version),
+        })
+    }
+
+    /// A pooled connection (renewals: `renew`, from their own lane).
+    pub(crate) async fn conn(&self, renew: bool) -> Result<Lease<'_, AsyncMysqlConnection>> {
+        checkout(if renew { &self.renew_pool } else { &self.pool }).await
+    }
+
+    /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue_mysql`]; a batch in
+    /// one transaction.
+    pub(crate) async fn enqueue(
+        &self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+    ) -> Result<Vec<Option<Enqueued>>> {
+        let mut c = self.conn(false).await?;
+        let returning = self.insert_returning;
+        Ok(if batch.len() == 1 {
+            // One insert is atomic by itself, and LAST_INSERT_ID belongs to the connection:
+            // no transaction, two round trips fewer.
+            enqueue_mysql(&mut c, batch, now, returning).await?
+        } else {
+            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                enqueue_mysql(c, batch, now, returning).await
+            })
+            .await?
+        })
+    }
+
+    /// [`Driver::claim`](super::driver::Driver::claim): select with `SKIP LOCKED`, update,
+    /// read back by the new token, in one transaction.
+    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
+        let now = DbNow::new(a.now);
+        let (lease_us, limit) = (a.lease_us, a.limit);
+        let (owner, tok) = (&a.owner, &a.token);
+        macro_rules! claim_set {
+            () => {
+                (
+                    jobs::state.eq(JobState::Running.as_str()),
+                    jobs::lease_owner.eq(Some(owner.clone())),
+                    jobs::lease_token.eq(Some(tok.clone())),
+                    jobs::lease_expires_at.eq(now.plus(lease_us).nullable()),
+                    jobs::heartbeat_at.eq(now.nullable()),
+                    jobs::attempts.eq(jobs::attempts + 1),
+                    jobs::version.eq(jobs::version + 1),
+                    jobs::updated_at.eq(now),
+                    // The attempt has not started: its start (and from it the timeout
+                    // deadline) is recorded by the holder's renewal once its handler starts.
+                    jobs::started_at.eq(None::<i64>),
+                    jobs::timeout_at.eq(None::<i64>),
+                )
+            };
+        }
+        // Only the kinds this node runs (a rolling deploy burns no attempt); `any_kind`
+        // keeps the statement's shape one.
+        let any_kind = a.kinds.is_none();
+        let kinds = a.kinds.clone().unwrap_or_default();
+        let mut c = self.conn(false).await?;
+        Ok(
+            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                let ids: Vec<i64> = jobs::table
+                    .select(jobs::id)
+                    .filter(ClaimQueueIs(a.queue.clone()))
+                    .filter(
+                        any_kind
+                            .into_sql::<diesel::sql_types::Bool>()
+                            .or(jobs::kind.eq_any(kinds)),
+                    )
+                    .filter(jobs::run_at.le(now))
+                    .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
+                    .limit(limit)
+                    .for_update()
+                    .skip_locked()
+                    .load(c)
+                    .await?;
+                if ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
+                    .set(claim_set!())
+                    .execute(c)
+                    .await?;
+                jobs::table
+                    .filter(jobs::id.eq_any(&ids))
+                    .filter(jobs::lease_token.eq(tok))
+                    .select(JobRow::as_select())
+                    .load(c)
+                    .await
+            })
+            .await?,
+        )
+    }
+
+    /// [`Driver::renew`](super::driver::Driver::renew): see [`renew`].
+    pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
+        let mut c = self.conn(true).await?;
+        Ok(
+            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                renew(c, a.leases, a.now, a.lease_us, a.grace_us).await
+            })
+            .await?,
+        )
+    }
+
+    /// [`Driver::finalize`](super::driver::Driver::finalize): see [`finalize`].
+    pub(crate) async fn finalize(
+        &self,
+        items: &[Finalize],
+        now: Option<i64>,
+    ) -> Result<HashMap<i64, JobState>> {
+        let mut c = self.conn(false).await?;
+        Ok(
+            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+                finalize(c, items, now).await
+            })
+            .await?,
+        )
+    }
+}
+
+/// The latest migration version embedded.
+pub(crate) fn latest_migration() -> String {
+    super::migrate::latest_version::<diesel::mysql::Mysql>(&MIGRATIONS)
+}
+
+/// Runs the pending migrations on a dedicated connection, holding `GET_LOCK` on the
+/// database's name.
+pub(crate) fn run_migrations(
+    conn: AsyncMysqlConnection,
+) -> std::result::Result<(), super::migrate::BoxError> {
+    use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+    // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
+    let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::from(conn);
+    super::migrate::sync_exec(
+        &mut conn,
+        "SELECT GET_LOCK(CONCAT('jobvisor_migrate:', DATABASE()), 300)",
+    )?;
+    let res = conn.run_pending_migrations(MIGRATIONS).map(|_| ());
+    let unlock = super::migrate::sync_exec(
+        &mut conn,
+        "SELECT RELEASE_LOCK(CONCAT('jobvisor_migrate:', DATABASE()))",
+    );
+    res?;
+    unlock?;
+    Ok(())
+}
+
+/// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
+/// one `INSERT … SELECT FROM JSON_TABLE(…) RETURNING id`; otherwise, and for keyed jobs, one
+/// insert per job (see [`enqueue_one_mysql`]).
+pub(crate) async fn enqueue_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    batch: &[&NewJob],
+    now: Option<i64>,
+    returning: bool,
+) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut i = 0;
+    while i < batch.len() {
+        let run = if returning {
+            keyless_run(&batch[i..])
+        } else {
+            0
+        };
+        if run == 1 {
+            out.push(Some(Enqueued {
+                id: JobId(insert_one_mariadb(conn, batch[i], now).await?),
+                duplicate: false,
+            }));
+        } else if run > 1 {
+            out.extend(new_ids(
+                insert_many_mariadb(conn, &batch[i..i + run], now).await?,
+            ));
+        } else {
+            out.push(enqueue_one_mysql(conn, batch[i], now).await?);
+        }
+        i += run.max(1);
+    }
+    Ok(out)
+}
+
+/// MariaDB: one job without a unique key, by a cached prepared statement (measured 9 %
+/// faster than a one-row `JSON_TABLE` batch: 2,890 against 2,650 enqueues/s).
+async fn insert_one_mariadb(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<i64> {
+    let (run_base, run_plus) = run_at_parts(j, None);
+    let row: LastId = sql::MariaInsertOne {
+        queue: j.queue.clone(),
+        kind: j.kind.clone(),
+        priority: i32::from(j.priority),
+        payload: j.payload.to_string(),
+        max_attempts: i32::try_from(j.max_attempts).unwrap_or(i32::MAX),
+        run_base,
+        run_plus,
+        timeout_ms: dur_ms(j.timeout),
+        now,
+    }
+    .get_result(&mut *conn)
+    .await?;
+    Ok(row.id)
+}
+
+/// MariaDB: jobs without unique keys in one cached `INSERT … SELECT FROM JSON_TABLE(?) …
+/// RETURNING id` (a `VALUES` list would be a new, long statement to prepare per batch).
+/// Ids ascend in array order.
+async fn insert_many_mariadb(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    jobs: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<i64>> {
+    let batch = batch_json(jobs)?;
+    let rows: Vec<LastId> = sql::MariaInsertMany { now, batch }.load(&mut *conn).await?;
+    sorted_ids(rows, jobs.len())
+}
+
+/// MySQL, one job: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
+/// flag, so this is a plain insert and `LAST_INSERT_ID()`; a duplicate-key error (which does
+/// not abort a MySQL transaction) means "look up the existing row", read with a locking read
+/// so a row committed after this transaction's snapshot is seen.
+async fn enqueue_one_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    use diesel::result::{DatabaseErrorKind, Error as D};
+    let res = diesel::insert_into(jobs::table)
+        .values(new_row!(j, DbNow::new(now)))
+        .execute(&mut *conn)
+        .await;
+    match res {
+        Ok(_) => {
+            let row: LastId = diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                .get_result(&mut *conn)
+                .await?;
+            Ok(Some(Enqueued {
+                id: JobId(row.id),
+                duplicate: false,
+            }))
+        }
+        Err(D::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if j.unique_key.is_some() => {
+            // A shared lock (compatible with the one the failed insert holds, unlike
+            // FOR UPDATE, which deadlocks concurrent losers) that reads the latest
+            // committed row. `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
+            let existing: Option<LastId> = diesel::sql_query(
+                "SELECT id FROM jobvisor_jobs WHERE kind = ? AND unique_key = ? LOCK IN SHARE MODE",
+            )
+            .bind::<Text, _>(&j.kind)
+            .bind::<Nullable<Text>, _>(&j.unique_key)
+            .get_result(&mut *conn)
+            .await
+            .optional()?;
+            Ok(existing.map(|r| Enqueued {
+                id: JobId(r.id),
+                duplicate: true,
+            }))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one multi-table
+/// `UPDATE … JOIN (SELECT … UNION ALL …)` per chunk renews the leases and records the starts
+/// they carry, each row guarded by its own token; the renewed rows stay locked by this
+/// transaction and keep their tokens, so reading them back gives exactly the renewed set.
+/// The timeout deadline is assigned before `started_at`, so it tests the old value whatever
+/// order the server assigns in.
+async fn renew(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    leases: &[LeaseRef],
+    now: Option<i64>,
+    lease_us: i64,
+    grace_us: i64,
+) -> diesel::QueryResult<Vec<RenewedRow>> {
+    let mut out = Vec::with_capacity(leases.len());
+    for chunk in leases.chunks(CHUNK) {
+        let mut sql = String::from("UPDATE jobvisor_jobs AS j JOIN (");
+        for i in 0..chunk.len() {
+            sql.push_str(if i == 0 {
+                "SELECT CAST(? AS SIGNED) AS id, ? AS token, CAST(? AS SIGNED) AS ago"
+            } else {
+                " UNION ALL SELECT ?, ?, ?"
+            });
+        }
+        sql.push_str(sql::RENEW_TAIL);
+        let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
+        for l in chunk {
+            q = q
+                .bind::<BigInt, _>(l.id.0)
+                .bind::<Text, _>(l.token.as_str().to_string())
+                .bind::<Nullable<BigInt>, _>(l.started_ago.map(dur_us));
+        }
+        q.bind::<Nullable<BigInt>, _>(now)
+            .bind::<BigInt, _>(grace_us)
+            .bind::<BigInt, _>(lease_us)
+            .execute(&mut *conn)
+            .await?;
+        let pairs = LeasePairs {
+            ids: chunk.iter().map(|l| l.id.0).collect(),
+            tokens: chunk.iter().map(|l| l.token.as_str().to_string()).collect(),
+        };
+        let rows: Vec<RenewedRow> = jobs::table
+            .filter(jobs::id.eq_any(pairs.ids.clone()))
+            .filter(pairs)
+            .filter(RUNNING)
+            .select((
+                jobs::id,
+                jobs::lease_token,
+                jobs::lease_expires_at,
+                jobs::cancel_requested_at,
+            ))
+            .load(&mut *conn)
+            .await?;
+        out.extend(rows);
+    }
+    Ok(out)
+}
+
+/// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one locking read finds
+/// the jobs still held by their tokens — locked, they cannot change before the update — and
+/// one multi-table `UPDATE … JOIN (SELECT … UNION ALL …)` writes them all, each row still
+/// guarded by its own token. The state each reached follows from the locked row (a retry
+/// with its attempts used up becomes dead), so nothing is read back.
+async fn finalize(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    items: &[Finalize],
+    now: Option<i64>,
+) -> diesel::QueryResult<HashMap<i64, JobState>> {
+    use diesel::sql_types::Integer;
+    let mut applied = HashMap::with_capacity(items.len());
+    for chunk in items.chunks(CHUNK) {
+        let pairs = LeasePairs {
+            ids: chunk.iter().map(|f| f.id.0).collect(),
+            tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
+        };
+        let held: Vec<(i64, i32, i32)> = jobs::table
+            .filter(jobs::id.eq_any(pairs.ids.clone()))
+            .filter(pairs)
+            .filter(RUNNING)
+            .select((jobs::id, jobs::attempts, jobs::max_attempts))
+            .for_update()
+            .load(&mut *conn)
+            .await?;
+        if held.is_empty() {
+            continue;
+        }
+        let held: HashMap<i64, bool> = held
+            .into_iter()
+            .map(|(id, attempts, max)| (id, attempts >= max))
+            .collect();
+        let mut sql = String::from("UPDATE jobvisor_jobs AS j JOIN (");
+        let mut rows = Vec::with_capacity(held.len());
+        for f in chunk {
+            let Some(&exhausted) = held.get(&f.id.0) else {
+                continue;
+            };
+            let mut row = FinalRow::from(f);
+            if row.state == "retrying" && exhausted {
+                row.state = "dead";
+            }
+            let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
+            applied.insert(f.id.0, row.state.parse().unwrap_or(JobState::Retrying));
+            sql.push_str(if rows.is_empty() {
+                "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
+                 ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
+                 CAST(? AS SIGNED) AS finished"
+            } else {
+                " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?"
+            });
+            rows.push((f, row, finished));
+        }
+        sql.push_str(sql::FINALIZE_TAIL);
+        let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
+        for (f, row, finished) in &rows {
+            q = q
+                .bind::<BigInt, _>(f.id.0)
+                .bind::<Text, _>(f.token.as_str().to_string())
+                .bind::<Text, _>(row.state)
+                .bind::<Nullable<Text>, _>(row.result.clone())
+                .bind::<Nullable<Text>, _>(row.error.clone())
+                .bind::<Nullable<BigInt>, _>(row.delay_us)
+                .bind::<Integer, _>(row.refund)
+                .bind::<Integer, _>(i32::from(*finished));
+        }
+        let n = q
+            .bind::<Nullable<BigInt>, _>(now)
+            .execute(&mut *conn)
+            .await?;
+        if n != rows.len() {
+            // The rows were locked by this transaction: anything else is a bug; roll back.
+            return Err(diesel::result::Error::QueryBuilderError(
+                format!("finalize changed {n} rows of {} locked", rows.len()).into(),
+            ));
+        }
+    }
+    Ok(applied)
+}

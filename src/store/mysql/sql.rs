@@ -1,0 +1,233 @@
+//! MySQL's and MariaDB's statements and SQL fragments, each beside the reason for its shape.
+//!
+//! No `UPDATE … RETURNING` and no arrays: batched renewals and finalizations are one
+//! multi-table `UPDATE … JOIN (SELECT … UNION ALL …)` per chunk ([`RENEW_TAIL`],
+//! [`FINALIZE_TAIL`]); MariaDB 10.6+ inserts batches from one JSON bind with `JSON_TABLE`.
+//! The database clock is written once, in [`now_us!`].
+
+use diesel::backend::Backend;
+use diesel::expression::ValidGrouping;
+use diesel::expression::{is_aggregate, AppearsOnTable, Expression, SelectableExpression};
+use diesel::mysql::Mysql;
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::result::QueryResult;
+use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
+
+use crate::store::expr::{prepared_statement, ClockSql, JsonAppend, SkipLocked};
+use crate::store::schema::jobvisor_jobs;
+
+/// "Now" in epoch microseconds. `UTC_TIMESTAMP` is independent of the session time zone (no
+/// DST ambiguity).
+macro_rules! now_us {
+    () => {
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+    };
+}
+
+impl ClockSql for Mysql {
+    const NOW_US: &'static str = now_us!();
+}
+
+impl QueryFragment<Mysql> for JsonAppend {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("JSON_ARRAY_APPEND(COALESCE(errors, JSON_ARRAY()), '$', JSON_EXTRACT(");
+        out.push_bind_param::<Json, _>(&self.value)?;
+        out.push_sql(", '$'))");
+        Ok(())
+    }
+}
+
+/// `(id, lease_token) IN ((?, ?), …)`: a row matches only with its own token.
+#[derive(Debug, Clone)]
+pub(crate) struct LeasePairs {
+    pub(crate) ids: Vec<i64>,
+    pub(crate) tokens: Vec<String>,
+}
+
+// Not a static query id: the SQL text depends on the number of pairs, so
+// the statement cache must key it by its text, never by its type.
+impl QueryId for LeasePairs {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Expression for LeasePairs {
+    type SqlType = Bool;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for LeasePairs {}
+impl SelectableExpression<jobvisor_jobs::table> for LeasePairs {}
+impl<GB> ValidGrouping<GB> for LeasePairs {
+    type IsAggregate = is_aggregate::Never;
+}
+
+fn pairs_list<'b, DB>(p: &'b LeasePairs, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()>
+where
+    DB: Backend + diesel::sql_types::HasSqlType<BigInt> + diesel::sql_types::HasSqlType<Text>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+    String: diesel::serialize::ToSql<Text, DB>,
+{
+    if p.ids.is_empty() {
+        out.push_sql("1 = 0");
+        return Ok(());
+    }
+    out.push_sql("(id, lease_token) IN (");
+    for (i, (id, token)) in p.ids.iter().zip(&p.tokens).enumerate() {
+        if i > 0 {
+            out.push_sql(", ");
+        }
+        out.push_sql("(");
+        out.push_bind_param::<BigInt, _>(id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(token)?;
+        out.push_sql(")");
+    }
+    out.push_sql(")");
+    Ok(())
+}
+
+impl QueryFragment<Mysql> for LeasePairs {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        pairs_list(self, out)
+    }
+}
+
+impl<Q: QueryFragment<Mysql>> QueryFragment<Mysql> for SkipLocked<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" FOR UPDATE SKIP LOCKED");
+        Ok(())
+    }
+}
+
+/// `FOR UPDATE SKIP LOCKED … LIMIT n` locks only the rows it returns.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct ClaimQueueIs(pub(crate) String);
+
+impl Expression for ClaimQueueIs {
+    type SqlType = Bool;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for ClaimQueueIs {}
+impl SelectableExpression<jobvisor_jobs::table> for ClaimQueueIs {}
+impl<GB> ValidGrouping<GB> for ClaimQueueIs {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl QueryFragment<Mysql> for ClaimQueueIs {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("claim_queue = ");
+        out.push_bind_param::<Text, _>(&self.0)?;
+        Ok(())
+    }
+}
+
+/// MariaDB: one job without a unique key, inserted and its id returned in one statement.
+pub(crate) const INSERT_ONE_MARIADB: &str = concat!(
+    "\
+INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, max_attempts, run_at,
+                           timeout_ms, created_at, updated_at)
+SELECT ?, ?, 'pending', ?, ?, '[]', ?, COALESCE(?, n.now) + ?, ?, n.now, n.now
+FROM (SELECT COALESCE(?, ",
+    now_us!(),
+    ")
+      AS now) AS n
+RETURNING id"
+);
+
+prepared_statement!(Mysql
+    /// Inserts one job (MariaDB 10.6+); a cached prepared statement.
+    MariaInsertOne, INSERT_ONE_MARIADB, {
+        queue: String => Text,
+        kind: String => Text,
+        priority: i32 => diesel::sql_types::Integer,
+        payload: String => Text,
+        max_attempts: i32 => diesel::sql_types::Integer,
+        run_base: Option<i64> => Nullable<BigInt>,
+        run_plus: i64 => BigInt,
+        timeout_ms: i64 => BigInt,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+/// MariaDB 10.6+: inserts jobs without unique keys given as one JSON array of
+/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms]`, in
+/// array order (so their ids ascend in it).
+pub(crate) const INSERT_MANY_MARIADB: &str = concat!(
+    "\
+INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, max_attempts, run_at,
+                           timeout_ms, created_at, updated_at)
+SELECT t.queue, t.kind, 'pending', t.priority, t.payload, '[]', t.max_attempts,
+       COALESCE(t.run_base, n.now) + t.run_plus, t.timeout_ms, n.now, n.now
+FROM (SELECT COALESCE(?, ",
+    now_us!(),
+    ")
+      AS now) AS n,
+     JSON_TABLE(?, '$[*]' COLUMNS (
+         ord FOR ORDINALITY,
+         queue LONGTEXT PATH '$[0]', kind LONGTEXT PATH '$[1]', priority INT PATH '$[2]',
+         payload LONGTEXT PATH '$[3]', max_attempts INT PATH '$[4]',
+         run_base BIGINT PATH '$[5]', run_plus BIGINT PATH '$[6]', timeout_ms BIGINT PATH '$[7]'
+     )) AS t
+ORDER BY t.ord
+RETURNING id"
+);
+
+prepared_statement!(Mysql
+    /// Inserts a batch of jobs without unique keys (see [`INSERT_MANY_MARIADB`]).
+    MariaInsertMany, INSERT_MANY_MARIADB, {
+        now: Option<i64> => Nullable<BigInt>,
+        batch: String => Text,
+    }
+);
+
+/// The tail of the renew statement after its `UNION ALL` batch (see
+/// [`renew`](super::renew)).
+pub(crate) const RENEW_TAIL: &str = concat!(
+    ") AS v \
+    ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
+JOIN (SELECT COALESCE(CAST(? AS SIGNED), \
+      ",
+    now_us!(),
+    ") AS now) AS n \
+SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
+                        THEN n.now - v.ago + j.timeout_ms * 1000 + ? ELSE j.timeout_at END, \
+    j.first_started_at = CASE WHEN j.first_started_at IS NULL AND v.ago IS NOT NULL \
+                              THEN n.now - v.ago ELSE j.first_started_at END, \
+    j.started_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
+                        THEN n.now - v.ago ELSE j.started_at END, \
+    j.lease_expires_at = n.now + ?, \
+    j.heartbeat_at = n.now"
+);
+
+/// The tail of the finalize statement after its `UNION ALL` batch (see
+/// [`finalize`](super::finalize)).
+pub(crate) const FINALIZE_TAIL: &str = concat!(
+    ") AS v \
+    ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
+JOIN (SELECT COALESCE(CAST(? AS SIGNED), \
+      ",
+    now_us!(),
+    ") AS now) AS n \
+SET j.state = v.state, \
+    j.result = JSON_EXTRACT(v.result, '$'), \
+    j.last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
+                        WHEN v.error IS NULL THEN j.last_error \
+                        ELSE JSON_EXTRACT(v.error, '$') END, \
+    j.errors = CASE WHEN v.error IS NULL THEN j.errors \
+                    ELSE JSON_ARRAY_APPEND(COALESCE(j.errors, JSON_ARRAY()), '$', \
+                                           JSON_EXTRACT(v.error, '$')) END, \
+    j.attempts = j.attempts - v.refund, \
+    j.run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END, \
+    j.finished_at = CASE WHEN v.finished = 1 THEN n.now ELSE NULL END, \
+    j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_at = NULL, \
+    j.heartbeat_at = NULL, j.timeout_at = NULL, j.version = j.version + 1, \
+    j.updated_at = n.now"
+);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn statements_have_their_placeholders() {
+        assert_eq!(super::INSERT_ONE_MARIADB.split('?').count(), 10);
+        assert_eq!(super::INSERT_MANY_MARIADB.split('?').count(), 3);
+    }
+}

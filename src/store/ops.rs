@@ -1,0 +1,309 @@
+//! The hot path as the engine sees it — enqueue, claim, renew, finalize — written once for
+//! every backend: validation, bounds, retries of transient failures, and matching each
+//! backend's raw answer to the caller's items. The statements themselves are the driver's
+//! (see `driver.rs` for each one's contract).
+//!
+//! Every write by a lease holder is guarded in SQL by `(id, lease_token)` and `state =
+//! 'running'`; rows that do not match are reported [`Guarded::LeaseLost`].
+
+use std::collections::{HashMap, HashSet};
+
+use super::batch::bound;
+use super::driver::{ClaimArgs, RenewArgs};
+use super::rows::{dur_us, from_us, JobRow};
+use super::timeout::{enqueue_bound, Op};
+use super::{
+    ClaimParams, ClaimedJob, EnqueueParams, Enqueued, FinalizeParams, Guarded, RenewParams,
+    Renewed, Store,
+};
+use crate::error::{Error, Result, StoreError};
+use crate::job::{JobFailure, JobId, JobState, NewJob};
+use crate::lease::LeaseToken;
+
+/// Tries a write up to 5 times while it fails transiently (deadlock between concurrent
+/// inserters of one unique key, SQLite busy).
+const TRANSIENT_TRIES: usize = 5;
+
+impl Store {
+    /// Enqueues one job.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the bad field (nothing is written), or
+    /// [`Error::Database`].
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))] // tests: crate::testing
+    pub(crate) async fn job_enqueue(
+        &self,
+        job: NewJob,
+        now: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Enqueued> {
+        let mut v = self
+            .job_enqueue_many(EnqueueParams {
+                jobs: vec![job],
+                now,
+            })
+            .await?;
+        v.pop()
+            .ok_or_else(|| Error::Database(StoreError::Other("enqueue returned no row".into())))
+    }
+
+    /// Enqueues many jobs, ids in input order (which is also their claim order
+    /// among equals). PostgreSQL: one `INSERT … SELECT FROM unnest(…)`, or for 1,000 jobs or
+    /// more without unique keys one `COPY` on the store's bulk connection; SQLite and MySQL:
+    /// one transaction of multi-row inserts (MariaDB, SQLite) or one insert per job (MySQL),
+    /// keyed jobs one by one. A job whose (kind, unique_key) is already live comes back with
+    /// `duplicate: true` and the existing id; so does a repeat of a key within the batch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the first bad job and field; nothing is written.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))] // tests: crate::testing
+    pub(crate) async fn job_enqueue_many(&self, p: EnqueueParams) -> Result<Vec<Enqueued>> {
+        self.enqueue_jobs(&p.jobs, p.now).await
+    }
+
+    /// [`Store::job_enqueue_many`] on borrowed jobs (the client keeps them for its wake-up).
+    pub(crate) async fn enqueue_jobs(
+        &self,
+        jobs: &[NewJob],
+        now: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Vec<Enqueued>> {
+        let bytes = self.validate_jobs(jobs)?;
+        let limit = enqueue_bound(self.inner.statement_bound(), jobs.len(), bytes);
+        super::timeout::bounded(Op::Enqueue, limit, self.enqueue_valid(jobs, now)).await
+    }
+
+    async fn enqueue_valid(
+        &self,
+        jobs: &[NewJob],
+        now: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Vec<Enqueued>> {
+        let now = bound(now);
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut result: Vec<Option<Enqueued>> = vec![None; jobs.len()];
+        // A duplicate whose existing row vanished (archived) between the insert and the
+        // look-up is inserted again; this converges in one more round in practice.
+        for _ in 0..TRANSIENT_TRIES {
+            let todo: Vec<usize> = (0..jobs.len()).filter(|i| result[*i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            let batch: Vec<&NewJob> = todo.iter().map(|i| &jobs[*i]).collect();
+            let got = self.enqueue_attempt(&batch, now).await?;
+            for (i, e) in todo.into_iter().zip(got) {
+                result[i] = e;
+            }
+        }
+        result
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::Database(StoreError::Transient(
+                    "a duplicate job kept disappearing while enqueueing; try again".into(),
+                ))
+            })
+    }
+
+    /// One try at the batch through the driver, again while it fails transiently (deadlock
+    /// between concurrent enqueues, a connection lost).
+    async fn enqueue_attempt(
+        &self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+    ) -> Result<Vec<Option<Enqueued>>> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.inner.driver.enqueue(batch, now).await {
+                Err(e) if e.is_transient() && tries < TRANSIENT_TRIES => continue,
+                res => return res,
+            }
+        }
+    }
+
+    /// Validates every job; returns their payloads' total size.
+    pub(crate) fn validate_jobs(&self, batch: &[NewJob]) -> Result<usize> {
+        let max = self.inner.opts.max_payload_bytes;
+        let mut bytes = 0usize;
+        for (i, j) in batch.iter().enumerate() {
+            bytes += j.validate(max).map_err(|e| match e {
+                Error::InvalidInput { field, reason } if batch.len() > 1 => Error::InvalidInput {
+                    field,
+                    reason: format!("{reason} (job #{i} of the batch, kind {:?})", j.kind),
+                },
+                other => other,
+            })?;
+        }
+        Ok(bytes)
+    }
+
+    /// Claims up to `limit` due jobs of a queue, in (priority, run_at, id) order, each with a
+    /// new lease (one fresh token for this claim), attempts + 1 and version + 1.
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::Corrupt`] if a claimed row cannot be read (the claim
+    /// itself stands, and the sweeper reclaims it when its lease expires).
+    pub(crate) async fn job_claim(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
+        self.bounded(Op::Claim, self.claim_unbounded(p)).await
+    }
+
+    async fn claim_unbounded(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
+        if p.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let token = LeaseToken::generate();
+        let rows: Vec<JobRow> = self
+            .inner
+            .driver
+            .claim(&ClaimArgs {
+                queue: p.queue.clone(),
+                owner: p.owner.as_str().to_string(),
+                token: token.as_str().to_string(),
+                lease_us: dur_us(p.lease),
+                limit: i64::from(p.limit),
+                kinds: p.kinds.clone(),
+                now: bound(p.now),
+            })
+            .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut corrupt = Vec::new();
+        for r in rows {
+            let (id, attempts) = (r.id, r.attempts);
+            match r.into_job(None) {
+                Ok(job) => claimed.push(ClaimedJob {
+                    job,
+                    token: token.clone(),
+                }),
+                // A row jobvisor cannot read (written by something else): it can never run, so
+                // it is dead at once, with the reason; the rest of the batch goes on.
+                Err(e) => corrupt.push(crate::store::Finalize::dead(
+                    JobId(id),
+                    token.clone(),
+                    JobFailure::new(
+                        "corrupt",
+                        format!("the stored job cannot be read: {e}"),
+                        u32::try_from(attempts).unwrap_or(0),
+                    ),
+                )),
+            }
+        }
+        if !corrupt.is_empty() {
+            tracing::error!(
+                jobs = corrupt.len(),
+                "claimed unreadable jobs; marking them dead"
+            );
+            self.job_finalize_many(FinalizeParams {
+                items: corrupt,
+                now: p.now,
+            })
+            .await?;
+        }
+        // RETURNING order is unspecified: restore the claim order.
+        claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
+        Ok(claimed)
+    }
+
+    /// Renews many leases in one statement; each comes back applied (with its new expiry and
+    /// whether a cancel was requested) or [`Guarded::LeaseLost`].
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn job_renew_leases(
+        &self,
+        p: RenewParams,
+    ) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
+        self.bounded(Op::Renew, self.renew_unbounded(p)).await
+    }
+
+    async fn renew_unbounded(&self, p: RenewParams) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
+        if p.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .inner
+            .driver
+            .renew(&RenewArgs {
+                leases: &p.leases,
+                lease_us: dur_us(p.lease),
+                grace_us: dur_us(p.timeout_grace),
+                now: bound(p.now),
+            })
+            .await?;
+        let rows = rows.into_iter().map(|r| {
+            (
+                r.id,
+                r.lease_token,
+                r.lease_expires_at,
+                r.cancel_requested_at,
+            )
+        });
+        // Keyed by (id, token): the same job presented with a stale token is lost even when
+        // its current token is renewed in the same batch.
+        let renewed: HashMap<(i64, String), Renewed> = rows
+            .map(|(id, token, exp, cancel)| {
+                (
+                    (id, token.unwrap_or_default()),
+                    Renewed {
+                        expires_at: from_us(exp.unwrap_or_default()),
+                        cancel_requested: cancel.is_some(),
+                    },
+                )
+            })
+            .collect();
+        Ok(p.leases
+            .iter()
+            .map(|l| {
+                let key = (l.id.0, l.token.as_str().to_string());
+                (
+                    l.id,
+                    renewed
+                        .get(&key)
+                        .map_or(Guarded::LeaseLost, |r| Guarded::Applied(*r)),
+                )
+            })
+            .collect())
+    }
+
+    /// Finalizes many jobs in one round trip (PostgreSQL) or one transaction (MySQL,
+    /// SQLite). Each comes back applied with the state it reached — a retry of a job whose
+    /// attempts are used up becomes `dead` — or [`Guarded::LeaseLost`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] if a job appears twice; [`Error::Database`].
+    pub(crate) async fn job_finalize_many(
+        &self,
+        p: FinalizeParams,
+    ) -> Result<Vec<(JobId, Guarded<JobState>)>> {
+        self.bounded(Op::Finalize, self.finalize_unbounded(p)).await
+    }
+
+    async fn finalize_unbounded(
+        &self,
+        p: FinalizeParams,
+    ) -> Result<Vec<(JobId, Guarded<JobState>)>> {
+        let mut seen = HashSet::new();
+        for f in &p.items {
+            if !seen.insert(f.id) {
+                return Err(Error::invalid(
+                    "items",
+                    format!("job {} is finalized twice in one batch", f.id),
+                ));
+            }
+        }
+        if p.items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let applied = self.inner.driver.finalize(&p.items, bound(p.now)).await?;
+        Ok(p.items
+            .iter()
+            .map(|f| {
+                (
+                    f.id,
+                    applied
+                        .get(&f.id.0)
+                        .map_or(Guarded::LeaseLost, |s| Guarded::Applied(*s)),
+                )
+            })
+            .collect())
+    }
+}

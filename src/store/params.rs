@@ -1,0 +1,411 @@
+//! The vocabulary the engine passes to the store and gets back: one `*Params` struct per
+//! operation (each carries `now`: `None`, the database's clock decides; `Some`, a test clock's
+//! instant is bound instead) and one outcome type per result.
+//!
+//! Application-facing types ([`Guarded`], [`Enqueued`], [`CancelOutcome`], [`ListParams`],
+//! [`StateCount`], [`ReclaimReason`]) are re-exported by [`crate::store`]; the lease holder's
+//! vocabulary (claim, renew, finalize, reclaim, archive, prune) is crate-private and reachable
+//! from outside only through [`crate::testing`] (feature `test-util`, not a stable API).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use crate::job::{Job, JobFailure, JobId, JobState, NewJob};
+use crate::lease::{LeaseToken, NodeId};
+
+/// The outcome of a guarded write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guarded<T> {
+    /// The guard held and the write was applied.
+    Applied(T),
+    /// The presented lease token is no longer the job's (its lease expired and it was
+    /// reclaimed, possibly re-claimed by someone else), or the job is no longer running.
+    /// Nothing was written.
+    LeaseLost,
+    /// The job's version moved on since it was read (someone else changed it first).
+    /// Nothing was written.
+    Stale,
+}
+
+impl<T> Guarded<T> {
+    /// True for [`Guarded::Applied`].
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Guarded::Applied(_))
+    }
+}
+
+/// Result of enqueueing one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The new job's id, or the existing job's id for a duplicate.
+    pub id: JobId,
+    /// True when a live job with the same (kind, unique_key) already existed: nothing new was
+    /// written.
+    pub duplicate: bool,
+}
+
+/// Enqueue one or many jobs.
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueParams {
+    /// The jobs, validated before anything is written.
+    pub jobs: Vec<NewJob>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+// Constructors used by the engine's tests (feature `test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+impl EnqueueParams {
+    /// Params for one job at the database's clock.
+    pub fn one(job: NewJob) -> Self {
+        EnqueueParams {
+            jobs: vec![job],
+            now: None,
+        }
+    }
+
+    /// Params for many jobs at the database's clock.
+    pub fn many(jobs: Vec<NewJob>) -> Self {
+        EnqueueParams { jobs, now: None }
+    }
+
+    /// Binds a test clock's instant.
+    pub fn at(mut self, now: Option<DateTime<Utc>>) -> Self {
+        self.now = now;
+        self
+    }
+}
+
+/// Claim up to `limit` due jobs of a queue.
+#[derive(Debug, Clone)]
+pub struct ClaimParams {
+    /// The queue.
+    pub queue: String,
+    /// The claiming node.
+    pub owner: NodeId,
+    /// Most jobs to claim (0 claims nothing).
+    pub limit: u32,
+    /// Only jobs of these kinds — the kinds the claiming node has handlers for; `None`:
+    /// any kind. Jobs of other kinds stay waiting for a node that can run them.
+    pub kinds: Option<Vec<String>>,
+    /// Lease length.
+    pub lease: Duration,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// A job just claimed, with the token its holder must present.
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    /// The job as it is now (state `running`, attempts counted).
+    pub job: Job,
+    /// The lease token of this claim.
+    pub token: LeaseToken,
+}
+
+/// One lease to renew.
+#[derive(Debug, Clone)]
+pub struct LeaseRef {
+    /// The job.
+    pub id: JobId,
+    /// The token of the holder's claim.
+    pub token: LeaseToken,
+    /// How long ago the attempt's handler started, if it has and its start is not yet
+    /// recorded: the renewal records `started_at = now - started_ago` (and, from it,
+    /// `first_started_at` and the timeout deadline) once per attempt.
+    pub started_ago: Option<Duration>,
+}
+
+/// Renew many leases in one statement.
+#[derive(Debug, Clone)]
+pub struct RenewParams {
+    /// The leases.
+    pub leases: Vec<LeaseRef>,
+    /// New lease length, from now.
+    pub lease: Duration,
+    /// Added to a recorded start plus the job's timeout to give the sweeper's timeout
+    /// deadline (`timeout_at`): the holder stops a handler at its timeout itself; the
+    /// sweeper only steps in when that did not happen (a stuck node that still renews).
+    pub timeout_grace: Duration,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// A renewed lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewed {
+    /// The lease's new end.
+    pub expires_at: DateTime<Utc>,
+    /// Set when someone asked to cancel the job: the holder should stop the handler and
+    /// finalize it `cancelled`.
+    pub cancel_requested: bool,
+}
+
+/// What a holder writes when it is done with a job.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Finalization {
+    /// Succeeded with a result; `last_error` is cleared, `attempts` kept.
+    Succeeded {
+        /// The handler's result.
+        result: Value,
+    },
+    /// Failed; claimable again at `now + delay`. The error is appended to `errors`.
+    Retry {
+        /// This attempt's error.
+        error: JobFailure,
+        /// Backoff before the next attempt.
+        delay: Duration,
+    },
+    /// Failed permanently (or out of attempts).
+    Dead {
+        /// This attempt's error.
+        error: JobFailure,
+    },
+    /// Stopped because a cancel was asked for.
+    Cancelled {
+        /// What was recorded (code `cancelled`).
+        error: JobFailure,
+    },
+    /// Reschedule at `now + delay` without using an attempt (the handler snoozed, or the node
+    /// gave the lease back at shutdown). State becomes `pending`.
+    Requeue {
+        /// When to run again, from now.
+        delay: Duration,
+    },
+}
+
+/// One job's finalization, presented with its lease token.
+#[derive(Debug, Clone)]
+pub struct Finalize {
+    /// The job.
+    pub id: JobId,
+    /// The holder's token.
+    pub token: LeaseToken,
+    /// What to write.
+    pub outcome: Finalization,
+}
+
+// Some constructors are used only by the engine's tests (feature `test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+impl Finalize {
+    /// Succeeded with `result`.
+    pub fn succeeded(id: JobId, token: LeaseToken, result: Value) -> Self {
+        Finalize {
+            id,
+            token,
+            outcome: Finalization::Succeeded { result },
+        }
+    }
+
+    /// Failed; retry after `delay`.
+    pub fn retry(id: JobId, token: LeaseToken, error: JobFailure, delay: Duration) -> Self {
+        Finalize {
+            id,
+            token,
+            outcome: Finalization::Retry { error, delay },
+        }
+    }
+
+    /// Failed permanently.
+    pub fn dead(id: JobId, token: LeaseToken, error: JobFailure) -> Self {
+        Finalize {
+            id,
+            token,
+            outcome: Finalization::Dead { error },
+        }
+    }
+
+    /// Cancelled while running.
+    pub fn cancelled(id: JobId, token: LeaseToken, error: JobFailure) -> Self {
+        Finalize {
+            id,
+            token,
+            outcome: Finalization::Cancelled { error },
+        }
+    }
+
+    /// Back to pending after `delay`, the attempt not counted (snooze, or lease given back).
+    pub fn requeue(id: JobId, token: LeaseToken, delay: Duration) -> Self {
+        Finalize {
+            id,
+            token,
+            outcome: Finalization::Requeue { delay },
+        }
+    }
+}
+
+/// Finalize many jobs in one round trip.
+#[derive(Debug, Clone, Default)]
+pub struct FinalizeParams {
+    /// The finalizations; each job at most once.
+    pub items: Vec<Finalize>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// Reclaim running jobs whose lease expired or whose timeout passed.
+#[derive(Clone)]
+pub struct ReclaimParams {
+    /// Most jobs handled in this batch.
+    pub limit: u32,
+    /// Backoff before the retry, given the attempt that was lost (1-based).
+    pub backoff: Arc<dyn Fn(u32) -> Duration + Send + Sync>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+impl std::fmt::Debug for ReclaimParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReclaimParams")
+            .field("limit", &self.limit)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a running job was reclaimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimReason {
+    /// Its lease expired (its node stopped renewing).
+    LeaseExpired,
+    /// It ran past its timeout.
+    Timeout,
+    /// Its lease expired before its handler's start was recorded: the attempt was given back
+    /// (the job is `pending` again, its `refunds` counted).
+    NotStarted,
+}
+
+impl ReclaimReason {
+    /// The error code recorded: `lease_expired`, `timeout` or `not_started`.
+    pub fn code(self) -> &'static str {
+        match self {
+            ReclaimReason::LeaseExpired => "lease_expired",
+            ReclaimReason::Timeout => "timeout",
+            ReclaimReason::NotStarted => "not_started",
+        }
+    }
+}
+
+/// One reclaimed job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// The job.
+    pub id: JobId,
+    /// Its kind.
+    pub kind: String,
+    /// Its queue.
+    pub queue: String,
+    /// Why.
+    pub reason: ReclaimReason,
+    /// `Retrying` or `Dead`; `Pending` when the attempt was given back.
+    pub new_state: JobState,
+    /// Attempts so far (the lost one counted unless it was given back).
+    pub attempts: u32,
+}
+
+/// Archive terminal jobs finished more than `older_than` ago; dead ones only once they
+/// finished more than `dead_older_than` ago as well.
+#[derive(Debug, Clone)]
+pub struct ArchiveParams {
+    /// Retention in the live table.
+    pub older_than: Duration,
+    /// Retention of dead jobs in the live table (effective: the longer of the two).
+    pub dead_older_than: Duration,
+    /// Most jobs moved in this batch.
+    pub limit: u32,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// Delete archived jobs archived more than `older_than` ago.
+#[derive(Debug, Clone)]
+pub struct PruneParams {
+    /// Retention in the archive.
+    pub older_than: Duration,
+    /// Most rows deleted in this batch.
+    pub limit: u32,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// Cancel a job.
+#[derive(Debug, Clone)]
+pub struct CancelParams {
+    /// The job.
+    pub id: JobId,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// It was pending or retrying and is now `cancelled`.
+    Cancelled(Job),
+    /// It is running: the request is recorded and its holder will stop it and finalize it
+    /// `cancelled` (seen at its next renewal).
+    Requested(Job),
+    /// It had already finished: nothing changed.
+    AlreadyFinished(Job),
+}
+
+/// Manually retry a dead or cancelled job.
+#[derive(Debug, Clone)]
+pub struct RetryParams {
+    /// The job.
+    pub id: JobId,
+    /// Only retry if the job is still at this version (what the operator looked at).
+    pub expected_version: Option<i64>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// Filters for [`Client::list`](crate::Client::list).
+#[derive(Debug, Clone, Default)]
+pub struct ListParams {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only this state.
+    pub state: Option<JobState>,
+    /// Only ids greater than this (keyset paging: pass the last id of the previous page).
+    pub after: Option<JobId>,
+    /// Page size; 0 means the default of 100, at most 1,000.
+    pub limit: u32,
+    /// List the archive instead of the live table.
+    pub archived: bool,
+    /// Only jobs created after this instant.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only jobs created before this instant.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only jobs with this unique key.
+    pub unique_key: Option<String>,
+}
+
+/// How late one queue is: its due jobs waiting to be claimed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct QueueLag {
+    /// The queue.
+    pub queue: String,
+    /// Jobs due now and waiting (pending or retrying).
+    pub due: u64,
+    /// When the longest-waiting of them became due.
+    pub oldest_due: DateTime<Utc>,
+}
+
+/// Live jobs of one queue in one state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateCount {
+    /// The queue.
+    pub queue: String,
+    /// The state.
+    pub state: JobState,
+    /// How many.
+    pub count: u64,
+}

@@ -1,0 +1,53 @@
+//! Wake-ups from the database: on PostgreSQL a dedicated connection `LISTEN`s on
+//! `jobvisor_jobs`, which an insert trigger notifies with the queue of newly due jobs.
+//! Other backends have no such channel; their nodes rely on polling and in-process wake-ups.
+//! Opened by [`PgDriver::listen`](super::PgDriver::listen).
+
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use futures_util::StreamExt;
+
+use crate::error::{Error, Result, StoreError};
+
+/// The notification channel.
+pub(crate) const CHANNEL: &str = "jobvisor_jobs";
+
+/// A listening connection. Notifications that arrive while no one awaits
+/// [`PgListener::next`] are buffered by the driver and returned later.
+pub(crate) struct PgListener {
+    conn: AsyncPgConnection,
+}
+
+impl std::fmt::Debug for PgListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PgListener")
+    }
+}
+
+impl PgListener {
+    /// The next notified queue; `None` when the connection is gone (listen again).
+    pub(crate) async fn next(&mut self) -> Option<Result<String>> {
+        let stream = self.conn.notifications_stream();
+        futures_util::pin_mut!(stream);
+        stream.next().await.map(|n| {
+            n.map(|n| n.payload)
+                .map_err(|e| Error::Database(StoreError::Transient(e.to_string())))
+        })
+    }
+}
+
+impl PgListener {
+    /// `LISTEN`s on `conn`, waiting at most `limit` for the server's answer.
+    pub(crate) async fn start(
+        mut conn: AsyncPgConnection,
+        limit: std::time::Duration,
+    ) -> Result<PgListener> {
+        let sql = format!("LISTEN {CHANNEL}");
+        let listen = conn.batch_execute(&sql);
+        tokio::time::timeout(limit, listen).await.map_err(|_| {
+            Error::Database(StoreError::Transient(format!(
+                "LISTEN timed out after {limit:?}"
+            )))
+        })??;
+        Ok(PgListener { conn })
+    }
+}

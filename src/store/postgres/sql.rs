@@ -1,0 +1,246 @@
+//! PostgreSQL's statements and SQL fragments, each beside the reason for its shape.
+//!
+//! Statements are prepared once per connection (`prepared_statement!`, `$n` placeholders) and
+//! take whole batches as arrays (`unnest`), so one statement serves any batch size. The
+//! database clock is written once, in [`now_us!`].
+
+use diesel::pg::Pg;
+use diesel::query_builder::{AstPass, QueryFragment};
+use diesel::result::QueryResult;
+use diesel::sql_types::{BigInt, Json, Nullable, Text};
+
+use crate::store::expr::{job_columns, prepared_statement};
+use crate::store::expr::{ClockSql, JsonAppend, SkipLocked};
+
+/// "Now" in epoch microseconds. `now()` is the transaction's start: stable within a
+/// statement, so indexes stay usable.
+macro_rules! now_us {
+    () => {
+        "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint"
+    };
+}
+
+pub(crate) use now_us;
+
+impl ClockSql for Pg {
+    const NOW_US: &'static str = now_us!();
+}
+
+impl QueryFragment<Pg> for JsonAppend {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("(COALESCE(errors::jsonb, '[]'::jsonb) || jsonb_build_array(");
+        out.push_bind_param::<Json, _>(&self.value)?;
+        out.push_sql("::jsonb))::json");
+        Ok(())
+    }
+}
+
+impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for SkipLocked<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" FOR UPDATE SKIP LOCKED");
+        Ok(())
+    }
+}
+
+/// Finalizes a batch. Its shape keeps the plan linear whatever the statistics say: the rows
+/// are found through the primary key (`id = ANY(ARRAY(…))`), and the `running` guard is a
+/// join condition against the materialized batch rather than a filter on the table. With
+/// `state = 'running'` as a filter, statistics taken when few jobs ran made the planner scan
+/// the table for "the one running row" and loop over the batch for each row found: 80 ms
+/// instead of 4 ms for 500 jobs (measured, 20,000-row table).
+pub(crate) const FINALIZE_PG: &str = concat!(
+    "\
+WITH v AS MATERIALIZED (
+    SELECT *, 'running'::text AS expect
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[])
+        AS v(id, token, state, result, error, delay_us, refund)
+), n AS (
+    SELECT COALESCE($8::bigint, ", now_us!(), ") AS now
+), upd AS (
+    UPDATE jobvisor_jobs AS j SET
+        state = CASE WHEN v.state = 'retrying' AND j.attempts >= j.max_attempts THEN 'dead' ELSE v.state END,
+        result = v.result::json,
+        last_error = CASE WHEN v.state = 'succeeded' THEN NULL
+                          WHEN v.error IS NULL THEN j.last_error
+                          ELSE v.error::json END,
+        errors = CASE WHEN v.error IS NULL THEN j.errors
+                      ELSE (COALESCE(j.errors::jsonb, '[]'::jsonb) || jsonb_build_array(v.error::jsonb))::json END,
+        attempts = j.attempts - v.refund,
+        run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END,
+        finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled')
+                             OR (v.state = 'retrying' AND j.attempts >= j.max_attempts) THEN n.now
+                           ELSE NULL END,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
+        timeout_at = NULL,
+        version = j.version + 1,
+        updated_at = n.now
+    FROM v, n
+    WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
+      AND j.state = v.expect
+    RETURNING j.id, j.state
+)
+SELECT id, state FROM upd"
+);
+
+prepared_statement!(
+    /// Finalizes a batch in one statement, each row guarded by its own token.
+    PgFinalize<'a>, FINALIZE_PG, {
+        ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
+        tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        states: Vec<&'static str> => diesel::sql_types::Array<Text>,
+        results: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        errors: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        delays: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        refunds: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+/// Claims due jobs of a queue, of the kinds the claiming node can run (`$6`: any kind). A
+/// kind filter rather than a claim-then-refuse keeps a rolling deploy from burning attempts:
+/// jobs of a kind the node lacks stay `pending` for a node that has it. It is checked on
+/// the rows the claim index walk meets, so it costs nothing while every kind is served.
+/// The candidates are locked by a subquery collected into an
+/// array (`= ANY(ARRAY(…))`), so the update finds its rows through the primary key whatever the
+/// planner believes: with `id IN (subquery)` a generic plan (statistics taken when the table
+/// was full, a `LIMIT` parameter it cannot see) hash-joined a sequential scan of the whole
+/// table.
+pub(crate) const CLAIM_PG: &str = concat!(
+    "\
+WITH n AS (
+    SELECT COALESCE($1::bigint, ",
+    now_us!(),
+    ") AS now,
+           $2::bigint AS lease_us
+)
+UPDATE jobvisor_jobs AS j SET
+    state = 'running',
+    lease_owner = $3,
+    lease_token = $4,
+    lease_expires_at = n.now + n.lease_us,
+    heartbeat_at = n.now,
+    attempts = j.attempts + 1,
+    version = j.version + 1,
+    updated_at = n.now,
+    started_at = NULL,
+    timeout_at = NULL
+FROM n
+WHERE j.id = ANY(ARRAY(
+    SELECT c.id FROM jobvisor_jobs AS c
+    WHERE c.queue = $5 AND c.state IN ('pending', 'retrying')
+      AND ($6::boolean OR c.kind = ANY($7::text[]))
+      AND c.run_at <= (SELECT now FROM n)
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT $8
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING ",
+    job_columns!()
+);
+
+prepared_statement!(
+    /// Claims up to `limit` due jobs of `queue` with one token.
+    PgClaim, CLAIM_PG, {
+        now: Option<i64> => Nullable<BigInt>,
+        lease_us: i64 => BigInt,
+        owner: String => Text,
+        token: String => Text,
+        queue: String => Text,
+        any_kind: bool => diesel::sql_types::Bool,
+        kinds: Vec<String> => diesel::sql_types::Array<Text>,
+        limit: i64 => BigInt,
+    }
+);
+
+/// Renews a batch of leases, each guarded by its own token, and records the starts it
+/// carries: `started_at = now - ago` for a lease whose handler started (`ago` not NULL) and
+/// whose start is not recorded yet, and from it `first_started_at` and the timeout deadline
+/// (`timeout_at`, the sweeper's backstop). Found through the primary key, as in
+/// [`FINALIZE_PG`].
+pub(crate) const RENEW_PG: &str = concat!(
+    "\
+WITH v AS MATERIALIZED (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(id, token, ago)
+), n AS (
+    SELECT COALESCE($4::bigint, ",
+    now_us!(),
+    ") AS now,
+           $5::bigint AS lease_us, $6::bigint AS grace_us
+)
+UPDATE jobvisor_jobs AS j SET
+    lease_expires_at = n.now + n.lease_us,
+    heartbeat_at = n.now,
+    started_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL THEN n.now - v.ago
+                      ELSE j.started_at END,
+    first_started_at = CASE WHEN j.first_started_at IS NULL AND v.ago IS NOT NULL
+                            THEN n.now - v.ago ELSE j.first_started_at END,
+    timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL
+                      THEN n.now - v.ago + j.timeout_ms * 1000 + n.grace_us
+                      ELSE j.timeout_at END
+FROM v, n
+WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
+  AND j.state = 'running'
+RETURNING j.id, j.lease_token, j.lease_expires_at, j.cancel_requested_at"
+);
+
+prepared_statement!(
+    /// Renews leases and records starts (see [`RENEW_PG`]).
+    PgRenew<'a>, RENEW_PG, {
+        ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
+        tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        agos: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        now: Option<i64> => Nullable<BigInt>,
+        lease_us: i64 => BigInt,
+        grace_us: i64 => BigInt,
+    }
+);
+
+pub(crate) const ENQUEUE_BATCH_PG: &str = concat!(
+    "\
+INSERT INTO jobvisor_jobs (queue, kind, unique_key, state, priority, payload, max_attempts,
+                           run_at, timeout_ms, created_at, updated_at)
+SELECT v.queue, v.kind, v.unique_key, 'pending', v.priority, v.payload::json, v.max_attempts,
+       COALESCE(v.run_at, n.now + v.delay_us), v.timeout_ms, n.now, n.now
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::int[], $7::bigint[],
+            $8::bigint[], $9::bigint[])
+         WITH ORDINALITY AS v(queue, kind, unique_key, priority, payload, max_attempts,
+                              timeout_ms, run_at, delay_us, ord),
+     (SELECT COALESCE($10::bigint, ",
+    now_us!(),
+    ") AS now) AS n
+ORDER BY v.ord
+ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+RETURNING id, kind, unique_key"
+);
+
+prepared_statement!(
+    /// Inserts a batch from arrays, in input order, skipping live duplicates.
+    PgEnqueueBatch<'a>, ENQUEUE_BATCH_PG, {
+        queue: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        kind: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        unique_key: Vec<Option<&'a str>> => diesel::sql_types::Array<Nullable<Text>>,
+        priority: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        payload: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        max_attempts: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        timeout_ms: Vec<i64> => diesel::sql_types::Array<BigInt>,
+        run_at: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        delay_us: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::expr::segments;
+
+    #[test]
+    fn statements_split_at_their_placeholders_in_order() {
+        assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
+        assert_eq!(segments(FINALIZE_PG).len(), 9);
+        assert_eq!(segments(CLAIM_PG).len(), 9);
+        assert_eq!(segments(RENEW_PG).len(), 7);
+        assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 11);
+    }
+}

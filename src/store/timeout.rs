@@ -1,0 +1,346 @@
+//! Bounded waits on the hot path, and connections that are never reused after one.
+//!
+//! A node whose network to the database is cut silently sees its statements hang: nothing is
+//! reset, and TCP retransmits into the void for minutes. So every hot-path operation (claim,
+//! renew, finalize, enqueue, reclaim) runs under [`bounded`]: when it has not answered within
+//! its bound, it is abandoned and fails with a transient [`Error::Database`] saying which
+//! operation timed out, after how long and while waiting for what.
+//!
+//! An abandoned operation may leave a statement in flight on its connection, whose answer
+//! would reach whoever used the connection next (or never arrive). So such a connection is
+//! *poisoned*: the store's pools hand out [`Lease`]s on [`Tracked`] connections, and a lease
+//! dropped while its operation is being abandoned marks its connection, which the pool's
+//! [`Manager`] then reports broken: bb8 closes it instead of taking it back, and opens a
+//! fresh one when next needed. A connection whose checkout ping (MySQL) is interrupted is
+//! poisoned the same way. This holds for any abandonment — the bound, or a caller that drops
+//! the future — since the mark is set by a guard that runs before the operation's future is
+//! dropped.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolError};
+
+use crate::error::{Error, Result, StoreError};
+
+/// A hot-path operation, named in its timeout error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Claim,
+    Renew,
+    Finalize,
+    Enqueue,
+    Reclaim,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Claim => "job_claim",
+            Op::Renew => "job_renew_leases",
+            Op::Finalize => "job_finalize_many",
+            Op::Enqueue => "job_enqueue",
+            Op::Reclaim => "job_reclaim_expired",
+        }
+    }
+}
+
+/// What an operation was waiting for, for its timeout error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Phase {
+    Starting = 0,
+    Checkout = 1,
+    WriterLock = 2,
+    Answer = 3,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            1 => Phase::Checkout,
+            2 => Phase::WriterLock,
+            3 => Phase::Answer,
+            _ => Phase::Starting,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Phase::Starting => "before reaching the database",
+            Phase::Checkout => "waiting for a database connection",
+            Phase::WriterLock => "waiting for the SQLite writer lock (another write is stuck)",
+            Phase::Answer => "waiting for the database's answer",
+        }
+    }
+}
+
+/// The state of the operation running in the current task.
+#[derive(Debug, Default)]
+struct OpState {
+    /// Set just before the operation's future is dropped unfinished.
+    abandoned: AtomicBool,
+    phase: AtomicU8,
+}
+
+tokio::task_local! {
+    static CURRENT: Arc<OpState>;
+}
+
+/// Records what the current operation waits for (nothing outside [`bounded`]).
+pub(crate) fn set_phase(phase: Phase) {
+    let _ = CURRENT.try_with(|s| s.phase.store(phase as u8, Ordering::Relaxed));
+}
+
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // the SQLite writer lock's wait
+/// Whether the current task runs inside [`bounded`] (whose bound then covers every wait).
+pub(crate) fn in_bounded_op() -> bool {
+    CURRENT.try_with(|_| ()).is_ok()
+}
+
+/// Marks the operation abandoned when dropped; declared after the operation's future, so it
+/// is dropped first and the leases inside that future see the mark.
+struct AbandonOnDrop(Arc<OpState>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.abandoned.store(true, Ordering::Release);
+    }
+}
+
+/// Runs `fut` for at most `limit`. On timeout the future is dropped, every connection it
+/// held is poisoned, and a transient error names `op`, `limit` and what it was waiting for.
+pub(crate) async fn bounded<T, F>(op: Op, limit: Duration, fut: F) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
+    let state = Arc::new(OpState::default());
+    let fut = CURRENT.scope(Arc::clone(&state), fut);
+    tokio::pin!(fut);
+    let _abandon = AbandonOnDrop(Arc::clone(&state));
+    match tokio::time::timeout(limit, &mut fut).await {
+        Ok(res) => res,
+        Err(_) => {
+            let phase = Phase::from_u8(state.phase.load(Ordering::Relaxed));
+            tracing::warn!(
+                op = op.name(),
+                limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+                waiting = phase.describe(),
+                "database operation timed out; its connection is discarded"
+            );
+            Err(timeout_error(op, limit, phase))
+        }
+    }
+}
+
+fn timeout_error(op: Op, limit: Duration, phase: Phase) -> Error {
+    Error::Database(StoreError::Transient(format!(
+        "{} timed out after {limit:?} {} (StoreOptions::statement_timeout); any connection \
+         it held is closed, not reused",
+        op.name(),
+        phase.describe()
+    )))
+}
+
+/// A pooled connection and whether it must never be used again.
+#[derive(Debug)]
+pub(crate) struct Tracked<C> {
+    pub(crate) conn: C,
+    poisoned: bool,
+}
+
+/// The store's pool manager: diesel-async's, plus the poison mark.
+pub(crate) struct Manager<C> {
+    inner: AsyncDieselConnectionManager<C>,
+}
+
+impl<C> Manager<C> {
+    pub(crate) fn new(inner: AsyncDieselConnectionManager<C>) -> Self {
+        Manager { inner }
+    }
+}
+
+impl<C> std::fmt::Debug for Manager<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Manager").field(&self.inner).finish()
+    }
+}
+
+impl<C> bb8::ManageConnection for Manager<C>
+where
+    C: Send + 'static,
+    AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    type Connection = Tracked<C>;
+    type Error = PoolError;
+
+    async fn connect(&self) -> Result<Tracked<C>, PoolError> {
+        let conn = self.inner.connect().await?;
+        Ok(Tracked {
+            conn,
+            poisoned: false,
+        })
+    }
+
+    async fn is_valid(&self, c: &mut Tracked<C>) -> Result<(), PoolError> {
+        // Poisoned while the ping is in flight: if it is interrupted (a hung connection, the
+        // checkout timed out), the connection is closed rather than handed out again.
+        c.poisoned = true;
+        let res = self.inner.is_valid(&mut c.conn).await;
+        c.poisoned = res.is_err();
+        res
+    }
+
+    fn has_broken(&self, c: &mut Tracked<C>) -> bool {
+        c.poisoned || self.inner.has_broken(&mut c.conn)
+    }
+}
+
+/// The store's connection pools.
+pub(crate) type ConnPool<C> = bb8::Pool<Manager<C>>;
+
+/// A connection checked out for one operation; derefs to the connection. Dropped while its
+/// operation is abandoned, it poisons the connection.
+pub(crate) struct Lease<'a, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    conn: bb8::PooledConnection<'a, Manager<C>>,
+    op: Option<Arc<OpState>>,
+}
+
+impl<C> std::ops::Deref for Lease<'_, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        &self.conn.conn
+    }
+}
+
+impl<C> std::ops::DerefMut for Lease<'_, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    fn deref_mut(&mut self) -> &mut C {
+        &mut self.conn.conn
+    }
+}
+
+impl<C> Drop for Lease<'_, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    fn drop(&mut self) {
+        if self
+            .op
+            .as_ref()
+            .is_some_and(|s| s.abandoned.load(Ordering::Acquire))
+        {
+            self.conn.poisoned = true;
+        }
+    }
+}
+
+impl<C> Lease<'_, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    /// Marks the connection so the pool closes it when this lease is dropped (for one whose
+    #[cfg(feature = "postgres")]
+    /// session settings are about to be changed).
+    pub(crate) fn poison(&mut self) {
+        self.conn.poisoned = true;
+    }
+}
+
+/// Checks a connection out of `pool` for the current operation.
+pub(crate) async fn checkout<C>(pool: &ConnPool<C>) -> Result<Lease<'_, C>>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>, Error = PoolError>,
+{
+    set_phase(Phase::Checkout);
+    let conn = pool.get().await.map_err(super::errors::pool_err)?;
+    set_phase(Phase::Answer);
+    Ok(Lease {
+        conn,
+        op: CURRENT.try_with(Arc::clone).ok(),
+    })
+}
+
+/// The bound of an enqueue of `jobs` jobs carrying `bytes` of payload: `statement_timeout`
+/// per started 1,000 jobs or 4 MiB of payload, the size of one batch statement (a large
+/// batch is written in several, or one `COPY` of the same volume).
+pub(crate) fn enqueue_bound(statement_timeout: Duration, jobs: usize, bytes: usize) -> Duration {
+    let units = jobs.div_ceil(1000).max(bytes.div_ceil(4 << 20)).max(1);
+    statement_timeout.saturating_mul(u32::try_from(units).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_bounded_operation_fails_transiently_naming_itself() {
+        let err = bounded(Op::Renew, Duration::from_millis(20), async {
+            set_phase(Phase::Answer);
+            std::future::pending::<Result<()>>().await
+        })
+        .await
+        .unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("job_renew_leases timed out after 20ms"),
+            "{msg}"
+        );
+        assert!(msg.contains("waiting for the database's answer"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_finished_operation_is_not_abandoned() {
+        let v = bounded(Op::Claim, Duration::from_secs(5), async {
+            let s = CURRENT.with(Arc::clone);
+            assert!(!s.abandoned.load(Ordering::Acquire));
+            assert!(in_bounded_op());
+            Ok(7)
+        })
+        .await
+        .unwrap();
+        assert_eq!(v, 7);
+        assert!(!in_bounded_op());
+    }
+
+    #[tokio::test]
+    async fn the_abandon_mark_is_set_before_the_future_is_dropped() {
+        struct Probe(Arc<OpState>, Arc<AtomicBool>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                self.1
+                    .store(self.0.abandoned.load(Ordering::Acquire), Ordering::Release);
+            }
+        }
+        let saw_mark = Arc::new(AtomicBool::new(false));
+        let saw = Arc::clone(&saw_mark);
+        let _ = bounded(Op::Finalize, Duration::from_millis(10), async move {
+            let _probe = Probe(CURRENT.with(Arc::clone), saw);
+            std::future::pending::<Result<()>>().await
+        })
+        .await;
+        assert!(saw_mark.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn enqueue_bounds_grow_with_the_batch() {
+        let s = Duration::from_millis(1500);
+        assert_eq!(enqueue_bound(s, 1, 10), s);
+        assert_eq!(enqueue_bound(s, 1000, 10), s);
+        assert_eq!(enqueue_bound(s, 1001, 10), s * 2);
+        assert_eq!(enqueue_bound(s, 10, 9 << 20), s * 3);
+        assert_eq!(enqueue_bound(s, 0, 0), s);
+    }
+}

@@ -1,0 +1,187 @@
+//! [`TestDb`]: a fresh, isolated database for one test on any backend — a schema on
+//! PostgreSQL, a database on MySQL/MariaDB, a temp file on SQLite — created from
+//! `JOBVISOR_PG_URL` / `JOBVISOR_MYSQL_URL` (default: the local services, [`base_url`]) and
+//! dropped afterwards. Every test family provisions its databases here: the conformance
+//! suite, the simulations, hostile-input, secrets, crash and partition tests, the benchmark.
+//! A server that cannot be reached panics: a skipped backend is never a pass.
+
+#![allow(clippy::unwrap_used)]
+
+#[cfg(feature = "mysql")]
+use diesel_async::AsyncMysqlConnection;
+#[cfg(feature = "postgres")]
+use diesel_async::AsyncPgConnection;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+
+use crate::error::Result;
+#[cfg(feature = "postgres")]
+use crate::store::with_query;
+use crate::store::{Backend, Store, StoreOptions};
+
+/// Default PostgreSQL URL for tests.
+pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// Default MySQL URL for tests.
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// The base URL for a backend's tests, from the environment or the local default.
+pub fn base_url(backend: Backend) -> String {
+    match backend {
+        Backend::Postgres => {
+            std::env::var("JOBVISOR_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.into())
+        }
+        Backend::Mysql => {
+            std::env::var("JOBVISOR_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.into())
+        }
+        Backend::Sqlite => String::new(),
+    }
+}
+
+/// A fresh, isolated database; dropped when this value is.
+pub struct TestDb {
+    /// Its backend.
+    pub backend: Backend,
+    /// URL of the isolated database (with the schema / database / file selected).
+    pub url: String,
+    cleanup: Option<Cleanup>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl std::fmt::Debug for TestDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDb")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Cleanup {
+    #[cfg(feature = "postgres")]
+    PgSchema { admin_url: String, schema: String },
+    #[cfg(feature = "mysql")]
+    MysqlDb { admin_url: String, db: String },
+}
+
+/// A fresh name for a schema or database: `jv_` and 16 hex digits.
+pub fn unique_name() -> String {
+    format!("jv_{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+impl TestDb {
+    /// Creates the isolated database (nothing in it yet).
+    pub async fn create(backend: Backend) -> TestDb {
+        match backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                let admin = base_url(backend);
+                let schema = unique_name();
+                let mut c = AsyncPgConnection::establish(&admin)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("PostgreSQL at {admin} is required for these tests: {e}")
+                    });
+                c.batch_execute(&format!("CREATE SCHEMA {schema}"))
+                    .await
+                    .unwrap();
+                let url = with_query(&admin, &format!("options=-c%20search_path%3D{schema}"));
+                TestDb {
+                    backend,
+                    url,
+                    cleanup: Some(Cleanup::PgSchema {
+                        admin_url: admin,
+                        schema,
+                    }),
+                    _dir: None,
+                }
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                let admin = base_url(backend);
+                let db = unique_name();
+                let mut c = AsyncMysqlConnection::establish(&admin)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("MySQL/MariaDB at {admin} is required for these tests: {e}")
+                    });
+                c.batch_execute(&format!("CREATE DATABASE {db}"))
+                    .await
+                    .unwrap();
+                let mut u = url::Url::parse(&admin).unwrap();
+                u.set_path(&format!("/{db}"));
+                TestDb {
+                    backend,
+                    url: u.to_string(),
+                    cleanup: Some(Cleanup::MysqlDb {
+                        admin_url: admin,
+                        db,
+                    }),
+                    _dir: None,
+                }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
+                TestDb {
+                    backend,
+                    url,
+                    cleanup: None,
+                    _dir: Some(dir),
+                }
+            }
+            #[allow(unreachable_patterns)] // reachable when a backend is left out
+            other => panic!("{other:?} is not compiled into this build (Cargo features)"),
+        }
+    }
+
+    /// Opens a migrated store on it.
+    pub async fn store(&self) -> Store {
+        self.store_with(StoreOptions::default().pool_size(12)).await
+    }
+
+    /// Opens a migrated store with options.
+    pub async fn store_with(&self, opts: StoreOptions) -> Store {
+        Store::connect_with(&self.url, opts.migrate(true))
+            .await
+            .unwrap_or_else(|e| panic!("opening a store on {:?}: {e}", self.backend))
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some(cleanup) = self.cleanup.take() else {
+            return;
+        };
+        // Drop cannot await: clean up on a thread with its own runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                match cleanup {
+                    #[cfg(feature = "postgres")]
+                    Cleanup::PgSchema { admin_url, schema } => {
+                        if let Ok(mut c) = AsyncPgConnection::establish(&admin_url).await {
+                            let _ = c
+                                .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+                                .await;
+                        }
+                    }
+                    #[cfg(feature = "mysql")]
+                    Cleanup::MysqlDb { admin_url, db } => {
+                        if let Ok(mut c) = AsyncMysqlConnection::establish(&admin_url).await {
+                            let _ = c.batch_execute(&format!("DROP DATABASE {db}")).await;
+                        }
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Runs raw SQL on the store's database (to corrupt rows as something other than jobvisor
+/// might).
+pub async fn exec_sql(store: &Store, sql: &str) -> Result<()> {
+    store.exec_raw(sql).await
+}
