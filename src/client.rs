@@ -1,7 +1,9 @@
 //! Client: what application code uses to enqueue and inspect jobs — from an actix-web
-//! handler (share it as `web::Data<Client>`), a CLI, another process. It needs no running
-//! scheduler; one obtained from [`SchedulerHandle::client`](crate::SchedulerHandle::client)
-//! also wakes that node's fetchers at once on enqueue.
+//! handler (share it as `web::Data<Client>`), an axum one (`State<Client>`), a job's handler
+//! ([`JobContext::client`](crate::JobContext::client)), a CLI, another process; it works on
+//! any tokio runtime. It needs no running scheduler; one obtained from
+//! [`SchedulerHandle::client`](crate::SchedulerHandle::client) also wakes that node's
+//! fetchers at once on enqueue.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,16 +12,35 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, NewJob, RunAt};
 use crate::store::{
-    CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, ListParams, OutboxConnection,
-    RetryParams, StateCount, Store,
+    ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, ListParams,
+    NodeInfo, OutboxConnection, PruneParams, QueueLag, RetryParams, StateCount, Store, Unserved,
 };
+
+/// Rows moved or deleted per statement by [`Client::archive`] and [`Client::prune`].
+const MAINTENANCE_BATCH: u32 = 1000;
+
+/// Runs `batch` until one moves fewer than [`MAINTENANCE_BATCH`] rows; answers the total.
+async fn in_batches<F, Fut>(mut batch: F) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let n = batch().await?;
+        total += n;
+        if n < u64::from(MAINTENANCE_BATCH) {
+            return Ok(total);
+        }
+    }
+}
 
 /// Wakes a queue's fetcher in this process.
 pub(crate) type Wake = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// First pause of [`Client::wait`]'s polling; it doubles up to [`WAIT_POLL_MAX`].
+/// First pause of [`Client::wait`]'s polling, **5 ms**; it doubles up to [`WAIT_POLL_MAX`].
 pub const WAIT_POLL_MIN: Duration = Duration::from_millis(5);
-/// Longest pause of [`Client::wait`]'s polling.
+/// Longest pause of [`Client::wait`]'s polling: **250 ms**.
 pub const WAIT_POLL_MAX: Duration = Duration::from_millis(250);
 
 /// Enqueue, inspect, cancel, retry and await jobs.
@@ -112,7 +133,21 @@ impl Client {
     /// Enqueues inside the caller's transaction on `conn`: the jobs exist only if it commits.
     ///
     /// # Errors
-    /// As [`Client::enqueue_many`].
+    /// As [`Client::enqueue_many`]; the caller's transaction is then usually to be rolled
+    /// back.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(client: jobvisor::Client, conn: &mut diesel_async::AsyncPgConnection) -> jobvisor::Result<()> {
+    /// use diesel_async::AsyncConnection;
+    /// use jobvisor::NewJob;
+    /// conn.transaction(async |conn| {
+    ///     // ... insert the business row on `conn` ...
+    ///     client.enqueue_in(conn, vec![NewJob::new("welcome", serde_json::json!({"user": 42}))]).await?;
+    ///     Ok::<_, jobvisor::Error>(())
+    /// }).await
+    /// # }
+    /// ```
     pub async fn enqueue_in<C: OutboxConnection>(
         &self,
         conn: &mut C,
@@ -147,6 +182,73 @@ impl Client {
     /// [`Error::Database`].
     pub async fn counts(&self) -> Result<Vec<StateCount>> {
         self.store.job_counts().await
+    }
+
+    /// Per queue with due jobs waiting: how many and since when the oldest has been due
+    /// (the queue's lag), by queue name.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn queue_lags(&self) -> Result<Vec<QueueLag>> {
+        self.store.queue_lags().await
+    }
+
+    /// Moves jobs that finished (succeeded or cancelled) more than `older_than` ago to the
+    /// archive — dead ones only once they finished more than `dead_older_than` ago too — in
+    /// batches of 1,000, as the archiver does; answers how many moved.
+    ///
+    /// # Errors
+    /// [`Error::Database`] (batches already moved stay moved).
+    pub async fn archive(&self, older_than: Duration, dead_older_than: Duration) -> Result<u64> {
+        in_batches(|| {
+            self.store.job_archive(ArchiveParams {
+                older_than,
+                dead_older_than,
+                limit: MAINTENANCE_BATCH,
+                now: self.clock.bound_now(),
+            })
+        })
+        .await
+    }
+
+    /// Deletes archived jobs archived more than `older_than` ago, in batches of 1,000;
+    /// answers how many were deleted.
+    ///
+    /// # Errors
+    /// [`Error::Database`] (batches already deleted stay deleted).
+    pub async fn prune(&self, older_than: Duration) -> Result<u64> {
+        in_batches(|| {
+            self.store.job_prune_archive(PruneParams {
+                older_than,
+                limit: MAINTENANCE_BATCH,
+                now: self.clock.bound_now(),
+            })
+        })
+        .await
+    }
+
+    /// The nodes registered on this database: the queues each serves, the kinds it runs, and
+    /// its last heartbeat (a node is gone once silent for three of its
+    /// [`node_heartbeat_every`](crate::SchedulerConfig::node_heartbeat_every); rows silent
+    /// for a day are removed).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
+        self.store.nodes_list().await
+    }
+
+    /// Due jobs that have waited at least `after` with no node able to run them — no node
+    /// with a heartbeat within `live` serves their queue, or none serving it has a handler
+    /// for their kind — by queue and kind, longest-waiting first. Schedulers report these
+    /// themselves ([`Event::Unserved`](crate::Event::Unserved)); this asks on demand.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a zero `live`; [`Error::Database`].
+    pub async fn unserved(&self, after: Duration, live: Duration) -> Result<Vec<Unserved>> {
+        self.store
+            .unserved_jobs(after, live, self.clock.bound_now())
+            .await
     }
 
     /// Cancels a job; a running one is signalled and ends `cancelled` once its node sees the

@@ -3,6 +3,11 @@
 //!
 //! Handlers never see the store or the lease: the runtime claims, renews and finalizes for
 //! them. They may be plain async functions via [`handler_fn`].
+//!
+//! Handlers run on the scheduler's handler runtime: a multi-threaded tokio runtime of its
+//! own (threads named `jobvisor-handler`), whether the application runs actix or plain tokio.
+//! `tokio::spawn` works there; actix APIs (`actix::spawn`, actors) do not. Follow-up jobs are
+//! enqueued through [`JobContext::client`].
 
 use std::fmt;
 use std::future::Future;
@@ -16,12 +21,29 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::Client;
 use crate::job::{JobFailure, JobId};
 
 /// Boxed future returned by erased handlers.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Everything a handler knows about the attempt it runs.
+/// Everything a handler knows about the attempt it runs, and the node's [`Client`] for
+/// follow-up work.
+///
+/// # Examples
+/// ```
+/// use jobvisor::{handler_fn, JobContext, JobOutcome, NewJob};
+///
+/// // A handler that enqueues the next step of a pipeline.
+/// let fetch = handler_fn(|url: String, ctx: JobContext| async move {
+///     let page = format!("<html>{url}</html>"); // ... fetch it ...
+///     ctx.client()?
+///         .enqueue(NewJob::new("parse", serde_json::json!({ "page": page })))
+///         .await?;
+///     JobOutcome::done()
+/// });
+/// # let _ = fetch;
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct JobContext {
@@ -40,6 +62,7 @@ pub struct JobContext {
     /// When this attempt will be stopped for running too long (the runtime's clock).
     pub deadline: DateTime<Utc>,
     cancel: CancellationToken,
+    client: Option<Client>,
 }
 
 impl JobContext {
@@ -47,6 +70,7 @@ impl JobContext {
         job: &crate::job::Job,
         deadline: DateTime<Utc>,
         cancel: CancellationToken,
+        client: Client,
     ) -> Self {
         JobContext {
             id: job.id,
@@ -57,7 +81,32 @@ impl JobContext {
             max_attempts: job.max_attempts,
             deadline,
             cancel,
+            client: Some(client),
         }
+    }
+
+    /// The node's client, to enqueue follow-up jobs (or read others) from a handler; its
+    /// enqueues wake this node's fetchers at once. Enqueued this way, a follow-up exists even
+    /// if this attempt later fails: make the step idempotent (e.g. give the follow-up a
+    /// [`unique_key`](crate::NewJob::unique_key) derived from this job's id).
+    ///
+    /// # Errors
+    /// A [`JobError`] to retry with if the context was built by [`JobContext::for_test`]
+    /// without [`JobContext::with_client`] (a handler run by a scheduler always has one).
+    pub fn client(&self) -> Result<&Client, JobError> {
+        self.client.as_ref().ok_or_else(|| {
+            JobError::retry(
+                "this JobContext has no client: it was built by JobContext::for_test; add one \
+                 with .with_client(client)",
+            )
+            .with_code("no_client")
+        })
+    }
+
+    /// Gives a test context a client (see [`JobContext::client`]).
+    pub fn with_client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
     }
 
     /// Completes when the job is cancelled, times out, loses its lease or the node shuts
@@ -82,11 +131,31 @@ impl JobContext {
             max_attempts: crate::job::DEFAULT_MAX_ATTEMPTS,
             deadline: Utc::now() + chrono::Duration::minutes(30),
             cancel: CancellationToken::new(),
+            client: None,
         }
     }
 }
 
-/// A handler's success.
+/// A handler's success: what [`JobResult`]'s `Ok` holds. Build it with
+/// [`JobOutcome::success`], [`JobOutcome::done`] or [`JobOutcome::snooze`], which all return
+/// a [`JobResult`], so each is a handler's whole answer as it stands.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use jobvisor::{JobOutcome, JobResult};
+///
+/// fn answer(ready: bool, count: u32) -> JobResult {
+///     if !ready {
+///         return JobOutcome::snooze(Duration::from_secs(30)); // no attempt used
+///     }
+///     if count == 0 {
+///         return JobOutcome::done(); // result: null
+///     }
+///     JobOutcome::success(count) // result: the count
+/// }
+/// assert!(answer(true, 3).is_ok());
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobOutcome {
     /// Done; the value is stored as the job's result.
@@ -98,20 +167,20 @@ pub enum JobOutcome {
 impl JobOutcome {
     /// Done with `result` (anything serializable). A value that cannot be represented as JSON
     /// fails the job permanently, naming the problem.
-    pub fn success<T: Serialize>(result: T) -> Result<JobOutcome, JobError> {
+    pub fn success<T: Serialize>(result: T) -> JobResult {
         serde_json::to_value(result)
             .map(JobOutcome::Succeeded)
             .map_err(|e| JobError::fail(format!("the handler's result is not JSON: {e}")))
     }
 
     /// Done, with no result (`null`).
-    pub fn done() -> JobOutcome {
-        JobOutcome::Succeeded(Value::Null)
+    pub fn done() -> JobResult {
+        Ok(JobOutcome::Succeeded(Value::Null))
     }
 
     /// Run again after `d`, the attempt not counted.
-    pub fn snooze(d: Duration) -> JobOutcome {
-        JobOutcome::Snooze(d)
+    pub fn snooze(d: Duration) -> JobResult {
+        Ok(JobOutcome::Snooze(d))
     }
 }
 
@@ -124,8 +193,29 @@ pub enum Next {
     Fail,
 }
 
-/// A handler's failure, saying what happens next. Any `std::error::Error` converts into a
-/// retryable one, so `?` works in handlers.
+/// A handler's failure, saying what happens next.
+///
+/// Anything that converts into `Box<dyn Error + Send + Sync>` converts into a retryable
+/// `JobError`, so `?` works in handlers on: any `std::error::Error + Send + Sync` type,
+/// `Box<dyn Error + Send + Sync>` itself, `anyhow::Error` (no feature needed: anyhow provides
+/// that conversion), `String` and `&str`. The message keeps the error's chain of causes
+/// (`outer: inner: root`).
+///
+/// # Examples
+/// ```
+/// use jobvisor::{JobError, JobOutcome, JobResult};
+///
+/// fn parse(text: &str) -> JobResult {
+///     let n: u32 = text.parse()?; // ParseIntError -> retry
+///     let boxed: Result<(), Box<dyn std::error::Error + Send + Sync>> = Ok(());
+///     boxed?; // Box<dyn Error + Send + Sync> -> retry
+///     if n == 0 {
+///         return Err(JobError::fail("zero is not a valid count")); // dead at once
+///     }
+///     JobOutcome::success(n)
+/// }
+/// assert_eq!(parse("x").unwrap_err().code, "error");
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobError {
     /// Retry or fail.
@@ -192,9 +282,24 @@ impl fmt::Display for JobError {
     }
 }
 
-impl<E: std::error::Error> From<E> for JobError {
+impl<E> From<E> for JobError
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
     fn from(e: E) -> Self {
-        JobError::retry(e)
+        let e: Box<dyn std::error::Error + Send + Sync + 'static> = e.into();
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            // Some errors repeat their cause in their own message: say it once.
+            if !message.ends_with(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = cause.source();
+        }
+        JobError::retry(message)
     }
 }
 
@@ -330,6 +435,84 @@ mod tests {
             .unwrap_err();
         assert_eq!((bad.next, bad.code.as_str()), (Next::Fail, "bad_payload"));
         assert!(bad.message.contains("double"), "{bad}");
+    }
+
+    /// `?` compiles in a handler on each error type users meet, and keeps the causes.
+    #[test]
+    fn question_mark_converts_every_common_error() {
+        fn std_error() -> Result<i32, JobError> {
+            Ok("x".parse::<i32>()?)
+        }
+        fn io_error() -> Result<(), JobError> {
+            Err(std::io::Error::other("disk full"))?
+        }
+        fn boxed() -> Result<(), JobError> {
+            let e: Box<dyn std::error::Error + Send + Sync> = "boxed failure".into();
+            Err(e)?
+        }
+        fn boxed_from_a_function() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            Err(std::io::Error::other("inner").into())
+        }
+        fn boxed_question_mark() -> Result<(), JobError> {
+            boxed_from_a_function()?;
+            Ok(())
+        }
+        fn anyhow_error() -> Result<(), JobError> {
+            use anyhow::Context as _;
+            let r: Result<(), std::io::Error> = Err(std::io::Error::other("connection reset"));
+            r.context("calling the mail API")?;
+            Ok(())
+        }
+        fn anyhow_bail() -> Result<(), JobError> {
+            let r: anyhow::Result<()> = Err(anyhow::anyhow!("plain anyhow"));
+            r?;
+            Ok(())
+        }
+        fn text() -> Result<(), JobError> {
+            Err(String::from("a string"))?
+        }
+        fn handler_result() -> JobResult {
+            std_error()?;
+            JobOutcome::done()
+        }
+        let msg = |r: Result<(), JobError>| {
+            let e = r.unwrap_err();
+            assert_eq!((e.next, e.code.as_str()), (Next::Retry(None), "error"));
+            e.message
+        };
+        assert!(std_error().unwrap_err().message.contains("invalid digit"));
+        assert_eq!(msg(io_error()), "disk full");
+        assert_eq!(msg(boxed()), "boxed failure");
+        assert_eq!(msg(boxed_question_mark()), "inner");
+        assert_eq!(
+            msg(anyhow_error()),
+            "calling the mail API: connection reset",
+            "the cause is kept"
+        );
+        assert_eq!(msg(anyhow_bail()), "plain anyhow");
+        assert_eq!(msg(text()), "a string");
+        assert_eq!(handler_result().unwrap_err().next, Next::Retry(None));
+    }
+
+    #[test]
+    fn success_done_and_snooze_are_one_type() {
+        let answers: [JobResult; 3] = [
+            JobOutcome::success(1),
+            JobOutcome::done(),
+            JobOutcome::snooze(Duration::from_secs(5)),
+        ];
+        assert_eq!(
+            answers,
+            [
+                Ok(JobOutcome::Succeeded(json!(1))),
+                Ok(JobOutcome::Succeeded(Value::Null)),
+                Ok(JobOutcome::Snooze(Duration::from_secs(5))),
+            ]
+        );
+        let tuple_keys = std::collections::BTreeMap::from([((1, 2), 3)]);
+        let not_json = JobOutcome::success(tuple_keys).unwrap_err();
+        assert_eq!(not_json.next, Next::Fail);
+        assert!(not_json.message.contains("not JSON"), "{not_json}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Archiver: moves terminal jobs older than the retention (default 24 h) to the archive table
-//! and deletes archived jobs older than theirs (default 7 days), in bounded batches, so the
+//! Archiver: moves terminal jobs older than the retention to the archive table (succeeded and
+//! cancelled after `archive_after`, default 24 h; dead ones after `archive_dead_after`,
+//! default 28 days, so dead letters wait for a human) and deletes archived jobs older than
+//! theirs (`prune_after`, default 7 days), in bounded batches, so the
 //! live table stays small however many jobs pass through: a pass that ends with work left
 //! (every batch full) is followed at once by the next, so archiving keeps up with any job
 //! rate instead of waiting for the next tick.
@@ -16,10 +18,10 @@ use crate::store::{ArchiveParams, PruneParams};
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Batches run back to back in one pass at most (the next tick continues).
 const MAX_BATCHES_PER_PASS: usize = 10;
-/// The live table is vacuumed after this many jobs were moved out of it (PostgreSQL; see
-/// [`Store::job_vacuum_live`](crate::Store::job_vacuum_live)). Autovacuum wakes once a
-/// minute at most: at tens of thousands of jobs per second the table would grow by
-/// hundreds of megabytes of dead row versions meanwhile.
+/// The live table is vacuumed after this many jobs, **50,000**, were moved out of it (PostgreSQL,
+/// `VACUUM (SKIP_LOCKED)`). Autovacuum wakes once a minute at most: at tens of thousands of
+/// jobs per second the table would grow by hundreds of megabytes of dead row versions
+/// meanwhile.
 pub const VACUUM_AFTER_MOVED: u64 = 50_000;
 
 /// Archives and prunes.
@@ -88,6 +90,7 @@ impl Handler<ArchiveNow> for Archiver {
                     .store
                     .job_archive(ArchiveParams {
                         older_than: cfg.archive_after,
+                        dead_older_than: cfg.archive_dead_after,
                         limit: cfg.archive_batch,
                         now: shared.clock.bound_now(),
                     })

@@ -1,14 +1,15 @@
 //! One stream of facts about jobs and actors. Each fact is emitted once, here: it is logged
 //! with `tracing` and broadcast to subscribers (metrics, tests, the quickstart's progress).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 
+use crate::error::Error;
 use crate::job::{JobId, JobState};
 use crate::store::ReclaimReason;
 
-/// Events kept for a slow subscriber before it starts missing some.
+/// Events kept for a slow subscriber before it starts missing some: **4,096**.
 pub const EVENT_BUFFER: usize = 4096;
 
 /// Something that happened.
@@ -64,6 +65,27 @@ pub enum Event {
         /// Its kind.
         kind: String,
     },
+    /// A claimed job was given back before its handler started, because its lease might be
+    /// gone: the estimate ran out while it waited for a worker (the node was frozen or cut
+    /// off, or the claim was answered too late). Its attempt is not counted.
+    Dropped {
+        /// The job.
+        id: JobId,
+        /// Its kind.
+        kind: String,
+    },
+    /// The node's timers fired far later than scheduled (the process was frozen, or starved
+    /// of CPU): it revalidates its leases before starting any handler.
+    PauseDetected {
+        /// How much later than scheduled the timers fired.
+        late_by: std::time::Duration,
+    },
+    /// Due jobs have waited longer than
+    /// [`unserved_after`](crate::SchedulerConfig::unserved_after) with no live node able to
+    /// run them: no node serves their queue, or none serving it has a handler for their kind
+    /// (a rolling deploy that has not reached any node yet, a mistyped queue). Reported by
+    /// every node that looks, at each check, while they wait.
+    Unserved(crate::store::Unserved),
     /// A handler ran past the job's timeout and was stopped.
     TimedOut {
         /// The job.
@@ -174,7 +196,23 @@ impl EventBus {
                 tracing::warn!(job.id = id.0, job.kind = %kind, "lease lost; handler stopped, result discarded")
             }
             Event::SelfFenced { id, kind } => {
-                tracing::warn!(job.id = id.0, job.kind = %kind, "lease could not be renewed in time; handler stopped")
+                tracing::warn!(job.id = id.0, job.kind = %kind, "lease could not be renewed in time; handler stopped, job given back once it has")
+            }
+            Event::Dropped { id, kind } => {
+                tracing::warn!(job.id = id.0, job.kind = %kind, "lease may be gone before the handler started; job given back, attempt not counted")
+            }
+            Event::Unserved(u) => {
+                tracing::warn!(
+                    queue = %u.queue,
+                    kind = %u.kind,
+                    jobs = u.jobs,
+                    oldest_due = %u.oldest_due,
+                    reason = ?u.reason,
+                    "due jobs wait with no live node able to run them"
+                )
+            }
+            Event::PauseDetected { late_by } => {
+                tracing::warn!(late_by_ms = late_by.as_millis() as u64, "timers fired late (process frozen or starved); revalidating leases before starting handlers")
             }
             Event::TimedOut { id, kind } => {
                 tracing::warn!(job.id = id.0, job.kind = %kind, "timed out")
@@ -214,5 +252,23 @@ impl EventBus {
         if self.tx.receiver_count() > 0 {
             let _ = self.tx.send(e);
         }
+    }
+}
+
+/// Logs a store failure at most once per `every` (callers keep the last time).
+pub(crate) fn report_store_error(
+    events: &EventBus,
+    actor: &'static str,
+    last: &mut Option<Instant>,
+    every: Duration,
+    err: &Error,
+) {
+    let due = last.is_none_or(|t| t.elapsed() >= every);
+    if due {
+        *last = Some(Instant::now());
+        events.emit(Event::StoreUnavailable {
+            actor,
+            message: err.to_string(),
+        });
     }
 }

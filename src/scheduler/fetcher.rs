@@ -20,23 +20,23 @@
 //! returns, so no wake is lost and no two claims race for the same slots. Freed slots
 //! coalesce into one queued wake.
 
-use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::Semaphore;
 
-use super::job_supervisor::{JobSupervisor, NOT_STARTED};
-use super::lease_manager::{LeaseManager, TrackLease, TrackLeases};
+use super::attempt::Attempt;
+use super::job_supervisor::JobSupervisor;
+use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::config::QueueConfig;
 use crate::store::ClaimParams;
 
 /// Store errors are logged at most this often per fetcher.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
-/// A prefetched job should not wait longer than this for a worker: if one did, the window
-/// halves (another node might have run it meanwhile).
+/// A prefetched job should not wait longer than this, **200 ms**, for a worker: if one did,
+/// the window halves (another node might have run it meanwhile).
 pub const PREFETCH_MAX_WAIT: Duration = Duration::from_millis(200);
 
 /// Claims jobs of one queue.
@@ -44,7 +44,11 @@ pub struct Fetcher {
     shared: Arc<Shared>,
     queue: String,
     config: QueueConfig,
-    lease_manager: Addr<LeaseManager>,
+    /// The lease manager, told of every claimed lease (a `Recipient`, so a fetcher can be
+    /// driven alone in a test) ...
+    track: Recipient<TrackLeases>,
+    /// ... and the address its supervisors report outcomes to.
+    finished: Recipient<JobFinished>,
     /// Budget taken: jobs claimed and not yet confirmed written (running, prefetched, or
     /// finishing).
     busy: u32,
@@ -74,7 +78,8 @@ impl Fetcher {
         shared: Arc<Shared>,
         queue: String,
         config: QueueConfig,
-        lease_manager: Addr<LeaseManager>,
+        track: Recipient<TrackLeases>,
+        finished: Recipient<JobFinished>,
     ) -> Self {
         Fetcher {
             shared,
@@ -82,7 +87,8 @@ impl Fetcher {
             window: PrefetchWindow::new(config.concurrency, config.prefetch),
             queue,
             config,
-            lease_manager,
+            track,
+            finished,
             busy: 0,
             wake_queued: false,
             stopped: false,
@@ -164,13 +170,16 @@ impl Handler<FetchNow> for Fetcher {
         let limit = self.free().min(self.chunk());
         let shared = self.shared.clone();
         // The database counts the lease from its own "now", at the latest when the claim
-        // arrives: count ours from before it was sent, so a slow answer can only shorten it.
-        let sent_at = shared.clock.now();
+        // arrives: count ours from before it was sent (on the monotonic clock), so a slow
+        // answer can only shorten it — an answer later than the lease minus the fence margin
+        // gives jobs that are handed back at once, never started.
+        let sent_at = shared.clock.monotonic();
         shared.stats.count_claim();
         let params = ClaimParams {
             queue: self.queue.clone(),
             owner: shared.node.clone(),
             limit,
+            kinds: Some(shared.kinds.clone()),
             lease: shared.config.lease,
             now: shared.clock.bound_now(),
         };
@@ -214,11 +223,7 @@ impl Handler<FetchNow> for Fetcher {
 impl Fetcher {
     /// Takes budget for each job, starts its supervisor (which waits for a worker permit) and
     /// hands all the leases to the lease manager in one message.
-    fn start_all(
-        &mut self,
-        jobs: Vec<crate::store::ClaimedJob>,
-        claimed_at: chrono::DateTime<chrono::Utc>,
-    ) {
+    fn start_all(&mut self, jobs: Vec<crate::store::ClaimedJob>, claimed_at: Duration) {
         if jobs.is_empty() {
             return;
         }
@@ -233,7 +238,7 @@ impl Fetcher {
                 queue: claimed.job.queue.clone(),
                 attempt: claimed.job.attempts,
             });
-            let started = Arc::new(AtomicI64::new(NOT_STARTED));
+            let attempt = Arc::new(Attempt::new(claimed_at + self.shared.config.lease));
             let (id, kind, timeout) = (
                 claimed.job.id,
                 claimed.job.kind.clone(),
@@ -244,8 +249,8 @@ impl Fetcher {
                 claimed.job,
                 claimed.token.clone(),
                 self.workers.clone(),
-                started.clone(),
-                self.lease_manager.clone(),
+                attempt.clone(),
+                self.finished.clone(),
             )
             .start();
             leases.push(TrackLease {
@@ -256,11 +261,11 @@ impl Fetcher {
                 supervisor: supervisor.recipient(),
                 claimed_at,
                 timeout,
-                started,
+                attempt,
             });
         }
         // Sent before any supervisor can report: none has run yet.
-        self.lease_manager.do_send(TrackLeases(leases));
+        self.track.do_send(TrackLeases(leases));
     }
 }
 

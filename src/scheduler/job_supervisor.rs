@@ -2,19 +2,24 @@
 //! the actors' arbiter), turns a panic into a failure with code `panic`, reports the outcome
 //! to the [`LeaseManager`] and stops.
 //!
+//! The handler starts only once it holds a worker permit, no pause is being revalidated, and
+//! its lease estimate still holds with the fence margin ([`Attempt::try_start`], ARCHITECTURE.md §6
+//! invariant 9); otherwise the job is given back unstarted, its attempt not counted.
+//!
 //! Told to stop ([`StopJob`]) it signals and aborts the handler. On timeout it writes a
-//! `timeout` failure and on release (shutdown) it gives the lease back — but only once the
-//! handler has actually stopped, so the job can never run here and on another node at once.
-//! A handler that does not stop within the grace period is fenced by the lease manager: its
-//! lease is no longer renewed and the sweeper reclaims the job after it expires. On lease loss
-//! or self-fencing the supervisor reports nothing: the job belongs to someone else now, or will
-//! once the sweeper reclaims it.
+//! `timeout` failure, on release (shutdown) it gives the lease back, and on self-fencing (the
+//! lease could not be renewed in time) it gives the job back as a `fenced` failure to run
+//! again at once — each only once the handler has actually stopped, so the job can never run
+//! here and on another node at once. A handler that does not stop within the grace period is
+//! abandoned by the lease manager: its lease is no longer renewed and the sweeper reclaims
+//! the job after it expires. On lease loss, or when the lease manager already gave an
+//! unstarted job back, the supervisor reports nothing.
 //!
 //! Durability never depends on this actor: if the process dies with the job running, the
 //! lease expires and the sweeper on any node reclaims the job.
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::Semaphore;
@@ -22,27 +27,30 @@ use tokio::task::{AbortHandle, JoinError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::lease_manager::{JobFinished, LeaseManager};
+use super::attempt::{fence_margin, Attempt};
+use super::lease_manager::JobFinished;
 use super::{Event, Shared, StopActor};
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
 use crate::job::{Job, JobFailure};
 use crate::lease::LeaseToken;
 use crate::store::Finalization;
 
-/// `started` value of a job whose handler has not started.
-pub(crate) const NOT_STARTED: i64 = i64::MIN;
-
 /// Supervises one running job.
 pub struct JobSupervisor {
     shared: Arc<Shared>,
     job: Job,
+    /// The attempt's lease token, carried only to hand it back with the outcome: the lease
+    /// manager holds the lease (renews, fences and gives it back); the token names which
+    /// attempt the outcome is for.
     token: LeaseToken,
     /// The queue's worker permits: the handler starts only once it holds one.
     workers: Arc<Semaphore>,
-    /// When the handler started (epoch µs, [`NOT_STARTED`] before): the lease manager counts
-    /// the timeout from it, not from the claim, since a prefetched job may wait for a worker.
-    started: Arc<AtomicI64>,
-    lease_manager: Addr<LeaseManager>,
+    /// The attempt's start gate, shared with the lease manager: the timeout counts from the
+    /// start it records, not from the claim, since a prefetched job may wait for a worker.
+    attempt: Arc<Attempt>,
+    /// Where the outcome goes: the lease manager (a `Recipient`, so a supervisor can be run
+    /// alone in a test).
+    finished: Recipient<JobFinished>,
     /// Signalled on cancel, timeout, lease loss and shutdown; handlers can await it.
     cancel: CancellationToken,
     /// Stops the handler task at its next await.
@@ -52,6 +60,9 @@ pub struct JobSupervisor {
     /// The outcome decided when the handler was told to stop (timeout, release); written only
     /// once the handler has actually stopped, so the job never runs here and elsewhere at once.
     decided: Option<Finalization>,
+    /// The lease could not be renewed in time and the handler was told to stop: once it
+    /// has, the job is given back as a `fenced` failure.
+    fenced: bool,
     /// The outcome was reported (or deliberately withheld): ignore anything later.
     done: bool,
 }
@@ -72,20 +83,21 @@ impl JobSupervisor {
         job: Job,
         token: LeaseToken,
         workers: Arc<Semaphore>,
-        started: Arc<AtomicI64>,
-        lease_manager: Addr<LeaseManager>,
+        attempt: Arc<Attempt>,
+        finished: Recipient<JobFinished>,
     ) -> Self {
         JobSupervisor {
             shared,
             job,
             token,
             workers,
-            started,
-            lease_manager,
+            attempt,
+            finished,
             cancel: CancellationToken::new(),
             abort: None,
             cancel_requested: false,
             decided: None,
+            fenced: false,
             done: false,
         }
     }
@@ -114,17 +126,22 @@ impl JobSupervisor {
     }
 
     fn report(&mut self, outcome: Finalization, ctx: &mut Context<Self>) {
+        self.report_as(outcome, true, ctx);
+    }
+
+    fn report_as(&mut self, outcome: Finalization, started: bool, ctx: &mut Context<Self>) {
         if self.done {
             return;
         }
         self.done = true;
-        self.lease_manager.do_send(JobFinished {
+        self.finished.do_send(JobFinished {
             id: self.job.id,
             token: self.token.clone(),
             outcome,
             queue: self.job.queue.clone(),
             kind: self.job.kind.clone(),
             attempt: self.job.attempts,
+            started,
         });
         ctx.stop();
     }
@@ -134,11 +151,41 @@ impl JobSupervisor {
         ctx.stop();
     }
 
-    fn handler_done(&mut self, res: Result<JobResult, JoinError>, ctx: &mut Context<Self>) {
+    fn handler_done(&mut self, res: Result<Option<JobResult>, JoinError>, ctx: &mut Context<Self>) {
         if self.done {
             return;
         }
+        let res = match res {
+            // The lease might be gone before the handler started: give the job back, its
+            // attempt not counted.
+            Ok(None) => {
+                let outcome = Finalization::Requeue {
+                    delay: Duration::ZERO,
+                };
+                self.report_as(outcome, false, ctx);
+                return;
+            }
+            Ok(Some(r)) => Ok(r),
+            Err(e) => Err(e),
+        };
         if let Some(outcome) = self.decided.take() {
+            self.report(outcome, ctx);
+            return;
+        }
+        if self.fenced {
+            // Stopped because the lease could not be renewed in time: a success it still
+            // returned is written (guarded by the token); anything else gives the job back as
+            // a counted `fenced` failure, to run again at once.
+            let outcome = match res {
+                Ok(Ok(JobOutcome::Succeeded(result))) => Finalization::Succeeded { result },
+                _ => self.failed(
+                    &JobError::retry_after(
+                        "the node could not renew the lease in time and stopped the handler",
+                        Duration::ZERO,
+                    )
+                    .with_code("fenced"),
+                ),
+            };
             self.report(outcome, ctx);
             return;
         }
@@ -160,7 +207,7 @@ impl JobSupervisor {
             Err(_) => {
                 // Aborted without a stop reason: only shutdown aborts tasks, so give it back.
                 Finalization::Requeue {
-                    delay: std::time::Duration::ZERO,
+                    delay: Duration::ZERO,
                 }
             }
         };
@@ -195,7 +242,12 @@ impl Actor for JobSupervisor {
             self.report(outcome, ctx);
             return;
         };
-        let mut job_ctx = JobContext::new(&self.job, self.shared.clock.now(), self.cancel.clone());
+        let mut job_ctx = JobContext::new(
+            &self.job,
+            self.shared.clock.now(),
+            self.cancel.clone(),
+            self.shared.client.clone(),
+        );
         let span = tracing::info_span!(
             "job",
             job.id = self.job.id.0,
@@ -203,22 +255,25 @@ impl Actor for JobSupervisor {
             job.queue = %self.job.queue,
             attempt = self.job.attempts,
         );
-        let (workers, started, clock) = (
+        let (workers, gate, shared) = (
             self.workers.clone(),
-            self.started.clone(),
-            self.shared.clock.clone(),
+            self.attempt.clone(),
+            self.shared.clone(),
         );
-        let (events, id, attempt) = (self.shared.events.clone(), self.job.id, self.job.attempts);
+        let (id, attempt) = (self.job.id, self.job.attempts);
+        let margin = fence_margin(shared.config.lease);
         let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
         let task = self.shared.handler_rt.spawn(
             async move {
                 // A closed semaphore only happens at teardown; run anyway rather than hang.
                 let _permit = workers.acquire_owned().await.ok();
-                let now = clock.now();
-                started.store(now.timestamp_micros(), Ordering::Release);
-                job_ctx.deadline = now + timeout;
-                events.emit(Event::Started { id, attempt });
-                reg.handler.call(job_ctx).await
+                shared.start_hold.wait().await;
+                if !gate.try_start(shared.clock.monotonic(), margin) {
+                    return None;
+                }
+                job_ctx.deadline = shared.clock.now() + timeout;
+                shared.events.emit(Event::Started { id, attempt });
+                Some(reg.handler.call(job_ctx).await)
             }
             .instrument(span),
         );
@@ -247,8 +302,12 @@ pub enum StopReason {
     Timeout,
     /// The lease was found lost: stop and report nothing.
     LeaseLost,
-    /// The lease could not be renewed before it would expire: stop and report nothing.
+    /// The lease could not be renewed before it would expire: stop, then give the job back
+    /// as a `fenced` failure once the handler has stopped.
     SelfFence,
+    /// The handler never started and the lease manager gave the job back itself: stop and
+    /// report nothing.
+    Dropped,
     /// Shutdown: stop and give the lease back.
     Release,
 }
@@ -288,7 +347,8 @@ impl Handler<StopJob> for JobSupervisor {
                 let outcome = self.failed(&err);
                 self.decided.get_or_insert(outcome);
             }
-            StopReason::LeaseLost | StopReason::SelfFence => self.withhold(ctx),
+            StopReason::SelfFence => self.fenced = true,
+            StopReason::LeaseLost | StopReason::Dropped => self.withhold(ctx),
             StopReason::Release => {
                 self.decided.get_or_insert(Finalization::Requeue {
                     delay: std::time::Duration::ZERO,
@@ -306,5 +366,148 @@ impl Handler<StopActor> for JobSupervisor {
 
     fn handle(&mut self, _: StopActor, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+/// A supervisor run alone: its peer is a `Recipient<JobFinished>`, here a stub that hands
+/// each report to the test, with no lease manager, fetcher or database write involved.
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use chrono::{DateTime, Utc};
+    use serde_json::{json, Value};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::clock::{Clock, SystemClock};
+    use crate::config::SchedulerConfig;
+    use crate::handler::{handler_fn, Erased};
+    use crate::job::{JobId, JobState};
+    use crate::lease::NodeId;
+    use crate::scheduler::event::EventBus;
+    use crate::scheduler::shared::Registered;
+    use crate::scheduler::start_hold::StartHold;
+    use crate::scheduler::stats::Stats;
+
+    /// Stands in for the lease manager: forwards every report.
+    struct Reports(mpsc::UnboundedSender<JobFinished>);
+
+    impl Actor for Reports {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<JobFinished> for Reports {
+        type Result = ();
+
+        fn handle(&mut self, m: JobFinished, _ctx: &mut Context<Self>) {
+            let _ = self.0.send(m);
+        }
+    }
+
+    async fn shared(dir: &tempfile::TempDir) -> Arc<Shared> {
+        let url = format!("sqlite://{}", dir.path().join("alone.db").display());
+        let options = crate::store::StoreOptions::default().migrate(true);
+        let store = crate::store::Store::connect_with(&url, options)
+            .await
+            .unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let handler = handler_fn(|n: i64, _ctx| async move { JobOutcome::success(n * 2) });
+        let handlers = HashMap::from([(
+            "double".to_string(),
+            Registered {
+                handler: Arc::new(Erased(handler)),
+                retry: None,
+            },
+        )]);
+        Arc::new(Shared {
+            client: crate::client::Client::with_clock(store.clone(), clock.clone()),
+            store,
+            clock,
+            node: NodeId::new("alone").unwrap(),
+            config: SchedulerConfig::default(),
+            queues: HashMap::new(),
+            kinds: handlers.keys().cloned().collect(),
+            handlers,
+            events: EventBus::new(),
+            handler_rt: tokio::runtime::Handle::current(),
+            stats: Stats::default(),
+            start_hold: StartHold::default(),
+        })
+    }
+
+    fn job(payload: Value) -> Job {
+        let now: DateTime<Utc> = Utc::now();
+        Job {
+            id: JobId(1),
+            queue: "default".into(),
+            kind: "double".into(),
+            unique_key: None,
+            state: JobState::Running,
+            priority: 0,
+            payload,
+            result: None,
+            last_error: None,
+            errors: Vec::new(),
+            attempts: 1,
+            max_attempts: 3,
+            run_at: now,
+            timeout: Duration::from_secs(60),
+            timeout_at: None,
+            lease: None,
+            version: 1,
+            cancel_requested_at: None,
+            created_at: now,
+            updated_at: now,
+            first_started_at: None,
+            finished_at: None,
+            archived_at: None,
+            started_at: None,
+            refunds: 0,
+        }
+    }
+
+    async fn run_alone(shared: Arc<Shared>, valid_for: Duration) -> JobFinished {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reports = Reports(tx).start();
+        let attempt = Arc::new(Attempt::new(shared.clock.monotonic() + valid_for));
+        let _supervisor = JobSupervisor::new(
+            shared,
+            job(json!(21)),
+            LeaseToken::generate(),
+            Arc::new(Semaphore::new(1)),
+            attempt,
+            reports.recipient(),
+        )
+        .start();
+        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    #[actix::test]
+    async fn a_supervisor_alone_runs_its_handler_and_reports_the_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = run_alone(shared(&dir).await, Duration::from_secs(30)).await;
+        assert!(done.started);
+        assert_eq!((done.id, done.attempt), (JobId(1), 1));
+        match done.outcome {
+            Finalization::Succeeded { result } => assert_eq!(result, json!(42)),
+            other => panic!("expected success, got {other:?}"),
+        }
+    }
+
+    #[actix::test]
+    async fn a_supervisor_alone_gives_back_a_job_whose_lease_estimate_ran_out() {
+        let dir = tempfile::tempdir().unwrap();
+        // Valid for less than the fence margin: the start gate refuses.
+        let done = run_alone(shared(&dir).await, Duration::from_millis(1)).await;
+        assert!(!done.started, "the handler must not start");
+        assert!(
+            matches!(done.outcome, Finalization::Requeue { delay } if delay.is_zero()),
+            "{:?}",
+            done.outcome
+        );
     }
 }

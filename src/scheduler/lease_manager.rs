@@ -1,26 +1,34 @@
-//! LeaseManager: owns every lease this node holds.
+//! LeaseManager: owns every lease this node holds — the only holder of lease tokens.
 //!
-//! * Heartbeat ([`RenewLeases`]): one statement renews all leases; a lease found lost is
-//!   reported to its supervisor at once (the handler is stopped, its result discarded), and a
-//!   cancel request seen on renewal is passed on.
-//! * Deadlines ([`CheckDeadlines`]): stops handlers past their timeout or cancel grace, and
-//!   self-fences a job whose lease could not be renewed before it would expire — so it cannot
-//!   keep running alongside the node that reclaims it.
+//! Leases are keyed by **attempt** — (job, token) — and every answer (renewal,
+//! finalization, give-back) is applied only to the attempt whose token it carried: a stale
+//! answer for an earlier attempt never touches a newer claim of the same job by this node.
+//!
+//! * Heartbeat ([`RenewLeases`]): one statement renews all leases and records the starts of
+//!   handlers that started since (the database counts a job's timeout from them). A lease
+//!   found lost is reported to its supervisor at once (the handler is stopped, its result
+//!   discarded), and a cancel request seen on renewal is passed on.
+//! * Deadlines ([`CheckDeadlines`]): stops handlers past their timeout (counted from their
+//!   start) or cancel grace, and takes away a lease that could not be renewed before the fence
+//!   margin: a job that never started is given back at once, its attempt not counted; a
+//!   running handler is stopped and, once it has stopped, the job is given back as a `fenced`
+//!   failure to run again at once — instead of waiting a whole lease for the sweeper. A timer
+//!   that fires far later than scheduled means the process was frozen: starts are held until
+//!   a fresh renewal has answered.
 //! * Finalizations ([`JobFinished`]): buffered and written in batches, one flush in flight
 //!   at a time (what arrives meanwhile forms the next batch). A slot is freed only once its
 //!   write is confirmed applied or lease-lost; a failed flush is retried with backoff and the
 //!   leases of its jobs keep being renewed meanwhile.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use chrono::{DateTime, Utc};
 
-use super::fetcher::{Fetcher, SlotFreed};
-use super::job_supervisor::{StopJob, StopReason, NOT_STARTED};
+use super::attempt::{fence_margin, us, Attempt, Revoked};
+use super::fetcher::SlotFreed;
+use super::job_supervisor::{StopJob, StopReason};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::job::{JobId, JobState};
 use crate::lease::LeaseToken;
@@ -34,53 +42,63 @@ const MAX_FLUSH: usize = 1000;
 /// (Measured: a second statement in flight split the batches and cost throughput; the
 /// claims run alongside on their own connection.)
 const MAX_FLUSHES: u32 = 1;
-/// Longest wait between flush retries while the store fails.
-const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(5);
+/// Longest wait between flush retries while the store fails: a finalization is written
+/// again within a second of the database coming back.
+const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(1);
+/// First wait before a failed heartbeat is tried again (doubling, at most a second and at
+/// most the heartbeat interval): after a network cut heals, leases are renewed within a
+/// second or two instead of a whole heartbeat interval later.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
 
-/// One lease held by this node.
+/// One attempt: a job and the token of the claim that holds it.
+type Key = (JobId, LeaseToken);
+
+/// One lease held by this node. Times are µs on the node's monotonic clock.
 struct Lease {
-    token: LeaseToken,
     queue: String,
     kind: String,
     supervisor: Recipient<StopJob>,
-    /// When the lease surely still holds until, by this node's clock: the send time of the
-    /// last successful renewal (or the claim) plus the lease. The database computed the real
-    /// expiry from its own later "now", so this is conservative.
-    valid_until: DateTime<Utc>,
-    /// When the claim was sent (this node's clock).
-    claimed_at: DateTime<Utc>,
-    /// The attempt's timeout, counted from `started`.
-    timeout: chrono::Duration,
-    /// When the handler started (set by its task), or [`NOT_STARTED`].
-    started: Arc<AtomicI64>,
+    /// The start gate shared with the supervisor: the lease estimate (`valid_until`, the
+    /// send time of the claim or of the last applied renewal plus the lease) and the start.
+    attempt: Arc<Attempt>,
+    /// When the claim was sent.
+    claimed_at: i64,
+    /// The attempt's timeout, counted from its start.
+    timeout: i64,
+    /// A renewal applied with this attempt's start: the database knows it.
+    start_recorded: bool,
     /// Set once the handler was told to cancel: stop it for good after this.
-    cancel_deadline: Option<DateTime<Utc>>,
-    /// The supervisor reported: a finalization is buffered or being written.
+    cancel_deadline: Option<i64>,
+    /// A finalization or give-back is buffered or being written.
     finishing: bool,
-    /// The supervisor was told to stop (timeout, fence, lease lost, release).
+    /// The supervisor was told to stop (timeout, fence, release).
     stopped: bool,
-    /// A handler told to stop (timeout, release) that has not stopped by then is fenced.
-    stop_deadline: Option<DateTime<Utc>>,
+    /// The lease was taken away (the fence margin was reached): no longer renewed; the job
+    /// is given back once its handler has stopped.
+    fenced: bool,
+    /// A handler told to stop that has not stopped by then is abandoned (fenced for good).
+    stop_deadline: Option<i64>,
 }
 
 impl Lease {
     /// How long the job waited for a worker after its claim (zero if it never started).
     fn waited(&self) -> Duration {
-        started_at(&self.started)
-            .and_then(|t| (t - self.claimed_at).to_std().ok())
-            .unwrap_or_default()
+        self.attempt
+            .started_us()
+            .and_then(|t| u64::try_from(t - self.claimed_at).ok())
+            .map_or(Duration::ZERO, Duration::from_micros)
     }
 
     /// Tells the supervisor to stop its handler; if it has not reported by `deadline`, the
-    /// handler ignores the signal and the lease is fenced.
-    fn stop(&mut self, reason: StopReason, deadline: DateTime<Utc>) {
+    /// handler ignores the signal and the lease is abandoned.
+    fn stop(&mut self, reason: StopReason, deadline: i64) {
         self.stopped = true;
         self.stop_deadline = Some(deadline);
         self.supervisor.do_send(StopJob(reason));
     }
 }
 
-/// A buffered finalization and what to tell when it is written.
+/// A buffered finalization (or give-back) and what to tell when it is written.
 struct Pending {
     item: Finalize,
     queue: String,
@@ -92,9 +110,11 @@ struct Pending {
 /// Owns the node's leases; see the module docs.
 pub struct LeaseManager {
     shared: Arc<Shared>,
-    leases: HashMap<JobId, Lease>,
+    leases: HashMap<Key, Lease>,
     pending: Vec<Pending>,
-    fetchers: HashMap<String, Addr<Fetcher>>,
+    /// Each queue's fetcher, told when slots free up (a `Recipient`, so the lease manager
+    /// can be driven alone in a test).
+    fetchers: HashMap<String, Recipient<SlotFreed>>,
     /// Finalization statements in flight (at most [`MAX_FLUSHES`]).
     flushing: u32,
     renewing: bool,
@@ -102,6 +122,13 @@ pub struct LeaseManager {
     flush_not_before: Option<Instant>,
     flush_failures: u32,
     last_error: Option<Instant>,
+    /// When the last deadline check ran, in real time (a freeze is a real-time event, even
+    /// under a test clock): a much later next one means the process was frozen.
+    last_check: Option<Instant>,
+    /// Starts are held until a renewal sent at or after this (monotonic µs) has answered.
+    revalidate_since: Option<i64>,
+    /// Heartbeats failed in a row (their retries back off).
+    renew_failures: u32,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -125,22 +152,53 @@ impl LeaseManager {
             flush_not_before: None,
             flush_failures: 0,
             last_error: None,
+            last_check: None,
+            revalidate_since: None,
+            renew_failures: 0,
         }
     }
 
-    fn lease_span(&self) -> chrono::Duration {
-        chrono::Duration::from_std(self.shared.config.lease).unwrap_or(chrono::Duration::MAX)
+    /// Now on the node's monotonic clock, in µs.
+    fn mono(&self) -> i64 {
+        us(self.shared.clock.monotonic())
     }
 
-    /// How long a handler told to stop may take before it is stopped for good.
-    fn cancel_grace(&self) -> chrono::Duration {
-        chrono::Duration::from_std(self.shared.config.cancel_grace).unwrap_or_default()
+    /// How long a handler told to stop may take before it is stopped for good (µs).
+    fn cancel_grace(&self) -> i64 {
+        us(self.shared.config.cancel_grace)
     }
 
-    /// Self-fence this long before the lease would expire.
-    fn fence_margin(&self) -> chrono::Duration {
-        let m = (self.shared.config.lease / 6).min(Duration::from_secs(5));
-        chrono::Duration::from_std(m).unwrap_or_default()
+    /// Queues the give-back of an attempt whose handler never started: back to `pending` at
+    /// once, its attempt not counted (token-guarded: a no-op if the job is no longer ours).
+    fn give_back_unstarted(&mut self, key: &Key, ctx: &mut Context<Self>) {
+        let Some(l) = self.leases.get_mut(key) else {
+            return;
+        };
+        if l.finishing {
+            return;
+        }
+        l.finishing = true;
+        l.supervisor.do_send(StopJob(StopReason::Dropped));
+        self.shared.events.emit(Event::Dropped {
+            id: key.0,
+            kind: l.kind.clone(),
+        });
+        self.pending.push(Pending {
+            item: Finalize::requeue(key.0, key.1.clone(), Duration::ZERO),
+            queue: l.queue.clone(),
+            kind: l.kind.clone(),
+            attempt: 0,
+            code: None,
+        });
+        self.flush(ctx);
+    }
+
+    /// Forgets a lease and frees its slot (lost, or abandoned with a handler that would not
+    /// stop).
+    fn forget(&mut self, key: &Key) -> Option<Lease> {
+        let l = self.leases.remove(key)?;
+        self.free_slots(&l.queue, 1, Duration::ZERO);
+        Some(l)
     }
 
     fn free_slots(&self, queue: &str, n: u32, longest_wait: Duration) {
@@ -163,8 +221,7 @@ impl LeaseManager {
         }
         self.flushing += 1;
         self.shared.stats.count_finalize();
-        let take = self.pending.len().min(MAX_FLUSH);
-        let batch: Vec<Pending> = self.pending.drain(..take).collect();
+        let batch = next_batch(&mut self.pending, MAX_FLUSH);
         let params = FinalizeParams {
             items: batch.iter().map(|p| p.item.clone()).collect(),
             now: self.shared.clock.bound_now(),
@@ -187,13 +244,13 @@ impl LeaseManager {
                     let mut freed: HashMap<String, (u32, Duration)> = HashMap::new();
                     for (p, (_, outcome)) in batch.into_iter().zip(results) {
                         let id = p.item.id;
-                        let waited = act
-                            .leases
-                            .remove(&id)
-                            .map_or(Duration::ZERO, |l| l.waited());
-                        let slot = freed.entry(p.queue.clone()).or_default();
-                        slot.0 += 1;
-                        slot.1 = slot.1.max(waited);
+                        // Only this attempt's lease: a newer claim of the same job stays.
+                        // A lease already forgotten (lost, abandoned) freed its slot then.
+                        if let Some(l) = act.leases.remove(&(id, p.item.token)) {
+                            let slot = freed.entry(p.queue.clone()).or_default();
+                            slot.0 += 1;
+                            slot.1 = slot.1.max(l.waited());
+                        }
                         match outcome {
                             Guarded::Applied(state) => {
                                 act.shared.stats.add_finished(1);
@@ -247,6 +304,27 @@ impl LeaseManager {
     }
 }
 
+/// Takes the next batch off `pending`, in order: up to `max` finalizations, at most one per
+/// job. A job can have two pending here — a claim fenced while the database was down, and
+/// this node's later claim of the same job after a sweeper reclaimed the first — and the
+/// store refuses a batch that names a job twice (`Store::job_finalize_many`): the whole batch
+/// would fail on every retry, and no finalization of this node would ever be written again.
+/// The later one waits for the next batch, so the older is written first (and found stale).
+fn next_batch(pending: &mut Vec<Pending>, max: usize) -> Vec<Pending> {
+    let mut jobs = HashSet::new();
+    let mut batch = Vec::new();
+    let mut rest = Vec::new();
+    for p in pending.drain(..) {
+        if batch.len() < max && jobs.insert(p.item.id) {
+            batch.push(p);
+        } else {
+            rest.push(p);
+        }
+    }
+    *pending = rest;
+    batch
+}
+
 impl Actor for LeaseManager {
     type Context = Context<Self>;
 }
@@ -254,7 +332,7 @@ impl Actor for LeaseManager {
 /// Tells the lease manager which fetcher frees which queue's slots (sent once at start).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct RegisterFetchers(pub(crate) HashMap<String, Addr<Fetcher>>);
+pub(crate) struct RegisterFetchers(pub(crate) HashMap<String, Recipient<SlotFreed>>);
 
 impl Handler<RegisterFetchers> for LeaseManager {
     type Result = ();
@@ -266,50 +344,49 @@ impl Handler<RegisterFetchers> for LeaseManager {
 
 /// One claimed job's lease, as handed over by its fetcher.
 #[derive(Debug)]
-pub struct TrackLease {
+pub(crate) struct TrackLease {
     /// The job.
-    pub id: JobId,
+    pub(crate) id: JobId,
     /// The claim's token.
-    pub token: LeaseToken,
+    pub(crate) token: LeaseToken,
     /// Its queue (whose budget to free).
-    pub queue: String,
+    pub(crate) queue: String,
     /// Its kind.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Its supervisor.
-    pub supervisor: Recipient<StopJob>,
-    /// When the claim was sent (this node's clock).
-    pub claimed_at: DateTime<Utc>,
+    pub(crate) supervisor: Recipient<StopJob>,
+    /// When the claim was sent (the node's monotonic clock).
+    pub(crate) claimed_at: Duration,
     /// The job's timeout per attempt.
-    pub timeout: std::time::Duration,
-    /// When its handler started (set by the handler's task).
-    pub started: Arc<AtomicI64>,
+    pub(crate) timeout: Duration,
+    /// The start gate shared with its supervisor.
+    pub(crate) attempt: Arc<Attempt>,
 }
 
 /// A fetcher claimed jobs: track their leases (one message per claim).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct TrackLeases(pub Vec<TrackLease>);
+pub(crate) struct TrackLeases(pub(crate) Vec<TrackLease>);
 
 impl Handler<TrackLeases> for LeaseManager {
     type Result = ();
 
     fn handle(&mut self, TrackLeases(leases): TrackLeases, _ctx: &mut Context<Self>) {
-        let span = self.lease_span();
         for m in leases {
             self.leases.insert(
-                m.id,
+                (m.id, m.token),
                 Lease {
-                    token: m.token,
                     queue: m.queue,
                     kind: m.kind,
                     supervisor: m.supervisor,
-                    valid_until: m.claimed_at + span,
-                    claimed_at: m.claimed_at,
-                    timeout: chrono::Duration::from_std(m.timeout).unwrap_or(chrono::Duration::MAX),
-                    started: m.started,
+                    attempt: m.attempt,
+                    claimed_at: us(m.claimed_at),
+                    timeout: us(m.timeout),
+                    start_recorded: false,
                     cancel_deadline: None,
                     finishing: false,
                     stopped: false,
+                    fenced: false,
                     stop_deadline: None,
                 },
             );
@@ -333,15 +410,29 @@ pub struct JobFinished {
     pub kind: String,
     /// The attempt that ended.
     pub attempt: u32,
+    /// Whether the handler started (false: the job is given back unstarted).
+    pub started: bool,
 }
 
 impl Handler<JobFinished> for LeaseManager {
     type Result = ();
 
     fn handle(&mut self, m: JobFinished, ctx: &mut Context<Self>) {
-        if let Some(l) = self.leases.get_mut(&m.id) {
+        let key = (m.id, m.token);
+        if let Some(l) = self.leases.get_mut(&key) {
+            if l.finishing {
+                // Already given back by this manager (never started): nothing more to write.
+                return;
+            }
             l.finishing = true;
+            if !m.started {
+                self.shared.events.emit(Event::Dropped {
+                    id: m.id,
+                    kind: m.kind.clone(),
+                });
+            }
         }
+        let (id, token) = key;
         let code = match &m.outcome {
             Finalization::Retry { error, .. }
             | Finalization::Dead { error }
@@ -350,8 +441,8 @@ impl Handler<JobFinished> for LeaseManager {
         };
         self.pending.push(Pending {
             item: Finalize {
-                id: m.id,
-                token: m.token,
+                id,
+                token,
                 outcome: m.outcome,
             },
             queue: m.queue,
@@ -397,28 +488,48 @@ impl Handler<RenewLeases> for LeaseManager {
     type Result = ResponseActFuture<Self, RenewReport>;
 
     fn handle(&mut self, _: RenewLeases, _ctx: &mut Context<Self>) -> Self::Result {
-        if self.renewing || self.leases.is_empty() {
+        let sent_at = self.mono();
+        if self.renewing {
+            return Box::pin(fut::ready(RenewReport::default()));
+        }
+        // Fenced leases are not renewed: they are being given back.
+        let keys: Vec<Key> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| !l.fenced)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            self.revalidated(sent_at);
             return Box::pin(fut::ready(RenewReport::default()));
         }
         self.renewing = true;
         self.shared.stats.count_renew();
-        let leases: Vec<LeaseRef> = self
-            .leases
+        let mut starts = Vec::with_capacity(keys.len());
+        let leases: Vec<LeaseRef> = keys
             .iter()
-            .map(|(id, l)| LeaseRef {
-                id: *id,
-                token: l.token.clone(),
+            .map(|k| {
+                let l = &self.leases[k];
+                // Carry the start until a renewal with it was applied.
+                let started = l.attempt.started_us().filter(|_| !l.start_recorded);
+                starts.push(started.is_some());
+                LeaseRef {
+                    id: k.0,
+                    token: k.1.clone(),
+                    started_ago: started
+                        .map(|t| Duration::from_micros(u64::try_from(sent_at - t).unwrap_or(0))),
+                }
             })
             .collect();
-        let sent_at = self.shared.clock.now();
         let params = RenewParams {
             leases,
             lease: self.shared.config.lease,
+            timeout_grace: self.shared.config.lease + self.shared.config.cancel_grace,
             now: self.shared.clock.bound_now(),
         };
         let store = self.shared.store.clone();
         let fut = async move { store.job_renew_leases(params).await };
-        Box::pin(fut.into_actor(self).map(move |res, act, _ctx| {
+        Box::pin(fut.into_actor(self).map(move |res, act, ctx| {
             act.renewing = false;
             let results = match res {
                 Ok(r) => r,
@@ -430,43 +541,63 @@ impl Handler<RenewLeases> for LeaseManager {
                         ERROR_LOG_EVERY,
                         &e,
                     );
+                    // The estimates decide alone now: they refuse what may have expired.
+                    act.revalidated(sent_at);
+                    // Try again soon rather than a whole heartbeat later.
+                    act.renew_failures = act.renew_failures.saturating_add(1);
+                    let wait = (RENEW_RETRY * 2u32.pow(act.renew_failures.min(4) - 1))
+                        .min(Duration::from_secs(1))
+                        .min(act.shared.config.renew_every);
+                    ctx.notify_later(RenewLeases, wait);
                     return RenewReport::default();
                 }
             };
+            act.renew_failures = 0;
             let mut report = RenewReport {
                 statements: 1,
                 ..RenewReport::default()
             };
-            let valid_until = sent_at + act.lease_span();
+            let valid_until = Duration::from_micros(
+                u64::try_from(sent_at.saturating_add(us(act.shared.config.lease))).unwrap_or(0),
+            );
             let grace = act.cancel_grace();
-            for (id, outcome) in results {
+            let now = act.mono();
+            // The store answers in the order it was asked, one result per lease sent.
+            for ((key, carried_start), (_, outcome)) in keys.into_iter().zip(starts).zip(results) {
                 match outcome {
                     Guarded::Applied(r) => {
                         report.renewed += 1;
-                        if let Some(l) = act.leases.get_mut(&id) {
-                            l.valid_until = l.valid_until.max(valid_until);
-                            if r.cancel_requested && l.cancel_deadline.is_none() && !l.finishing {
-                                l.cancel_deadline = Some(act.shared.clock.now() + grace);
-                                l.supervisor.do_send(StopJob(StopReason::Cancel));
-                                act.shared.events.emit(Event::CancelSignalled {
-                                    id,
-                                    kind: l.kind.clone(),
-                                });
-                            }
+                        let Some(l) = act.leases.get_mut(&key) else {
+                            continue;
+                        };
+                        if l.fenced {
+                            // Taken away since: the give-back supersedes this renewal.
+                            continue;
+                        }
+                        l.attempt.extend(valid_until);
+                        l.start_recorded |= carried_start;
+                        if r.cancel_requested && l.cancel_deadline.is_none() && !l.finishing {
+                            l.cancel_deadline = Some(now + grace);
+                            l.supervisor.do_send(StopJob(StopReason::Cancel));
+                            act.shared.events.emit(Event::CancelSignalled {
+                                id: key.0,
+                                kind: l.kind.clone(),
+                            });
                         }
                     }
                     Guarded::LeaseLost | Guarded::Stale => {
                         report.lost += 1;
-                        // A job whose finalization is in flight learns its fate from the
-                        // finalization itself.
-                        if act.leases.get(&id).is_some_and(|l| !l.finishing) {
-                            if let Some(l) = act.leases.remove(&id) {
+                        // A job whose finalization or give-back is in flight learns its fate
+                        // from that write itself; only this attempt's lease is dropped.
+                        if act.leases.get(&key).is_some_and(|l| !l.finishing) {
+                            if let Some(l) = act.forget(&key) {
+                                l.attempt.revoke();
                                 act.shared.stats.add_lease_lost(1);
                                 l.supervisor.do_send(StopJob(StopReason::LeaseLost));
-                                act.shared
-                                    .events
-                                    .emit(Event::LeaseLost { id, kind: l.kind });
-                                act.free_slots(&l.queue, 1, Duration::ZERO);
+                                act.shared.events.emit(Event::LeaseLost {
+                                    id: key.0,
+                                    kind: l.kind,
+                                });
                             }
                         }
                     }
@@ -476,8 +607,47 @@ impl Handler<RenewLeases> for LeaseManager {
                 renewed: report.renewed,
                 lost: report.lost,
             });
+            // Estimates are fresh: starts held for a pause may go on.
+            act.revalidated(sent_at);
+            if act.revalidate_since.is_some() {
+                // A pause was detected while this renewal was in flight: renew once more.
+                ctx.notify(RenewLeases);
+            }
             report
         }))
+    }
+}
+
+impl LeaseManager {
+    /// A renewal sent at `sent_at` answered (or there was nothing to renew): if it was sent
+    /// after a detected pause, starts may go on.
+    fn revalidated(&mut self, sent_at: i64) {
+        if self.revalidate_since.is_some_and(|since| sent_at >= since) {
+            self.revalidate_since = None;
+            self.shared.start_hold.release();
+        }
+    }
+
+    /// Takes away a lease that reached the fence margin: an unstarted job is given back at
+    /// once; a running handler is told to stop and the job is given back once it has.
+    fn fence(&mut self, key: &Key, now: i64, ctx: &mut Context<Self>) {
+        let grace = self.cancel_grace();
+        let Some(l) = self.leases.get_mut(key) else {
+            return;
+        };
+        match l.attempt.revoke() {
+            Revoked::NotStarted => self.give_back_unstarted(key, ctx),
+            // Its supervisor is reporting the give-back already.
+            Revoked::AlreadyDropped => {}
+            Revoked::Started(_) => {
+                l.fenced = true;
+                l.stop(StopReason::SelfFence, now + grace);
+                self.shared.events.emit(Event::SelfFenced {
+                    id: key.0,
+                    kind: l.kind.clone(),
+                });
+            }
+        }
     }
 }
 
@@ -491,27 +661,39 @@ impl Handler<CheckDeadlines> for LeaseManager {
     type Result = usize;
 
     fn handle(&mut self, _: CheckDeadlines, ctx: &mut Context<Self>) -> usize {
-        let now = self.shared.clock.now();
-        let margin = self.fence_margin();
-        let mut stopped = 0;
-        let mut fenced = Vec::new();
+        let now = self.mono();
+        let margin = us(fence_margin(self.shared.config.lease));
+        self.detect_pause(now, ctx);
         let grace = self.cancel_grace();
-        for (id, l) in &mut self.leases {
+        let mut stopped = 0;
+        let mut at_risk = Vec::new();
+        let mut abandoned = Vec::new();
+        for (key, l) in &mut self.leases {
             if l.finishing {
                 continue;
             }
             if l.stopped {
                 // Told to stop and still not reporting: its handler ignores the signal. Stop
-                // renewing (fence) so the job can be reclaimed once the lease has expired.
+                // renewing it for good so the job can be reclaimed once the lease has expired.
                 if l.stop_deadline.is_some_and(|d| now >= d) {
-                    l.supervisor.do_send(StopJob(StopReason::SelfFence));
-                    fenced.push(*id);
+                    if !l.fenced {
+                        l.attempt.revoke();
+                        l.supervisor.do_send(StopJob(StopReason::SelfFence));
+                    }
+                    abandoned.push((key.clone(), !l.fenced));
                 }
                 continue;
             }
-            let reason = if now >= l.valid_until - margin {
-                Some(StopReason::SelfFence)
-            } else if started_at(&l.started).is_some_and(|t| now >= t + l.timeout) {
+            if now >= l.attempt.valid_until_us().saturating_sub(margin) {
+                at_risk.push(key.clone());
+                stopped += 1;
+                continue;
+            }
+            let reason = if l
+                .attempt
+                .started_us()
+                .is_some_and(|t| now >= t.saturating_add(l.timeout))
+            {
                 Some(StopReason::Timeout)
             } else if l.cancel_deadline.is_some_and(|d| now >= d) {
                 Some(StopReason::CancelGraceOver)
@@ -521,28 +703,52 @@ impl Handler<CheckDeadlines> for LeaseManager {
             if let Some(r) = reason {
                 l.stop(r, now + grace);
                 stopped += 1;
-                match r {
-                    StopReason::SelfFence => fenced.push(*id),
-                    StopReason::Timeout => self.shared.events.emit(Event::TimedOut {
-                        id: *id,
+                if r == StopReason::Timeout {
+                    self.shared.events.emit(Event::TimedOut {
+                        id: key.0,
                         kind: l.kind.clone(),
-                    }),
-                    _ => {}
+                    });
                 }
             }
         }
-        // A fenced job reports nothing: forget its lease and free its slot; the sweeper
-        // reclaims it once the lease has expired.
-        for id in fenced {
-            if let Some(l) = self.leases.remove(&id) {
-                self.shared
-                    .events
-                    .emit(Event::SelfFenced { id, kind: l.kind });
-                self.free_slots(&l.queue, 1, Duration::ZERO);
+        for key in at_risk {
+            self.fence(&key, now, ctx);
+        }
+        // A handler that would not stop: forget its lease and free its slot; the sweeper
+        // reclaims the job once the lease has expired. If it stops later, its report is still
+        // written, guarded by its token.
+        for (key, newly_fenced) in abandoned {
+            if let Some(l) = self.forget(&key) {
+                if newly_fenced {
+                    self.shared.events.emit(Event::SelfFenced {
+                        id: key.0,
+                        kind: l.kind,
+                    });
+                }
             }
         }
         self.flush(ctx);
         stopped
+    }
+}
+
+impl LeaseManager {
+    /// A deadline check far later than scheduled means the process was frozen (or starved):
+    /// hold every start until a renewal sent from now on has answered.
+    fn detect_pause(&mut self, now: i64, ctx: &mut Context<Self>) {
+        let every = self.shared.config.deadline_check_every;
+        let margin = fence_margin(self.shared.config.lease);
+        if let Some(last) = self.last_check.replace(Instant::now()) {
+            let late = last.elapsed().saturating_sub(every);
+            if late > margin {
+                self.shared
+                    .events
+                    .emit(Event::PauseDetected { late_by: late });
+                self.shared.start_hold.hold();
+                self.revalidate_since = Some(now);
+                ctx.notify(RenewLeases);
+            }
+        }
     }
 }
 
@@ -555,15 +761,24 @@ pub struct ReleaseAll;
 impl Handler<ReleaseAll> for LeaseManager {
     type Result = usize;
 
-    fn handle(&mut self, _: ReleaseAll, _ctx: &mut Context<Self>) -> usize {
-        let now = self.shared.clock.now();
+    fn handle(&mut self, _: ReleaseAll, ctx: &mut Context<Self>) -> usize {
+        let now = self.mono();
         let grace = self.cancel_grace();
+        let mut unstarted = Vec::new();
         let mut n = 0;
-        for l in self.leases.values_mut() {
-            if !l.finishing && !l.stopped {
-                l.stop(StopReason::Release, now + grace);
-                n += 1;
+        for (key, l) in &mut self.leases {
+            if l.finishing || l.stopped {
+                continue;
             }
+            n += 1;
+            match l.attempt.revoke() {
+                Revoked::NotStarted => unstarted.push(key.clone()),
+                Revoked::AlreadyDropped => {}
+                Revoked::Started(_) => l.stop(StopReason::Release, now + grace),
+            }
+        }
+        for key in unstarted {
+            self.give_back_unstarted(&key, ctx);
         }
         n
     }
@@ -611,14 +826,65 @@ impl Handler<TokenOf> for LeaseManager {
     type Result = Option<LeaseToken>;
 
     fn handle(&mut self, m: TokenOf, _ctx: &mut Context<Self>) -> Option<LeaseToken> {
-        self.leases.get(&m.0).map(|l| l.token.clone())
+        self.leases
+            .keys()
+            .find(|(id, _)| *id == m.0)
+            .map(|(_, token)| token.clone())
     }
 }
 
-/// When a handler started, if it has.
-fn started_at(started: &AtomicI64) -> Option<DateTime<Utc>> {
-    match started.load(Ordering::Acquire) {
-        NOT_STARTED => None,
-        us => DateTime::<Utc>::from_timestamp_micros(us),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(id: i64, token: &LeaseToken) -> Pending {
+        Pending {
+            item: Finalize::succeeded(JobId(id), token.clone(), serde_json::Value::Null),
+            queue: "default".into(),
+            kind: "k".into(),
+            attempt: 1,
+            code: None,
+        }
+    }
+
+    fn keys(v: &[Pending]) -> Vec<(i64, LeaseToken)> {
+        v.iter()
+            .map(|p| (p.item.id.0, p.item.token.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_names_each_job_once_and_keeps_the_order() {
+        // Job 1 fenced under claim a while the database was down, then claimed again (b)
+        // once a sweeper had reclaimed it: both finalizations pending.
+        let (a, b, c) = (
+            LeaseToken::generate(),
+            LeaseToken::generate(),
+            LeaseToken::generate(),
+        );
+        let mut q = vec![
+            pending(1, &a),
+            pending(2, &c),
+            pending(1, &b),
+            pending(3, &c),
+        ];
+        let batch = next_batch(&mut q, 10);
+        assert_eq!(
+            keys(&batch),
+            vec![(1, a.clone()), (2, c.clone()), (3, c.clone())]
+        );
+        assert_eq!(keys(&q), vec![(1, b.clone())]);
+        assert_eq!(keys(&next_batch(&mut q, 10)), vec![(1, b.clone())]);
+        assert!(q.is_empty());
+
+        // The size bound still holds, and what is left keeps its order.
+        let mut q = vec![
+            pending(1, &a),
+            pending(2, &c),
+            pending(1, &b),
+            pending(3, &c),
+        ];
+        assert_eq!(keys(&next_batch(&mut q, 2)), vec![(1, a), (2, c.clone())]);
+        assert_eq!(keys(&q), vec![(1, b), (3, c)]);
     }
 }

@@ -1,0 +1,181 @@
+//! The command line's grammar (clap): global options, one subcommand per operator task,
+//! and the job filters shared by `list`, `retry` and `cancel`.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use jobvisor::JobState;
+
+/// Operate a jobvisor database: migrate it, see what is waiting and who holds what, find,
+/// retry and cancel jobs, archive and prune.
+///
+/// Exit codes: 0 done; 1 the operation failed (database unreachable, a write refused);
+/// 2 bad arguments; 3 a job that was named does not exist; 4 a bulk change was not
+/// confirmed.
+#[derive(Debug, Parser)]
+#[command(name = "jobvisor", version, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Database URL: postgres://user@host/db, mysql://user@host/db or sqlite://path
+    /// (the password, if any, is never printed).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    /// Print JSON (stable field names) instead of tables.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Apply pending migrations (safe while other processes migrate too).
+    Migrate {
+        /// Only show the applied and the expected schema version; change nothing.
+        #[arg(long)]
+        status: bool,
+    },
+    /// Per queue: jobs by state and how late the due ones are; the nodes and their
+    /// heartbeats.
+    Status,
+    /// Jobs matching filters, by ascending id, one page at a time.
+    List {
+        #[command(flatten)]
+        filter: Filter,
+        /// Page size (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Continue after this id (the last id of the previous page).
+        #[arg(long)]
+        after: Option<i64>,
+        /// List the archive instead of the live jobs.
+        #[arg(long)]
+        archived: bool,
+    },
+    /// One job in full: payload, result, every attempt's error, lease owner, times.
+    Get {
+        /// The job's id.
+        id: i64,
+    },
+    /// Retry dead or cancelled jobs now: one by id, or every job matching filters.
+    Retry(Bulk),
+    /// Cancel jobs: one by id, or every job matching filters (running ones stop at their
+    /// node's next heartbeat).
+    Cancel(Bulk),
+    /// The nodes registered on this database: queues, kinds, last heartbeat.
+    Nodes,
+    /// Move jobs finished more than a while ago to the archive (dead ones are kept longer,
+    /// for a person to look at).
+    Archive {
+        /// Only jobs finished longer ago than this (e.g. 24h, 7d, 90m, 30s).
+        #[arg(long, value_parser = parse_age, default_value = "24h")]
+        older_than: Duration,
+        /// Dead jobs only once they died longer ago than this.
+        #[arg(long, value_parser = parse_age, default_value = "28d")]
+        dead_older_than: Duration,
+    },
+    /// Delete archived jobs archived more than a while ago.
+    Prune {
+        /// Only jobs archived longer ago than this (e.g. 30d).
+        #[arg(long, value_parser = parse_age, default_value = "7d")]
+        older_than: Duration,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Which jobs a command applies to.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct Filter {
+    /// Only this queue.
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// Only this kind.
+    #[arg(long)]
+    pub(crate) kind: Option<String>,
+    /// Only this state (pending, running, retrying, succeeded, dead, cancelled).
+    #[arg(long)]
+    pub(crate) state: Option<JobState>,
+    /// Only jobs created longer ago than this (e.g. 2h).
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) older_than: Option<Duration>,
+    /// Only jobs created less long ago than this (e.g. 15m).
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) newer_than: Option<Duration>,
+    /// Only the job with this unique key.
+    #[arg(long)]
+    pub(crate) unique_key: Option<String>,
+}
+
+impl Filter {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_none()
+            && self.kind.is_none()
+            && self.state.is_none()
+            && self.older_than.is_none()
+            && self.newer_than.is_none()
+            && self.unique_key.is_none()
+    }
+}
+
+/// A change to one job by id, or to every job matching filters.
+#[derive(Debug, Args)]
+pub(crate) struct Bulk {
+    /// The job's id; without it, every job matching the filters.
+    pub(crate) id: Option<i64>,
+    #[command(flatten)]
+    pub(crate) filter: Filter,
+    /// Print what would change; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Change every matching job without asking.
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
+}
+
+/// `90s`, `15m`, `2h`, `7d`, or a bare number of seconds.
+pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; expected e.g. 90s, 15m, 2h or 7d"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?}; expected s, m, h or d"
+            ))
+        }
+    };
+    Ok(Duration::from_secs(n.saturating_mul(secs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_parse_with_units_and_bad_ones_are_named() {
+        assert_eq!(parse_age("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_age("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_age("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_age("7d"), Ok(Duration::from_secs(604_800)));
+        assert!(parse_age("2w").unwrap_err().contains("unknown unit \"w\""));
+        assert!(parse_age("soon").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

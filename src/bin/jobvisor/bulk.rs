@@ -1,0 +1,221 @@
+//! `retry` and `cancel`: of one job by id, or of every job matching filters — listed first,
+//! shown with `--dry-run`, confirmed (a prompt on a terminal, `--yes` otherwise), then
+//! applied one job at a time, each through the same guarded operation an application uses.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use chrono::{DateTime, Utc};
+use jobvisor::{CancelOutcome, Client, Guarded, Job, JobId, JobState, ListParams};
+use serde_json::json;
+
+use crate::args::Bulk;
+use crate::{exit, list_params, render, show, Failure};
+
+/// Page size while collecting the matching jobs.
+const PAGE: u32 = 1000;
+
+/// What to do to each job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    Retry,
+    Cancel,
+}
+
+impl Change {
+    fn verb(self) -> &'static str {
+        match self {
+            Change::Retry => "retry",
+            Change::Cancel => "cancel",
+        }
+    }
+
+    /// Whether a job in `state` can take this change.
+    fn applies_to(self, state: JobState) -> bool {
+        match self {
+            Change::Retry => matches!(state, JobState::Dead | JobState::Cancelled),
+            Change::Cancel => !state.is_terminal(),
+        }
+    }
+}
+
+/// Runs a retry or cancel as `b` says.
+pub(crate) async fn run(
+    client: &Client,
+    change: Change,
+    b: Bulk,
+    json: bool,
+    now: DateTime<Utc>,
+) -> Result<(), Failure> {
+    let targets: Vec<Job> = match b.id {
+        Some(id) => {
+            if !b.filter.is_empty() {
+                return Err(Failure {
+                    code: exit::USAGE,
+                    message: format!("{} takes a job id or filters, not both", change.verb()),
+                });
+            }
+            vec![client.get(JobId(id)).await?]
+        }
+        None => {
+            if b.filter.is_empty() {
+                return Err(Failure {
+                    code: exit::USAGE,
+                    message: format!(
+                        "no job id and no filter: refusing to {} every job; name one \
+                         (e.g. --state dead --kind send_email)",
+                        change.verb()
+                    ),
+                });
+            }
+            matching(client, &list_params(&b.filter, now)).await?
+        }
+    };
+    let (eligible, skipped): (Vec<Job>, Vec<Job>) = targets
+        .into_iter()
+        .partition(|j| change.applies_to(j.state));
+    if b.id.is_some() && eligible.is_empty() {
+        let j = &skipped[0];
+        return Err(Failure {
+            code: exit::FAILED,
+            message: format!(
+                "job {} is {}: cannot {} it",
+                j.id.0,
+                j.state.as_str(),
+                change.verb()
+            ),
+        });
+    }
+    if b.dry_run {
+        let v = json!({
+            "dry_run": true,
+            "would_change": eligible.iter().map(render::job_json).collect::<Vec<_>>(),
+            "skipped": skipped.len(),
+        });
+        show(json, v, || {
+            format!(
+                "{}would {} {} jobs ({} others match but are not in a state to {}); nothing changed\n",
+                render::jobs_table(&eligible),
+                change.verb(),
+                eligible.len(),
+                skipped.len(),
+                change.verb()
+            )
+        });
+        return Ok(());
+    }
+    if b.id.is_none() && !b.yes && !confirm(change, eligible.len())? {
+        return Err(Failure {
+            code: exit::NOT_CONFIRMED,
+            message: format!(
+                "not confirmed: nothing changed ({} jobs matched)",
+                eligible.len()
+            ),
+        });
+    }
+    let mut changed = Vec::new();
+    let mut refused = Vec::new();
+    for j in &eligible {
+        match apply(client, change, j.id).await {
+            Ok(Some(note)) => changed.push((j.id.0, note)),
+            Ok(None) => refused.push((j.id.0, "it changed meanwhile".to_string())),
+            Err(e) => refused.push((j.id.0, e.to_string())),
+        }
+    }
+    let v = json!({
+        "changed": changed.iter().map(|(id, note)| json!({"id": id, "outcome": note})).collect::<Vec<_>>(),
+        "refused": refused.iter().map(|(id, why)| json!({"id": id, "reason": why})).collect::<Vec<_>>(),
+        "skipped": skipped.len(),
+    });
+    show(json, v, || {
+        let mut out = String::new();
+        for (id, note) in &changed {
+            out.push_str(&format!("{id}: {note}\n"));
+        }
+        for (id, why) in &refused {
+            out.push_str(&format!("{id}: not changed: {why}\n"));
+        }
+        out.push_str(&format!(
+            "{} changed, {} refused, {} skipped (not in a state to {})\n",
+            changed.len(),
+            refused.len(),
+            skipped.len(),
+            change.verb()
+        ));
+        out
+    });
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure {
+            code: exit::FAILED,
+            message: format!("{} jobs could not be changed", refused.len()),
+        })
+    }
+}
+
+/// Every job matching `p`, a page at a time.
+async fn matching(client: &Client, p: &ListParams) -> Result<Vec<Job>, Failure> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list(ListParams {
+                after,
+                limit: PAGE,
+                ..p.clone()
+            })
+            .await?;
+        let full = page.len() == PAGE as usize;
+        after = page.last().map(|j| j.id);
+        out.extend(page);
+        if !full {
+            return Ok(out);
+        }
+    }
+}
+
+/// Applies the change to one job: `Some(outcome)` when it took, `None` when the job changed
+/// meanwhile (the guard refused).
+async fn apply(
+    client: &Client,
+    change: Change,
+    id: JobId,
+) -> Result<Option<String>, jobvisor::Error> {
+    match change {
+        Change::Retry => Ok(match client.retry(id).await? {
+            Guarded::Applied(j) => Some(format!("retrying ({})", j.state.as_str())),
+            _ => None,
+        }),
+        Change::Cancel => Ok(match client.cancel(id).await? {
+            CancelOutcome::Cancelled(_) => Some("cancelled".to_string()),
+            CancelOutcome::Requested(_) => {
+                Some("cancel requested (it stops at its node's next heartbeat)".to_string())
+            }
+            CancelOutcome::AlreadyFinished(_) => None,
+        }),
+    }
+}
+
+/// Asks on the terminal; without one, there is nobody to ask.
+fn confirm(change: Change, n: usize) -> Result<bool, Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure {
+            code: exit::NOT_CONFIRMED,
+            message: format!(
+                "{n} jobs match; pass --yes to {} them without a prompt (or --dry-run to see them)",
+                change.verb()
+            ),
+        });
+    }
+    eprint!("{} {n} jobs? [y/N] ", change.verb());
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| Failure {
+            code: exit::FAILED,
+            message: format!("reading the answer: {e}"),
+        })?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes"))
+}

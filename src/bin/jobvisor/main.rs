@@ -1,0 +1,226 @@
+//! `jobvisor`: the operator's command line (built with the `cli` feature). It goes through
+//! the library's public API only — `Store` to connect and migrate, `Client` for everything
+//! else — so it can do nothing to a job that an application could not.
+//!
+//! ```text
+//! jobvisor --database-url postgres://app@db/app status
+//! DATABASE_URL=sqlite://jobs.db jobvisor list --state dead --queue mail --json
+//! jobvisor retry --state dead --kind send_email --dry-run
+//! ```
+
+mod args;
+mod bulk;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+use jobvisor::{Client, Error, JobId, ListParams, Store, StoreOptions};
+
+use args::{Cli, Command, Filter};
+
+/// Exit codes scripts can rely on (also in `--help`).
+pub(crate) mod exit {
+    /// The operation failed: database unreachable, a write refused.
+    pub(crate) const FAILED: u8 = 1;
+    /// Bad arguments (clap's own code).
+    pub(crate) const USAGE: u8 = 2;
+    /// A job named by id does not exist.
+    pub(crate) const NOT_FOUND: u8 = 3;
+    /// A bulk change was not confirmed.
+    pub(crate) const NOT_CONFIRMED: u8 = 4;
+}
+
+/// Why a command stopped: what to print and the exit code.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = match e {
+            Error::NotFound { .. } => exit::NOT_FOUND,
+            Error::InvalidInput { .. } | Error::Config { .. } => exit::USAGE,
+            _ => exit::FAILED,
+        };
+        Failure {
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jobvisor: cannot start: {e}");
+            return ExitCode::from(exit::FAILED);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("jobvisor: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Prints `json` or `text` as the user asked.
+fn show(json_wanted: bool, json: serde_json::Value, text: impl FnOnce() -> String) {
+    if json_wanted {
+        println!("{json:#}");
+    } else {
+        print!("{}", text());
+    }
+}
+
+fn url(cli: &Cli) -> Result<&str, Failure> {
+    cli.database_url.as_deref().ok_or(Failure {
+        code: exit::USAGE,
+        message: "no database: pass --database-url or set DATABASE_URL \
+                  (postgres://user@host/db, mysql://user@host/db or sqlite://path)"
+            .to_string(),
+    })
+}
+
+/// The list filters as the library's parameters.
+pub(crate) fn list_params(f: &Filter, now: chrono::DateTime<chrono::Utc>) -> ListParams {
+    let ago = |d: std::time::Duration| {
+        now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+    };
+    ListParams {
+        queue: f.queue.clone(),
+        kind: f.kind.clone(),
+        state: f.state,
+        created_before: f.older_than.map(ago),
+        created_after: f.newer_than.map(ago),
+        unique_key: f.unique_key.clone(),
+        ..ListParams::default()
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    if let Command::Completions { shell } = &cli.command {
+        let mut cmd = Cli::command();
+        clap_complete::generate(*shell, &mut cmd, "jobvisor", &mut std::io::stdout());
+        return Ok(());
+    }
+    let url = url(&cli)?;
+    let json = cli.json;
+    if let Command::Migrate { status } = &cli.command {
+        // Connecting checks the schema; a status must work on an unmigrated database.
+        let store = Store::connect_with(url, StoreOptions::default().migrate(!*status)).await;
+        return match (store, *status) {
+            (Ok(store), _) => {
+                let applied = store.schema_version_applied().await?;
+                let expected = store.schema_version_expected();
+                let v = serde_json::json!({
+                    "backend": format!("{:?}", store.backend()).to_lowercase(),
+                    "applied": applied,
+                    "expected": expected,
+                    "up_to_date": applied.as_deref() >= Some(expected.as_str()),
+                });
+                show(json, v, || {
+                    format!(
+                        "schema at {} (expected {expected}): {}\n",
+                        applied.as_deref().unwrap_or("nothing"),
+                        if *status { "up to date" } else { "migrated" }
+                    )
+                });
+                Ok(())
+            }
+            (
+                Err(Error::SchemaOutOfDate {
+                    expected, found, ..
+                }),
+                true,
+            ) => {
+                let v = serde_json::json!({
+                    "applied": found,
+                    "expected": expected,
+                    "up_to_date": false,
+                });
+                show(json, v, || {
+                    format!("schema {found}, expected {expected}: run `jobvisor migrate`\n")
+                });
+                Err(Failure {
+                    code: exit::FAILED,
+                    message: "the schema is out of date".to_string(),
+                })
+            }
+            (Err(e), _) => Err(e.into()),
+        };
+    }
+    let store = Store::connect(url).await?;
+    let client = Client::new(store);
+    let now = chrono::Utc::now();
+    match cli.command {
+        Command::Status => {
+            let counts = client.counts().await?;
+            let lags = client.queue_lags().await?;
+            let nodes = client.nodes().await?;
+            show(
+                json,
+                render::status_json(now, &counts, &lags, &nodes),
+                || render::status_text(now, &counts, &lags, &nodes),
+            );
+        }
+        Command::Nodes => {
+            let nodes = client.nodes().await?;
+            show(json, render::nodes_json(now, &nodes), || {
+                render::nodes_text(now, &nodes)
+            });
+        }
+        Command::List {
+            filter,
+            limit,
+            after,
+            archived,
+        } => {
+            let jobs = client
+                .list(ListParams {
+                    after: after.map(JobId),
+                    limit,
+                    archived,
+                    ..list_params(&filter, now)
+                })
+                .await?;
+            let v = serde_json::json!({
+                "jobs": jobs.iter().map(render::job_json).collect::<Vec<_>>(),
+                "next_after": if jobs.len() == limit as usize { jobs.last().map(|j| j.id.0) } else { None },
+            });
+            show(json, v, || render::jobs_table(&jobs));
+        }
+        Command::Get { id } => {
+            let job = client.get(JobId(id)).await?;
+            show(json, render::job_json(&job), || render::job_text(&job));
+        }
+        Command::Retry(b) => bulk::run(&client, bulk::Change::Retry, b, json, now).await?,
+        Command::Cancel(b) => bulk::run(&client, bulk::Change::Cancel, b, json, now).await?,
+        Command::Archive {
+            older_than,
+            dead_older_than,
+        } => {
+            let n = client.archive(older_than, dead_older_than).await?;
+            show(json, serde_json::json!({ "archived": n }), || {
+                format!("{n} jobs archived\n")
+            });
+        }
+        Command::Prune { older_than } => {
+            let n = client.prune(older_than).await?;
+            show(json, serde_json::json!({ "pruned": n }), || {
+                format!("{n} archived jobs deleted\n")
+            });
+        }
+        Command::Migrate { .. } | Command::Completions { .. } => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! How the command line shows things: a job, a page of jobs, queue status and nodes, as
+//! aligned text tables for people or as JSON for scripts. The JSON field names are part of
+//! the command line's interface: they change only with a major version.
+
+use chrono::{DateTime, Utc};
+use jobvisor::{Job, JobFailure, NodeInfo, QueueLag, StateCount};
+use serde_json::{json, Value};
+
+/// A timestamp as RFC 3339 (microseconds, `Z`).
+fn ts(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+fn ts_opt(t: Option<DateTime<Utc>>) -> Value {
+    t.map_or(Value::Null, |t| Value::String(ts(t)))
+}
+
+fn failure(f: &JobFailure) -> Value {
+    json!({
+        "attempt": f.attempt,
+        "code": f.code,
+        "message": f.message,
+        "detail": f.detail,
+        "at": ts_opt(f.at),
+    })
+}
+
+/// A job as JSON: every field an operator asks about.
+pub(crate) fn job_json(j: &Job) -> Value {
+    json!({
+        "id": j.id.0,
+        "queue": j.queue,
+        "kind": j.kind,
+        "state": j.state.as_str(),
+        "unique_key": j.unique_key,
+        "priority": j.priority,
+        "attempts": j.attempts,
+        "max_attempts": j.max_attempts,
+        "payload": j.payload,
+        "result": j.result,
+        "last_error": j.last_error.as_ref().map(failure),
+        "errors": j.errors.iter().map(failure).collect::<Vec<_>>(),
+        "run_at": ts(j.run_at),
+        "timeout_ms": u64::try_from(j.timeout.as_millis()).unwrap_or(u64::MAX),
+        "lease_owner": j.lease.as_ref().map(|l| l.owner.as_str().to_string()),
+        "lease_expires_at": ts_opt(j.lease.as_ref().map(|l| l.expires_at)),
+        "heartbeat_at": ts_opt(j.lease.as_ref().and_then(|l| l.heartbeat_at)),
+        "started_at": ts_opt(j.started_at),
+        "created_at": ts(j.created_at),
+        "updated_at": ts(j.updated_at),
+        "finished_at": ts_opt(j.finished_at),
+        "archived_at": ts_opt(j.archived_at),
+        "cancel_requested_at": ts_opt(j.cancel_requested_at),
+        "version": j.version,
+    })
+}
+
+/// One job in full, for people.
+pub(crate) fn job_text(j: &Job) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<14} {v}\n"));
+    line("id", j.id.0.to_string());
+    line("queue", j.queue.clone());
+    line("kind", j.kind.clone());
+    line("state", j.state.as_str().to_string());
+    if let Some(k) = &j.unique_key {
+        line("unique key", k.clone());
+    }
+    line("priority", j.priority.to_string());
+    line("attempts", format!("{} of {}", j.attempts, j.max_attempts));
+    line("run at", ts(j.run_at));
+    line("timeout", format!("{:?}", j.timeout));
+    match &j.lease {
+        Some(l) => {
+            line("lease owner", l.owner.as_str().to_string());
+            line("lease until", ts(l.expires_at));
+            line(
+                "heartbeat",
+                l.heartbeat_at.map_or_else(|| "-".to_string(), ts),
+            );
+        }
+        None => line("lease", "none".to_string()),
+    }
+    for (k, t) in [
+        ("started", j.started_at),
+        ("finished", j.finished_at),
+        ("archived", j.archived_at),
+        ("cancel asked", j.cancel_requested_at),
+    ] {
+        if let Some(t) = t {
+            line(k, ts(t));
+        }
+    }
+    line("created", ts(j.created_at));
+    line("updated", ts(j.updated_at));
+    line("payload", j.payload.to_string());
+    if let Some(r) = &j.result {
+        line("result", r.to_string());
+    }
+    if j.errors.is_empty() {
+        line("errors", "none".to_string());
+    } else {
+        line("errors", String::new());
+        for e in &j.errors {
+            out.push_str(&format!(
+                "  #{} {} {}: {}\n",
+                e.attempt,
+                e.at.map_or_else(|| "-".to_string(), ts),
+                e.code,
+                e.message
+            ));
+        }
+    }
+    out
+}
+
+/// A page of jobs, one line each.
+pub(crate) fn jobs_table(jobs: &[Job]) -> String {
+    let mut out = format!(
+        "{:>10}  {:<16} {:<24} {:<10} {:>8}  {:<27} {}\n",
+        "id", "queue", "kind", "state", "attempts", "run at", "last error"
+    );
+    for j in jobs {
+        out.push_str(&format!(
+            "{:>10}  {:<16} {:<24} {:<10} {:>8}  {:<27} {}\n",
+            j.id.0,
+            j.queue,
+            j.kind,
+            j.state.as_str(),
+            format!("{}/{}", j.attempts, j.max_attempts),
+            ts(j.run_at),
+            j.last_error
+                .as_ref()
+                .map_or_else(String::new, |e| format!("{}: {}", e.code, e.message)),
+        ));
+    }
+    out
+}
+
+/// How long ago `t` was, for people (`3m12s`).
+fn age(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
+    let s = (now - t).num_seconds().max(0);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// Queue status: counts by state, lag, nodes — JSON.
+pub(crate) fn status_json(
+    now: DateTime<Utc>,
+    counts: &[StateCount],
+    lags: &[QueueLag],
+    nodes: &[NodeInfo],
+) -> Value {
+    let mut queues: Vec<String> = counts.iter().map(|c| c.queue.clone()).collect();
+    queues.extend(lags.iter().map(|l| l.queue.clone()));
+    queues.sort_unstable();
+    queues.dedup();
+    let queues: Vec<Value> = queues
+        .iter()
+        .map(|q| {
+            let mut states = serde_json::Map::new();
+            for c in counts.iter().filter(|c| &c.queue == q) {
+                states.insert(c.state.as_str().to_string(), json!(c.count));
+            }
+            let lag = lags.iter().find(|l| &l.queue == q);
+            json!({
+                "queue": q,
+                "states": states,
+                "due": lag.map_or(0, |l| l.due),
+                "oldest_due_at": ts_opt(lag.map(|l| l.oldest_due)),
+                "lag_seconds": lag.map_or(0.0, |l| (now - l.oldest_due).num_milliseconds().max(0) as f64 / 1000.0),
+            })
+        })
+        .collect();
+    json!({
+        "at": ts(now),
+        "queues": queues,
+        "nodes": nodes.iter().map(|n| node_json(now, n)).collect::<Vec<_>>(),
+    })
+}
+
+/// Queue status for people.
+pub(crate) fn status_text(
+    now: DateTime<Utc>,
+    counts: &[StateCount],
+    lags: &[QueueLag],
+    nodes: &[NodeInfo],
+) -> String {
+    let v = status_json(now, counts, lags, nodes);
+    let mut out = format!(
+        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}\n",
+        "queue", "pending", "running", "retrying", "succeeded", "dead", "cancelled", "due", "lag"
+    );
+    for q in v["queues"].as_array().into_iter().flatten() {
+        let n = |s: &str| q["states"][s].as_u64().unwrap_or(0);
+        let lag = lags
+            .iter()
+            .find(|l| q["queue"] == l.queue.as_str())
+            .map_or_else(|| "-".to_string(), |l| age(now, l.oldest_due));
+        out.push_str(&format!(
+            "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}\n",
+            q["queue"].as_str().unwrap_or(""),
+            n("pending"),
+            n("running"),
+            n("retrying"),
+            n("succeeded"),
+            n("dead"),
+            n("cancelled"),
+            q["due"].as_u64().unwrap_or(0),
+            lag
+        ));
+    }
+    out.push('\n');
+    out.push_str(&nodes_text(now, nodes));
+    out
+}
+
+fn node_json(now: DateTime<Utc>, n: &NodeInfo) -> Value {
+    json!({
+        "node": n.node,
+        "queues": n.queues,
+        "kinds": n.kinds,
+        "started_at": ts(n.started_at),
+        "heartbeat_at": ts(n.heartbeat_at),
+        "heartbeat_age_seconds": (now - n.heartbeat_at).num_milliseconds().max(0) as f64 / 1000.0,
+    })
+}
+
+/// The nodes as JSON.
+pub(crate) fn nodes_json(now: DateTime<Utc>, nodes: &[NodeInfo]) -> Value {
+    Value::Array(nodes.iter().map(|n| node_json(now, n)).collect())
+}
+
+/// The nodes for people.
+pub(crate) fn nodes_text(now: DateTime<Utc>, nodes: &[NodeInfo]) -> String {
+    if nodes.is_empty() {
+        return "no node registered\n".to_string();
+    }
+    let mut out = format!(
+        "{:<28} {:>10} {:<24} {}\n",
+        "node", "heartbeat", "queues", "kinds"
+    );
+    for n in nodes {
+        out.push_str(&format!(
+            "{:<28} {:>10} {:<24} {}\n",
+            n.node,
+            format!("{} ago", age(now, n.heartbeat_at)),
+            n.queues.join(","),
+            n.kinds.join(",")
+        ));
+    }
+    out
+}

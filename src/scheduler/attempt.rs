@@ -1,0 +1,174 @@
+//! One claimed attempt's start gate, shared by its [`JobSupervisor`](super::JobSupervisor)
+//! (whose handler task starts the handler) and the [`LeaseManager`](super::LeaseManager)
+//! (which renews, fences and gives back the lease) — ARCHITECTURE.md §6, invariants 8 and 9.
+//!
+//! Two atomics, both on the node's monotonic clock ([`Clock::monotonic`]):
+//! * `valid_until`: until when the lease surely still holds — the send time of the claim or
+//!   of the last applied renewal, plus the lease. The database counted the lease from its own
+//!   later "now", so the estimate is conservative, and a process that was frozen sees it
+//!   expire by the time it runs again (the monotonic clock counts through a freeze).
+//! * `started`: not started, dropped, or when the handler started.
+//!
+//! A handler starts only through [`Attempt::try_start`], which checks the estimate with the
+//! fence margin and claims the start in one compare-and-swap; the lease manager takes the
+//! lease away through [`Attempt::revoke`], which closes the gate first. Whichever swap wins
+//! decides: a revoked attempt never starts, and a started one is seen as started — so the
+//! lease manager knows whether to give the job back at once (never started: the attempt is
+//! refunded) or to stop the handler first.
+//!
+//! [`Clock::monotonic`]: crate::clock::Clock::monotonic
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+/// `started` before the handler started.
+const NOT_STARTED: i64 = i64::MIN;
+/// `started` once the attempt was dropped before its handler started.
+const DROPPED: i64 = i64::MIN + 1;
+
+/// The start gate of one claimed attempt; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    valid_until_us: AtomicI64,
+    started_us: AtomicI64,
+}
+
+/// What [`Attempt::revoke`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Revoked {
+    /// The handler had not started and now never will: give the job back.
+    NotStarted,
+    /// The handler task already found the lease unsafe and dropped the attempt itself (its
+    /// supervisor reports the give-back).
+    AlreadyDropped,
+    /// The handler started at this monotonic instant (µs): stop it before giving anything
+    /// back.
+    Started(i64),
+}
+
+impl Attempt {
+    /// A gate whose lease holds until `valid_until` (monotonic).
+    pub(crate) fn new(valid_until: Duration) -> Self {
+        Attempt {
+            valid_until_us: AtomicI64::new(us(valid_until)),
+            started_us: AtomicI64::new(NOT_STARTED),
+        }
+    }
+
+    /// Until when the lease surely holds (monotonic µs); `i64::MIN` once revoked.
+    pub(crate) fn valid_until_us(&self) -> i64 {
+        self.valid_until_us.load(Ordering::Acquire)
+    }
+
+    /// A renewal sent at some instant was applied: the lease holds until `until` at least.
+    /// Never moves the estimate back, and never reopens a revoked gate.
+    pub(crate) fn extend(&self, until: Duration) {
+        let until = us(until);
+        let _ = self
+            .valid_until_us
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v != i64::MIN && until > v).then_some(until)
+            });
+    }
+
+    /// Starts the handler now (`now`, monotonic) if the lease holds for longer than
+    /// `margin`; otherwise the attempt is dropped and never starts.
+    pub(crate) fn try_start(&self, now: Duration, margin: Duration) -> bool {
+        let now_us = us(now);
+        let safe = self.valid_until_us().saturating_sub(us(margin)) > now_us;
+        let to = if safe {
+            now_us.max(DROPPED + 1)
+        } else {
+            DROPPED
+        };
+        self.started_us
+            .compare_exchange(NOT_STARTED, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            && safe
+    }
+
+    /// When the handler started (monotonic µs), if it did.
+    pub(crate) fn started_us(&self) -> Option<i64> {
+        match self.started_us.load(Ordering::Acquire) {
+            NOT_STARTED | DROPPED => None,
+            t => Some(t),
+        }
+    }
+
+    /// Takes the lease away: closes the gate, then reports whether the handler started.
+    pub(crate) fn revoke(&self) -> Revoked {
+        self.valid_until_us.store(i64::MIN, Ordering::Release);
+        match self.started_us.compare_exchange(
+            NOT_STARTED,
+            DROPPED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Revoked::NotStarted,
+            Err(DROPPED) => Revoked::AlreadyDropped,
+            Err(t) => Revoked::Started(t),
+        }
+    }
+}
+
+/// A duration as µs, saturating.
+pub(crate) fn us(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// How long before its estimated end a lease is treated as lost: no handler starts within
+/// it, and a running handler is stopped (self-fenced) when its lease gets this close — a
+/// sixth of the lease, at most 5 s (ARCHITECTURE.md §6, invariant 9).
+pub(crate) fn fence_margin(lease: Duration) -> Duration {
+    (lease / 6).min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn starts_only_within_the_lease_minus_the_margin() {
+        let a = Attempt::new(10 * S);
+        assert!(
+            !Attempt::new(10 * S).try_start(9 * S, S),
+            "at the margin: no"
+        );
+        assert!(a.try_start(8 * S, S));
+        assert_eq!(a.started_us(), Some(us(8 * S)));
+        assert!(!a.try_start(8 * S, S), "an attempt starts once");
+        assert_eq!(a.revoke(), Revoked::Started(us(8 * S)));
+    }
+
+    #[test]
+    fn a_revoked_attempt_never_starts_and_a_dropped_one_is_reported() {
+        let a = Attempt::new(10 * S);
+        assert_eq!(a.revoke(), Revoked::NotStarted);
+        a.extend(100 * S);
+        assert_eq!(a.valid_until_us(), i64::MIN, "a renewal cannot reopen it");
+        assert!(!a.try_start(S, S));
+        assert_eq!(a.started_us(), None);
+
+        let b = Attempt::new(2 * S);
+        assert!(!b.try_start(3 * S, S), "estimate expired: dropped");
+        assert_eq!(b.revoke(), Revoked::AlreadyDropped);
+    }
+
+    #[test]
+    fn renewals_only_move_the_estimate_forward() {
+        let a = Attempt::new(10 * S);
+        a.extend(5 * S);
+        assert_eq!(a.valid_until_us(), us(10 * S));
+        a.extend(20 * S);
+        assert_eq!(a.valid_until_us(), us(20 * S));
+        assert!(a.try_start(18 * S, S));
+    }
+
+    #[test]
+    fn the_margin_is_a_sixth_of_the_lease_at_most_five_seconds() {
+        assert_eq!(fence_margin(6 * S), S);
+        assert_eq!(fence_margin(60 * S), 5 * S);
+    }
+}

@@ -1,0 +1,331 @@
+//! [`SchedulerBuilder`]: queues, handlers and settings of one node, validated before
+//! anything starts; [`SchedulerBuilder::start`] wires the actors and hands back the
+//! [`SchedulerHandle`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use actix::prelude::*;
+
+use crate::backoff::RetryPolicy;
+use crate::client::Client;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{QueueConfig, SchedulerConfig};
+use crate::error::{Error, Result};
+use crate::handler::{Erased, JobHandler};
+use crate::lease::NodeId;
+use crate::store::Store;
+
+use super::archiver::Archiver;
+use super::event::EventBus;
+use super::fetcher::{Fetcher, Wake};
+use super::handle::SchedulerHandle;
+use super::lease_manager::{self, LeaseManager};
+use super::registrar::Registrar;
+use super::root::{HandlerRuntime, Scheduler};
+use super::shared::{Registered, Shared};
+use super::start_hold::StartHold;
+use super::stats::Stats;
+use super::sweeper::Sweeper;
+
+/// Builds a scheduler: queues, handlers, settings. See [`Scheduler::builder`].
+pub struct SchedulerBuilder {
+    store: Store,
+    config: SchedulerConfig,
+    queues: Vec<(String, QueueConfig)>,
+    handlers: HashMap<String, Registered>,
+    duplicate_kind: Option<String>,
+    clock: Arc<dyn Clock>,
+    node: Option<NodeId>,
+}
+
+impl std::fmt::Debug for SchedulerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("queues", &self.queues)
+            .field("kinds", &self.handlers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SchedulerBuilder {
+    /// Adds a queue to work on, with its settings.
+    pub fn queue(mut self, name: impl Into<String>, config: QueueConfig) -> Self {
+        self.queues.push((name.into(), config));
+        self
+    }
+
+    /// Registers the handler for a job kind.
+    pub fn handler<H: JobHandler>(self, kind: impl Into<String>, handler: H) -> Self {
+        self.register(kind.into(), handler, None)
+    }
+
+    /// Registers the handler for a job kind, with a retry policy of its own.
+    pub fn handler_with_retry<H: JobHandler>(
+        self,
+        kind: impl Into<String>,
+        handler: H,
+        retry: RetryPolicy,
+    ) -> Self {
+        self.register(kind.into(), handler, Some(retry))
+    }
+
+    fn register<H: JobHandler>(mut self, kind: String, h: H, retry: Option<RetryPolicy>) -> Self {
+        let reg = Registered {
+            handler: Arc::new(Erased(h)),
+            retry,
+        };
+        if self.handlers.insert(kind.clone(), reg).is_some() {
+            self.duplicate_kind.get_or_insert(kind);
+        }
+        self
+    }
+
+    /// Replaces the node-wide settings.
+    pub fn config(mut self, config: SchedulerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Uses another clock (a [`ManualClock`](crate::clock::ManualClock) in simulation).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Names this node (default: random).
+    pub fn node_id(mut self, node: NodeId) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    #[cfg(feature = "test-util")]
+    pub(crate) fn has_queues(&self) -> bool {
+        !self.queues.is_empty()
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.config.validate()?;
+        if self.queues.is_empty() {
+            return Err(Error::Config {
+                field: "queues",
+                reason: "no queue configured; add one with .queue(name, QueueConfig::default())"
+                    .into(),
+            });
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (name, q) in &self.queues {
+            q.validate(name)?;
+            if !seen.insert(name) {
+                return Err(Error::Config {
+                    field: "queues",
+                    reason: format!("queue {name:?} is configured twice"),
+                });
+            }
+        }
+        if self.handlers.is_empty() {
+            return Err(Error::Config {
+                field: "handlers",
+                reason: "no handler registered; add one with .handler(kind, handler)".into(),
+            });
+        }
+        if let Some(kind) = &self.duplicate_kind {
+            return Err(Error::Config {
+                field: "handlers",
+                reason: format!("kind {kind:?} has two handlers"),
+            });
+        }
+        for (kind, reg) in &self.handlers {
+            crate::job::check_name("kind", kind, crate::job::MAX_KIND_LEN).map_err(|e| {
+                Error::Config {
+                    field: "handlers",
+                    reason: e.to_string(),
+                }
+            })?;
+            if let Some(r) = &reg.retry {
+                r.validate()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates the settings and starts the node's actors.
+    ///
+    /// * **Inside an actix system** (`#[actix::main]`, `#[actix_web::main]`, `#[actix::test]`)
+    ///   the actors start on the current arbiter, beside the application's own.
+    /// * **Anywhere else** — under `#[tokio::main]` (axum, tonic, plain tokio), in a plain
+    ///   thread, or in a synchronous `main` — they start on a dedicated actix system of their
+    ///   own, on a thread named `jobvisor-actors`; the handle, its [`Client`](crate::Client)
+    ///   and [`SchedulerHandle::shutdown`] work from any runtime. Shutdown stops the actors;
+    ///   the thread then idles for the life of the process, because it drives the database
+    ///   connections its actors opened, which the store's pool shares with the application's
+    ///   clients. A handle dropped without shutdown leaves the actors running (leases are
+    ///   renewed meanwhile) until the process exits.
+    ///
+    /// Either way handlers run on a multi-threaded tokio runtime of their own (threads named
+    /// `jobvisor-handler`, [`SchedulerConfig::handler_threads`] of them), never on the
+    /// actors' thread nor on the caller's runtime: `tokio::spawn` inside a handler works,
+    /// `actix::spawn` does not (there is no arbiter there); to enqueue follow-up work, use
+    /// [`JobContext::client`](crate::JobContext::client).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo() -> jobvisor::Result<()> {
+    /// use jobvisor::{handler_fn, JobOutcome, QueueConfig, Scheduler, Store};
+    ///
+    /// // Under #[tokio::main]: the actors get a thread of their own.
+    /// let store = Store::connect("sqlite://jobs.db").await?;
+    /// let scheduler = Scheduler::builder(store)
+    ///     .queue("default", QueueConfig::default())
+    ///     .handler("hello", handler_fn(|_: serde_json::Value, _ctx| async {
+    ///         JobOutcome::success("hi")
+    ///     }))
+    ///     .start()?;
+    /// // ... serve requests, enqueue with scheduler.client() ...
+    /// scheduler.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the bad setting; nothing is started then.
+    pub fn start(self) -> Result<SchedulerHandle> {
+        self.validate()?;
+        let in_actix =
+            actix::System::try_current().is_some() && tokio::runtime::Handle::try_current().is_ok();
+        if in_actix {
+            self.start_here(false)
+        } else {
+            self.start_on_own_system()
+        }
+    }
+
+    /// Starts a dedicated actix system on a thread of its own and the actors on it.
+    fn start_on_own_system(self) -> Result<SchedulerHandle> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("jobvisor-actors".into())
+            .spawn(move || {
+                let system = actix::System::new();
+                let started = system.block_on(async move { self.start_here(true) });
+                let ok = started.is_ok();
+                // The caller waits on the other end; if it is gone there is nobody to serve.
+                if tx.send(started).is_ok() && ok {
+                    if let Err(e) = system.run() {
+                        tracing::error!(error = %e, "the jobvisor actor system ended with an error");
+                    }
+                }
+            })
+            .map_err(|e| Error::Config {
+                field: "runtime",
+                reason: format!("cannot start the jobvisor-actors thread: {e}"),
+            })?;
+        rx.recv().map_err(|_| Error::Config {
+            field: "runtime",
+            reason: "the jobvisor-actors thread ended before the scheduler started".into(),
+        })?
+    }
+
+    /// Starts the actors on the current arbiter; `own_system`: that arbiter's system is
+    /// jobvisor's own (logged).
+    fn start_here(self, own_system: bool) -> Result<SchedulerHandle> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.config.handler_threads)
+            .thread_name("jobvisor-handler")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Config {
+                field: "handler_threads",
+                reason: format!("cannot start the handler threads: {e}"),
+            })?;
+        // The node's client wakes its fetchers on enqueue; they exist only further down, so
+        // it looks them up once set (weakly: a client kept after shutdown keeps no actor).
+        let wakers: Arc<OnceLock<HashMap<String, actix::WeakRecipient<Wake>>>> = Arc::default();
+        let lookup = wakers.clone();
+        let client = Client::with_clock(self.store.clone(), self.clock.clone()).with_wake(
+            Arc::new(move |queue: &str| {
+                if let Some(r) = lookup.get().and_then(|m| m.get(queue)?.upgrade()) {
+                    r.do_send(Wake);
+                }
+            }),
+        );
+        let node = self.node.unwrap_or_else(NodeId::random);
+        let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
+        kinds.sort_unstable();
+        let shared = Arc::new(Shared {
+            store: self.store,
+            clock: self.clock,
+            node,
+            config: self.config,
+            queues: self.queues.iter().cloned().collect(),
+            handlers: self.handlers,
+            kinds,
+            events: EventBus::new(),
+            handler_rt: rt.handle().clone(),
+            stats: Stats::default(),
+            start_hold: StartHold::default(),
+            client,
+        });
+        let lease_manager = LeaseManager::new(shared.clone()).start();
+        let mut fetchers = HashMap::new();
+        for (name, q) in &self.queues {
+            let f = Fetcher::new(
+                shared.clone(),
+                name.clone(),
+                q.clone(),
+                lease_manager.clone().recipient(),
+                lease_manager.clone().recipient(),
+            )
+            .start();
+            fetchers.insert(name.clone(), f);
+        }
+        let slots = fetchers
+            .iter()
+            .map(|(q, f)| (q.clone(), f.clone().recipient()))
+            .collect();
+        lease_manager.do_send(lease_manager::RegisterFetchers(slots));
+        let weak = fetchers
+            .iter()
+            .map(|(q, f)| (q.clone(), f.clone().recipient::<Wake>().downgrade()))
+            .collect();
+        // Set exactly once, here.
+        let _ = wakers.set(weak);
+        let sweeper = Sweeper::new(shared.clone()).start();
+        let archiver = Archiver::new(shared.clone()).start();
+        let registrar = Registrar::new(shared.clone()).start();
+        let scheduler = Scheduler::new(
+            shared.clone(),
+            fetchers.clone(),
+            lease_manager.clone(),
+            sweeper.clone(),
+            archiver.clone(),
+            registrar.clone(),
+            HandlerRuntime(Some(rt)),
+        )
+        .start();
+        tracing::info!(node = %shared.node, queues = fetchers.len(), own_system, "scheduler started");
+        Ok(SchedulerHandle {
+            scheduler,
+            fetchers,
+            lease_manager,
+            sweeper,
+            archiver,
+            registrar,
+            shared,
+        })
+    }
+}
+
+impl Scheduler {
+    /// Starts building a scheduler on `store`.
+    pub fn builder(store: Store) -> SchedulerBuilder {
+        SchedulerBuilder {
+            store,
+            config: SchedulerConfig::default(),
+            queues: Vec::new(),
+            handlers: HashMap::new(),
+            duplicate_kind: None,
+            clock: Arc::new(SystemClock),
+            node: None,
+        }
+    }
+}
