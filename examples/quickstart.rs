@@ -49,8 +49,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("         (a handler panicked: {msg})");
     }));
 
-    // A fresh SQLite file: created, migrated, WAL mode. Nothing to install.
-    let path = std::env::temp_dir().join("jobvisor-quickstart.sqlite");
+    // A fresh SQLite file: created, migrated, WAL mode. Nothing to install. One per process,
+    // so two runs at once (two terminals, two CI jobs) never share — or delete — each
+    // other's jobs.
+    let path =
+        std::env::temp_dir().join(format!("jobvisor-quickstart-{}.sqlite", std::process::id()));
     for ext in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
     }
@@ -113,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if true {
                     panic!("image decoder crashed on a truncated PNG");
                 }
-                Ok(JobOutcome::done())
+                JobOutcome::done()
             }),
         )
         .handler(

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use jobvisor::store::conformance::TestDb;
+use jobvisor::testing::{StoreEngine as _, TestDb};
 use jobvisor::{Backend, Error, ListParams, NewJob, Store, StoreOptions};
 use proptest::prelude::*;
 use serde_json::{json, Value};

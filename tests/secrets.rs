@@ -7,8 +7,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use jobvisor::store::conformance::{base_url, TestDb};
-use jobvisor::{Backend, ClaimParams, Client, NewJob, NodeId, Store, StoreOptions};
+use jobvisor::testing::{base_url, ClaimParams, StoreEngine as _, TestDb};
+use jobvisor::{Backend, Client, NewJob, NodeId, Store, StoreOptions};
 use serde_json::json;
 
 const PASSWORD: &str = "Sup3r-s3cret-pw";
@@ -65,6 +65,7 @@ async fn passwords_never_reach_errors_debug_output_or_logs() {
             queue: "default".into(),
             owner: NodeId::new("n").unwrap(),
             limit: 1,
+            kinds: None,
             lease: Duration::from_secs(30),
             now: None,
         })

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobvisor::clock::Clock as _;
-use jobvisor::scheduler::{Event, TokenOf};
-use jobvisor::store::conformance::TestDb;
-use jobvisor::testing::Simulation;
+use jobvisor::scheduler::Event;
+use jobvisor::testing::{Simulation, StoreEngine as _, TestDb, TokenOf};
 use jobvisor::{
     handler_fn, Backend, CancelOutcome, JobError, JobId, JobOutcome, JobState, NewJob, QueueConfig,
     RetryPolicy,
@@ -78,9 +77,13 @@ async fn a_dead_nodes_job_is_reclaimed_after_its_lease_and_run_by_another_node()
     });
     let id = enqueue(&a, NewJob::new("work", json!({}))).await;
     assert_eq!(a.fetch("default").await, 1);
-    a.next_event(|e| matches!(e, Event::Claimed { .. })).await;
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    // One heartbeat records the handler's start, then A goes silent.
+    clock.advance(SEC);
+    assert_eq!(a.renew().await.renewed, 1);
 
-    // Before expiry nothing is reclaimed; after it, B's sweeper reclaims with the attempt counted.
+    // Before expiry nothing is reclaimed; after it, B's sweeper reclaims with the attempt
+    // counted (its start was recorded: it ran).
     clock.advance(29 * SEC);
     assert_eq!(b.sweep().await, 0);
     clock.advance(2 * SEC);
@@ -119,6 +122,9 @@ async fn a_resumed_zombie_learns_from_its_heartbeat_that_its_lease_is_lost() {
     });
     let id = enqueue(&a, NewJob::new("work", json!({}))).await;
     a.fetch("default").await;
+    // Its handler must be running before time moves: a start that found the lease already
+    // past its fence margin would give the job back unstarted, and there would be no zombie.
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
     let stale = a.lease_manager().send(TokenOf(id)).await.unwrap().unwrap();
     clock.advance(31 * SEC);
     assert_eq!(b.sweep().await, 1);
@@ -133,8 +139,12 @@ async fn a_resumed_zombie_learns_from_its_heartbeat_that_its_lease_is_lost() {
     let out = b
         .handle
         .store()
-        .job_finalize_many(jobvisor::FinalizeParams {
-            items: vec![jobvisor::Finalize::succeeded(id, stale, json!("zombie"))],
+        .job_finalize_many(jobvisor::testing::FinalizeParams {
+            items: vec![jobvisor::testing::Finalize::succeeded(
+                id,
+                stale,
+                json!("zombie"),
+            )],
             now: clock.bound_now(),
         })
         .await
@@ -191,7 +201,7 @@ async fn snooze_does_not_use_an_attempt() {
                 let runs = r2.clone();
                 async move {
                     if runs.fetch_add(1, Ordering::SeqCst) < 2 {
-                        Ok(JobOutcome::snooze(Duration::from_secs(60)))
+                        JobOutcome::snooze(Duration::from_secs(60))
                     } else {
                         JobOutcome::success("now")
                     }
@@ -308,7 +318,7 @@ async fn priorities_are_respected() {
         b.queue("one", QueueConfig::default().concurrency(1))
             .handler(
                 "p",
-                handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) }),
+                handler_fn(|_: Value, _ctx| async { JobOutcome::done() }),
             )
     })
     .await;
@@ -330,7 +340,8 @@ async fn priorities_are_respected() {
 
 #[actix::test]
 async fn the_prefetch_window_grows_for_idle_workers_and_shrinks_when_jobs_wait() {
-    use jobvisor::scheduler::{GetFetcherStatus, PREFETCH_MAX_WAIT};
+    use jobvisor::scheduler::PREFETCH_MAX_WAIT;
+    use jobvisor::testing::GetFetcherStatus;
     let gate = Arc::new(Semaphore::new(0));
     let mut sim = Simulation::sqlite(|b| {
         b.queue("one", QueueConfig::default().concurrency(1).prefetch(4))
@@ -397,24 +408,27 @@ async fn a_lease_that_cannot_be_renewed_in_time_stops_its_handler() {
     let mut sim = Simulation::sqlite(|b| b.handler("work", gated(gate.clone(), "late"))).await;
     let id = enqueue(&sim, NewJob::new("work", json!({}))).await;
     sim.fetch("default").await;
+    sim.next_event(|e| matches!(e, Event::Started { .. })).await;
     sim.advance(24 * SEC);
     assert_eq!(sim.check_deadlines().await, 0);
     sim.advance(SEC); // 25 s without a renewal: within 5 s of expiry
     assert_eq!(sim.check_deadlines().await, 1);
     sim.next_event(|e| matches!(e, Event::SelfFenced { .. }))
         .await;
-    gate.add_permits(1); // the handler would now finish, but its result is discarded
-    sim.advance(6 * SEC);
-    assert_eq!(
-        sim.sweep().await,
-        1,
-        "the sweeper reclaims it once the lease expired"
-    );
-    assert_eq!(sim.client.get(id).await.unwrap().state, JobState::Retrying);
+    // Once its handler has stopped, the job is given back at once as a counted `fenced`
+    // failure: it runs again without waiting for its lease to expire and the sweeper (the
+    // freed slot makes the fetcher claim it again, with the clock standing still).
+    assert_eq!(sim.finished(id).await, JobState::Retrying);
+    assert_eq!(sim.sweep().await, 0, "nothing left for the sweeper");
+    gate.add_permits(1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+    let job = sim.client.get(id).await.unwrap();
+    let codes: Vec<&str> = job.errors.iter().map(|e| e.code.as_str()).collect();
+    assert_eq!((job.attempts, codes), (2, vec!["fenced"]));
 }
 
 #[actix::test]
-async fn panics_and_unknown_kinds_are_failures_that_say_why() {
+async fn panics_are_failures_that_say_why_and_unknown_kinds_wait_unclaimed() {
     let mut sim = Simulation::sqlite(|b| {
         b.handler(
             "boom",
@@ -422,23 +436,26 @@ async fn panics_and_unknown_kinds_are_failures_that_say_why() {
                 if true {
                     panic!("kaboom");
                 }
-                Ok(JobOutcome::done())
+                JobOutcome::done()
             }),
         )
     })
     .await;
     let boom = enqueue(&sim, NewJob::new("boom", json!({}))).await;
     let nobody = enqueue(&sim, NewJob::new("nobody-handles-this", json!({}))).await;
-    sim.fetch("default").await;
+    assert_eq!(
+        sim.fetch("default").await,
+        1,
+        "only the kind this node runs is claimed"
+    );
     assert_eq!(sim.finished(boom).await, JobState::Retrying);
     let e = sim.client.get(boom).await.unwrap().last_error.unwrap();
     assert_eq!(e.code, "panic");
     assert!(e.message.contains("kaboom"), "{}", e.message);
-    let st = sim.finished(nobody).await;
-    assert_eq!(st, JobState::Retrying);
-    let e = sim.client.get(nobody).await.unwrap().last_error.unwrap();
-    assert_eq!(e.code, "unknown_kind");
-    assert!(e.message.contains("nobody-handles-this"), "{}", e.message);
+    // A kind no handler is registered for waits for a node that has one.
+    let job = sim.client.get(nobody).await.unwrap();
+    assert_eq!((job.state, job.attempts), (JobState::Pending, 0));
+    assert!(job.last_error.is_none());
 }
 
 #[actix::test]
@@ -449,7 +466,7 @@ async fn bad_scheduler_config_names_the_field() {
         .queue("q", QueueConfig::default().concurrency(0))
         .handler(
             "k",
-            handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) }),
+            handler_fn(|_: Value, _ctx| async { JobOutcome::done() }),
         )
         .start()
         .unwrap_err();
@@ -487,7 +504,7 @@ async fn bad_scheduler_config_names_the_field() {
         )
         .handler(
             "k",
-            handler_fn(|_: Value, _ctx| async { Ok(JobOutcome::done()) }),
+            handler_fn(|_: Value, _ctx| async { JobOutcome::done() }),
         )
         .start()
         .unwrap_err();
@@ -559,7 +576,7 @@ async fn a_claim_answered_late_does_not_extend_the_lease() {
     use diesel::Connection;
     let db = Arc::new(TestDb::create(Backend::Sqlite).await);
     let clock = jobvisor::clock::ManualClock::at_fixed_start();
-    let a = Simulation::on_store(db.store().await, clock.clone(), "node-a", |b| {
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "node-a", |b| {
         b.handler("work", waits_for_stop(true))
     })
     .keep(db.clone());
@@ -576,27 +593,38 @@ async fn a_claim_answered_late_does_not_extend_the_lease() {
     let path = db.url.strip_prefix("sqlite://").unwrap().to_string();
     let mut locker = diesel::SqliteConnection::establish(&path).unwrap();
     locker.batch_execute("BEGIN IMMEDIATE").unwrap();
-    let claim = actix_rt::spawn(a.fetcher("default").send(jobvisor::scheduler::FetchNow));
+    let claim = actix_rt::spawn(a.fetcher("default").send(jobvisor::testing::FetchNow));
     tokio::time::sleep(Duration::from_millis(300)).await;
     // 29 s pass while the claim waits (a slow commit, a stalled network, a paused VM)...
     clock.advance(29 * SEC);
     locker.batch_execute("COMMIT").unwrap();
     assert_eq!(claim.await.unwrap().unwrap(), 1);
-    // ...then 2 s more: the lease the database granted (send time + 30 s) has expired, and A
-    // must already have fenced itself by its own, conservative, reckoning.
-    clock.advance(2 * SEC);
-    assert_eq!(
-        a.check_deadlines().await,
-        1,
-        "A fences: its lease is (about to be) over"
-    );
-    // A's fetcher would happily claim the job again once it is due; keep A out of the race.
+    // A's fetcher would happily claim the job again once it is back; keep A out of the race.
     a.fetcher("default")
-        .send(jobvisor::scheduler::StopClaiming)
+        .send(jobvisor::testing::StopClaiming)
         .await
         .unwrap();
-    assert_eq!(b.sweep().await, 1);
-    clock.advance(SEC);
+    // ...so by A's own, conservative, reckoning (send time + 30 s) less than the fence margin
+    // is left: A never starts the handler and gives the job back at once, attempt refunded.
+    let dropped = a
+        .next_event(|e| matches!(e, Event::Dropped { .. } | Event::Started { .. }))
+        .await;
+    assert!(
+        matches!(dropped, Event::Dropped { .. }),
+        "fenced at birth: {dropped:?}"
+    );
+    let id = a
+        .client
+        .list(jobvisor::ListParams::default())
+        .await
+        .unwrap()[0]
+        .id;
+    assert_eq!(a.finished(id).await, JobState::Pending);
+    let job = a.client.get(id).await.unwrap();
+    assert_eq!((job.state, job.attempts), (JobState::Pending, 0));
+    clock.advance(2 * SEC);
+    assert_eq!(a.check_deadlines().await, 0, "nothing left to fence");
+    assert_eq!(b.sweep().await, 0, "no lease to wait for");
     let claimed_by_b = b.fetch("default").await;
     assert_eq!(claimed_by_b, 1);
     for _ in 0..100 {
@@ -630,6 +658,10 @@ async fn two_nodes_reclaim_and_fence_a_zombie(backend: Backend) {
     let id = enqueue(&a, NewJob::new("work", json!({}))).await;
     assert_eq!(a.fetch("default").await, 1);
     assert_eq!(b.fetch("default").await, 0, "one claim only");
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    clock.advance(SEC);
+    let r = a.renew().await;
+    assert_eq!(r.renewed, 1, "records the start: {r:?}");
     clock.advance(31 * SEC);
     assert_eq!(b.sweep().await, 1);
     clock.advance(2 * SEC);
@@ -640,6 +672,77 @@ async fn two_nodes_reclaim_and_fence_a_zombie(backend: Backend) {
         .await;
     let job = b.client.get(id).await.unwrap();
     assert_eq!((job.result, job.attempts), (Some(json!("from B")), 2));
+}
+
+/// A rolling deploy: the old node lacks the new kind `b`, which is enqueued before any node
+/// that runs it is up. The old node never claims it (no attempt burnt), reports it as
+/// unserved, and the new node runs it on its first attempt.
+async fn two_nodes_rolling_deploy_burns_no_attempt(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let mut old = Simulation::on_store(db.store().await, clock.clone(), "old", |b| {
+        b.handler("a", quick("old ran a"))
+    })
+    .keep(db.clone());
+    old.node_heartbeat().await;
+    let new_kind: Vec<JobId> = {
+        let mut v = Vec::new();
+        for i in 0..3 {
+            v.push(enqueue(&old, NewJob::new("b", json!({ "i": i })).max_attempts(1)).await);
+        }
+        v
+    };
+    let a = enqueue(&old, NewJob::new("a", json!({}))).await;
+    assert_eq!(
+        old.fetch("default").await,
+        1,
+        "the old node claims only what it runs"
+    );
+    assert_eq!(old.finished(a).await, JobState::Succeeded);
+    assert_eq!(old.fetch("default").await, 0);
+    for id in &new_kind {
+        let j = old.client.get(*id).await.unwrap();
+        assert_eq!(
+            (j.state, j.attempts),
+            (JobState::Pending, 0),
+            "no attempt burnt"
+        );
+    }
+
+    // Past `unserved_after` (5 min by default) the old node names them, and why.
+    clock.advance(6 * 60 * SEC);
+    old.node_heartbeat().await;
+    assert_eq!(old.check_unserved().await, 1);
+    let e = old.next_event(|e| matches!(e, Event::Unserved(_))).await;
+    let Event::Unserved(u) = e else {
+        unreachable!()
+    };
+    assert_eq!(
+        (u.queue.as_str(), u.kind.as_str(), u.jobs),
+        ("default", "b", 3)
+    );
+    assert_eq!(u.reason, jobvisor::UnservedReason::NoNodeHasKind);
+
+    // The new node comes up and runs them, each on its first attempt.
+    let mut new = Simulation::on_store(db.store().await, clock.clone(), "new", |b| {
+        b.handler("a", quick("new ran a"))
+            .handler("b", quick("new ran b"))
+    });
+    new.node_heartbeat().await;
+    assert_eq!(new.fetch("default").await, 3);
+    for id in &new_kind {
+        assert_eq!(new.finished(*id).await, JobState::Succeeded);
+        let j = new.client.get(*id).await.unwrap();
+        assert_eq!((j.attempts, j.result), (1, Some(json!("new ran b"))));
+    }
+    assert_eq!(
+        old.check_unserved().await,
+        0,
+        "nothing waits unserved any more"
+    );
+    let nodes = new.client.nodes().await.unwrap();
+    let names: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(names, ["new", "old"]);
 }
 
 async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
@@ -672,7 +775,7 @@ async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
     let held = |s: &Simulation| {
         let f = s.fetcher("default");
         async move {
-            f.send(jobvisor::scheduler::GetFetcherStatus)
+            f.send(jobvisor::testing::GetFetcherStatus)
                 .await
                 .unwrap()
                 .busy
@@ -730,6 +833,10 @@ macro_rules! two_node_tests {
                     async fn share_a_queue_without_double_claims() {
                         two_nodes_share_a_queue_without_double_claims($backend).await;
                     }
+                    #[actix::test]
+                    async fn rolling_deploy_burns_no_attempt() {
+                        two_nodes_rolling_deploy_burns_no_attempt($backend).await;
+                    }
                 }
             )+
         }
@@ -740,4 +847,586 @@ two_node_tests! {
     postgres => Backend::Postgres,
     mysql => Backend::Mysql,
     sqlite => Backend::Sqlite,
+}
+
+// ---- retention: dead letters outlive successes, on every backend --------------------------
+
+async fn dead_jobs_stay_in_the_live_table_for_weeks_successes_for_a_day(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let mut sim = Simulation::on_store(db.store().await, clock, "archiver", |b| {
+        b.handler(
+            "ok",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success("ok") }),
+        )
+        .handler(
+            "broken",
+            handler_fn(|_: Value, _ctx| async { Err::<JobOutcome, _>(JobError::fail("broken")) }),
+        )
+    })
+    .keep(db.clone());
+    let ok = enqueue(&sim, NewJob::new("ok", json!({}))).await;
+    let dead = enqueue(&sim, NewJob::new("broken", json!({}))).await;
+    assert_eq!(sim.fetch("default").await, 2);
+    assert_eq!(sim.finished(ok).await, JobState::Succeeded);
+    assert_eq!(sim.finished(dead).await, JobState::Dead);
+    let day = 24 * 3600 * SEC;
+    let cfg = jobvisor::SchedulerConfig::default();
+    assert_eq!(
+        (cfg.archive_after, cfg.archive_dead_after, cfg.prune_after),
+        (day, 28 * day, 7 * day),
+        "the documented defaults"
+    );
+
+    sim.advance(day + SEC);
+    let r = sim.archive().await;
+    assert_eq!((r.moved, r.pruned), (1, 0), "only the success: {r:?}");
+    assert!(sim.client.get(ok).await.unwrap().archived_at.is_some());
+    let d = sim.client.get(dead).await.unwrap();
+    assert_eq!((d.state, d.archived_at), (JobState::Dead, None));
+
+    // Day 27: the dead job still waits in the live table; the archived success is pruned.
+    sim.advance(26 * day);
+    let r = sim.archive().await;
+    assert_eq!((r.moved, r.pruned), (0, 1), "{r:?}");
+    assert_eq!(sim.client.get(dead).await.unwrap().archived_at, None);
+
+    // Past 28 days it is archived too.
+    sim.advance(day);
+    let r = sim.archive().await;
+    assert_eq!((r.moved, r.pruned), (1, 0), "{r:?}");
+    let d = sim.client.get(dead).await.unwrap();
+    assert_eq!(d.state, JobState::Dead);
+    assert!(d.archived_at.is_some());
+}
+
+/// A shorter dead-letter retention set by the user is honoured.
+async fn dead_job_retention_is_configurable(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let hour = 3600 * SEC;
+    let mut sim = Simulation::on_store(db.store().await, clock, "archiver", |b| {
+        b.config(
+            jobvisor::testing::sim_config()
+                .archive_after(hour)
+                .archive_dead_after(3 * hour),
+        )
+        .handler(
+            "broken",
+            handler_fn(|_: Value, _ctx| async { Err::<JobOutcome, _>(JobError::fail("broken")) }),
+        )
+    })
+    .keep(db.clone());
+    let dead = enqueue(&sim, NewJob::new("broken", json!({}))).await;
+    assert_eq!(sim.fetch("default").await, 1);
+    assert_eq!(sim.finished(dead).await, JobState::Dead);
+    sim.advance(2 * hour);
+    assert_eq!(sim.archive().await.moved, 0);
+    sim.advance(hour + SEC);
+    assert_eq!(sim.archive().await.moved, 1);
+}
+
+macro_rules! retention_tests {
+    ($($name:ident => $backend:expr),+ $(,)?) => {
+        mod retention {
+            use super::*;
+            $(
+                mod $name {
+                    use super::*;
+                    #[actix::test]
+                    async fn dead_jobs_outlive_successes() {
+                        dead_jobs_stay_in_the_live_table_for_weeks_successes_for_a_day($backend)
+                            .await;
+                    }
+                    #[actix::test]
+                    async fn dead_job_retention_is_configurable() {
+                        super::super::dead_job_retention_is_configurable($backend).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+retention_tests! {
+    postgres => Backend::Postgres,
+    mysql => Backend::Mysql,
+    sqlite => Backend::Sqlite,
+}
+
+// ---- the lease model: timeouts from the start, refunds, the start gate, per-attempt answers
+
+/// A quick handler that succeeds with `result`.
+fn quick(result: &'static str) -> impl jobvisor::JobHandler {
+    handler_fn(move |_: Value, _ctx| async move { JobOutcome::success(result) })
+}
+
+/// Waits until the fetcher has claimed every job in `ids` (a claim is at most half the
+/// budget; a full claim makes the fetcher claim the next chunk by itself).
+async fn claim_all(sim: &mut Simulation, ids: &[JobId]) {
+    sim.fetch("default").await;
+    for id in ids {
+        sim.next_event(|e| matches!(e, Event::Claimed { id: i, .. } if i == id))
+            .await;
+    }
+}
+
+fn codes(job: &jobvisor::Job) -> Vec<&str> {
+    job.errors.iter().map(|e| e.code.as_str()).collect()
+}
+
+#[actix::test]
+async fn a_prefetched_job_behind_long_ones_is_never_timed_out_before_it_starts() {
+    // One worker; a long job first, then a short job with a 1 s timeout and one attempt,
+    // waiting in the prefetch far longer than claim + lease + timeout.
+    let gate = Arc::new(Semaphore::new(0));
+    let mut sim = Simulation::sqlite(|b| {
+        b.queue("default", QueueConfig::default().concurrency(1))
+            .handler("long", gated(gate.clone(), "long"))
+            .handler("short", quick("short"))
+    })
+    .await;
+    let long = enqueue(&sim, NewJob::new("long", json!({})).priority(0)).await;
+    let short = enqueue(
+        &sim,
+        NewJob::new("short", json!({}))
+            .priority(1)
+            .timeout(SEC)
+            .max_attempts(1),
+    )
+    .await;
+    claim_all(&mut sim, &[long, short]).await;
+    sim.next_event(|e| matches!(e, Event::Started { id, .. } if *id == long))
+        .await;
+    for _ in 0..6 {
+        sim.advance(10 * SEC);
+        let r = sim.renew().await;
+        assert_eq!(r.renewed, 2, "{r:?} {:#?}", sim.seen());
+        assert_eq!(
+            sim.sweep().await,
+            0,
+            "a renewed, unstarted job is not over time"
+        );
+        assert_eq!(sim.check_deadlines().await, 0);
+    }
+    let waiting = sim.client.get(short).await.unwrap();
+    assert_eq!(
+        (waiting.state, waiting.started_at, waiting.timeout_at),
+        (JobState::Running, None, None),
+        "no start recorded, so no timeout deadline"
+    );
+    gate.add_permits(1);
+    assert_eq!(sim.finished(long).await, JobState::Succeeded);
+    assert_eq!(sim.finished(short).await, JobState::Succeeded);
+    let job = sim.client.get(short).await.unwrap();
+    assert_eq!((job.attempts, job.errors.len()), (1, 0));
+}
+
+#[actix::test]
+async fn a_started_jobs_timeout_is_recorded_and_the_sweeper_backstops_it() {
+    // A node that keeps renewing while its handler runs far past its timeout (its deadline
+    // checks never run): the sweeper reclaims the job once recorded start + timeout + grace
+    // (lease + cancel grace) has passed, never before.
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "stuck", |b| {
+        b.handler("work", gated(gate.clone(), "late"))
+    })
+    .keep(db.clone());
+    let b = Simulation::on_store(db.store().await, clock.clone(), "sweeper", |b| {
+        b.handler("other", quick("x"))
+    });
+    let id = enqueue(&a, NewJob::new("work", json!({})).timeout(10 * SEC)).await;
+    a.fetch("default").await;
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    let started = clock.now();
+    clock.advance(2 * SEC);
+    assert_eq!(a.renew().await.renewed, 1);
+    let job = a.client.get(id).await.unwrap();
+    assert_eq!(
+        job.started_at,
+        Some(started),
+        "the start as the node saw it"
+    );
+    assert_eq!(job.first_started_at, Some(started));
+    let deadline = started + chrono::Duration::seconds(10 + 30 + 5);
+    assert_eq!(job.timeout_at, Some(deadline));
+    while clock.now() < deadline {
+        clock.advance(5 * SEC);
+        a.renew().await;
+        let expect = usize::from(clock.now() > deadline);
+        assert_eq!(b.sweep().await, expect, "at {}", clock.now());
+    }
+    let job = b.client.get(id).await.unwrap();
+    assert_eq!(
+        (job.state, codes(&job)),
+        (JobState::Retrying, vec!["timeout"])
+    );
+    assert_eq!(job.attempts, 1);
+    gate.add_permits(1);
+}
+
+#[actix::test]
+async fn a_dead_nodes_prefetched_jobs_keep_their_attempts() {
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "dies", |b| {
+        b.queue("default", QueueConfig::default().concurrency(1))
+            .handler("long", gated(gate.clone(), "A"))
+            .handler("short", gated(gate.clone(), "A"))
+    })
+    .keep(db.clone());
+    let b = Simulation::on_store(db.store().await, clock.clone(), "lives", |b| {
+        b.handler("long", quick("B")).handler("short", quick("B"))
+    });
+    let long = enqueue(&a, NewJob::new("long", json!({})).priority(0)).await;
+    let s1 = enqueue(
+        &a,
+        NewJob::new("short", json!(1)).priority(1).max_attempts(1),
+    )
+    .await;
+    b.fetcher("default")
+        .send(jobvisor::testing::StopClaiming)
+        .await
+        .unwrap();
+    claim_all(&mut a, &[long, s1]).await;
+    a.next_event(|e| matches!(e, Event::Started { id, .. } if *id == long))
+        .await;
+    clock.advance(SEC);
+    assert_eq!(a.renew().await.renewed, 2, "records the long job's start");
+    // A dies: no more heartbeats. Its leases expire.
+    clock.advance(31 * SEC);
+    assert_eq!(b.sweep().await, 2);
+    let started = b.client.get(long).await.unwrap();
+    assert_eq!(
+        (started.state, started.attempts, codes(&started)),
+        (JobState::Retrying, 1, vec!["lease_expired"]),
+        "it ran: the attempt counts"
+    );
+    for id in [s1] {
+        let j = b.client.get(id).await.unwrap();
+        assert_eq!(
+            (j.state, j.attempts, j.refunds, codes(&j)),
+            (JobState::Pending, 0, 1, vec!["not_started"]),
+            "never started: its attempt is given back"
+        );
+        assert_eq!(
+            j.errors[0].detail,
+            Some(json!({"owner": "dies"})),
+            "the reclaim names the node that held it"
+        );
+    }
+    // Another node runs them: the short one on its first counted attempt.
+    let mut b2 = Simulation::on_store(db.store().await, clock.clone(), "lives-2", |b| {
+        b.handler("long", quick("B")).handler("short", quick("B"))
+    });
+    clock.advance(2 * SEC);
+    b2.fetch("default").await;
+    for id in [long, s1] {
+        assert_eq!(b2.finished(id).await, JobState::Succeeded);
+    }
+    let j = b2.client.get(s1).await.unwrap();
+    assert_eq!((j.attempts, j.result), (1, Some(json!("B"))));
+    drop((a, b));
+    gate.add_permits(10);
+}
+
+#[actix::test]
+async fn a_frozen_node_starts_no_handler_for_a_job_reclaimed_meanwhile() {
+    // A holds a running job and a prefetched one behind it; it freezes (no timers, no
+    // heartbeat) past its lease; B reclaims both and runs them. When A resumes, the running
+    // handler's result is refused, and the prefetched job must not start on A at all.
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "frozen", |b| {
+        b.queue("default", QueueConfig::default().concurrency(1))
+            .handler("work", gated(gate.clone(), "A"))
+    })
+    .keep(db.clone());
+    let b = Simulation::on_store(db.store().await, clock.clone(), "other", |b| {
+        b.handler("work", quick("B"))
+    });
+    b.fetcher("default")
+        .send(jobvisor::testing::StopClaiming)
+        .await
+        .unwrap();
+    let first = enqueue(&a, NewJob::new("work", json!(1)).priority(0)).await;
+    let second = enqueue(&a, NewJob::new("work", json!(2)).priority(1)).await;
+    claim_all(&mut a, &[first, second]).await;
+    a.next_event(|e| matches!(e, Event::Started { id, .. } if *id == first))
+        .await;
+    a.fetcher("default")
+        .send(jobvisor::testing::StopClaiming)
+        .await
+        .unwrap();
+    // Frozen for 31 s: B's sweeper reclaims both and B runs them.
+    clock.advance(31 * SEC);
+    assert_eq!(b.sweep().await, 2);
+    let mut b2 = Simulation::on_store(db.store().await, clock.clone(), "other-2", |b| {
+        b.handler("work", quick("B"))
+    });
+    b2.fetch("default").await;
+    for id in [first, second] {
+        assert_eq!(b2.finished(id).await, JobState::Succeeded);
+    }
+    // A resumes: its worker frees up, and the prefetched job's lease estimate has expired.
+    gate.add_permits(1);
+    let e = a
+        .next_event(
+            |e| matches!(e, Event::Dropped { id, .. } | Event::Started { id, .. } if *id == second),
+        )
+        .await;
+    assert!(
+        matches!(e, Event::Dropped { .. }),
+        "a frozen node started a handler without a lease: {e:?}"
+    );
+    a.next_event(|e| matches!(e, Event::LeaseLost { id, .. } if *id == first))
+        .await;
+    let j = b2.client.get(second).await.unwrap();
+    assert_eq!((j.state, j.result), (JobState::Succeeded, Some(json!("B"))));
+    drop(b);
+}
+
+#[actix::test]
+async fn a_detected_pause_holds_starts_until_a_fresh_renewal_answers() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    // A 1.2 s lease (fence margin 0.2 s); the deadline timer is due every 200 ms. A freeze
+    // is a real-time event, so this test really waits, 0.7 s.
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut sim = Simulation::on_store(db.store().await, clock, "paused", |b| {
+        b.config(
+            jobvisor::testing::sim_config()
+                .lease(Duration::from_millis(1200))
+                .renew_every(Duration::from_millis(400)),
+        )
+        .queue("default", QueueConfig::default().concurrency(1))
+        .handler("work", gated(gate.clone(), "x"))
+    })
+    .keep(db.clone());
+    let first = enqueue(&sim, NewJob::new("work", json!(1)).priority(0)).await;
+    let second = enqueue(&sim, NewJob::new("work", json!(2)).priority(1)).await;
+    claim_all(&mut sim, &[first, second]).await;
+    sim.next_event(|e| matches!(e, Event::Started { id, .. } if *id == first))
+        .await;
+    assert_eq!(sim.check_deadlines().await, 0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Another process holds SQLite's write lock: the revalidating renewal cannot answer yet.
+    let path = db.url.strip_prefix("sqlite://").unwrap().to_string();
+    let mut locker = diesel::SqliteConnection::establish(&path).unwrap();
+    locker.batch_execute("BEGIN IMMEDIATE").unwrap();
+    assert_eq!(sim.check_deadlines().await, 0);
+    let paused = sim
+        .next_event(|e| matches!(e, Event::PauseDetected { .. }))
+        .await;
+    assert!(
+        matches!(paused, Event::PauseDetected { late_by } if late_by >= Duration::from_millis(300))
+    );
+    // The worker frees up; the prefetched job's estimate holds, but the node revalidates first.
+    gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !sim.seen()
+            .iter()
+            .chain(std::iter::once(&Event::LeasesRenewed {
+                renewed: 0,
+                lost: 0
+            }))
+            .take_while(|e| !matches!(e, Event::LeasesRenewed { .. }))
+            .any(|e| matches!(e, Event::Started { id, .. } if *id == second)),
+        "started while its lease was being revalidated"
+    );
+    locker.batch_execute("COMMIT").unwrap();
+    let e = sim
+        .next_event(|e| {
+            matches!(e, Event::LeasesRenewed { .. })
+                || matches!(e, Event::Started { id, .. } if *id == second)
+        })
+        .await;
+    assert!(
+        matches!(e, Event::LeasesRenewed { .. }),
+        "started before revalidating: {e:?}"
+    );
+    gate.add_permits(1);
+    assert_eq!(sim.finished(second).await, JobState::Succeeded);
+}
+
+// ---- answers that arrive late: each applies only to the attempt whose token it carried ---
+
+/// PostgreSQL: the next UPDATE of the job table whose text matches `pattern` (a `LIKE`
+/// pattern) waits `secs` before it reads any row — a statement-level trigger — so its answer
+/// comes back late, as over a stalled network, while other statements go on.
+async fn delay_next_update(db: &TestDb, pattern: &str, secs: f64) {
+    use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+    let mut c = AsyncPgConnection::establish(&db.url).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS sim_delay (pattern TEXT NOT NULL, seconds FLOAT8 NOT NULL);
+         CREATE OR REPLACE FUNCTION sim_delay() RETURNS trigger LANGUAGE plpgsql AS $$
+         DECLARE d FLOAT8;
+         BEGIN
+             DELETE FROM sim_delay WHERE ctid = (
+                 SELECT ctid FROM sim_delay WHERE current_query() LIKE pattern
+                 LIMIT 1 FOR UPDATE SKIP LOCKED)
+             RETURNING seconds INTO d;
+             IF d IS NOT NULL THEN PERFORM pg_sleep(d); END IF;
+             RETURN NULL;
+         END $$;
+         DROP TRIGGER IF EXISTS sim_delay ON jobvisor_jobs;
+         CREATE TRIGGER sim_delay BEFORE UPDATE ON jobvisor_jobs
+             FOR EACH STATEMENT EXECUTE FUNCTION sim_delay();
+         INSERT INTO sim_delay VALUES ('{pattern}', {secs});"
+    ))
+    .await
+    .unwrap();
+}
+
+/// A store that waits 10 s for an answer: long enough for the delays these tests inject
+/// (the default bound, 1.5 s, would give up on them, as it should on a real network).
+async fn patient_store(db: &TestDb) -> jobvisor::Store {
+    db.store_with(jobvisor::StoreOptions::default().statement_timeout(10 * SEC))
+        .await
+}
+
+/// The renewal statement (it carries the starts as `v.ago`).
+const RENEWAL: &str = "%v.ago%";
+/// The finalization statement (it gives attempts back as `v.refund`).
+const FINALIZATION: &str = "%v.refund%";
+
+/// A handler whose first call returns at once and whose later calls wait for `gate`.
+fn first_quick_then_gated(gate: Arc<Semaphore>) -> impl jobvisor::JobHandler {
+    let calls = Arc::new(AtomicU32::new(0));
+    handler_fn(move |_: Value, _ctx| {
+        let (gate, n) = (gate.clone(), calls.fetch_add(1, Ordering::SeqCst));
+        async move {
+            if n > 0 {
+                let _permit = gate.acquire().await.map_err(JobError::fail)?;
+            }
+            JobOutcome::success(if n == 0 { "first" } else { "later" })
+        }
+    })
+}
+
+#[actix::test]
+async fn a_renewal_landing_after_the_give_back_changes_nothing() {
+    let db = Arc::new(TestDb::create(Backend::Postgres).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(patient_store(&db).await, clock.clone(), "cut-off", |b| {
+        b.handler("work", gated(gate.clone(), "A"))
+    })
+    .keep(db.clone());
+    let id = enqueue(&a, NewJob::new("work", json!({}))).await;
+    assert_eq!(a.fetch("default").await, 1);
+    a.fetcher("default")
+        .send(jobvisor::testing::StopClaiming)
+        .await
+        .unwrap();
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    // A heartbeat goes out and hangs (a stalled network)...
+    delay_next_update(&db, RENEWAL, 2.0).await;
+    let late = actix_rt::spawn(a.lease_manager().send(jobvisor::testing::RenewLeases));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...meanwhile A's estimate reaches the fence margin: it stops the handler and gives the
+    // job back, which reaches the database first.
+    clock.advance(26 * SEC);
+    assert_eq!(a.check_deadlines().await, 1);
+    assert_eq!(a.finished(id).await, JobState::Retrying);
+    // The heartbeat lands afterwards: it matches nothing and extends nothing.
+    let r = late.await.unwrap().unwrap();
+    assert_eq!((r.renewed, r.lost), (0, 1));
+    let job = a.client.get(id).await.unwrap();
+    assert_eq!(
+        (job.state, job.lease.is_none(), codes(&job)),
+        (JobState::Retrying, true, vec!["fenced"])
+    );
+    assert_eq!(
+        job.run_at,
+        clock.now(),
+        "claimable at once, not a lease later"
+    );
+    gate.add_permits(1);
+}
+
+#[actix::test]
+async fn a_stale_renewal_answer_leaves_the_newer_attempt_alone() {
+    let db = Arc::new(TestDb::create(Backend::Postgres).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(patient_store(&db).await, clock.clone(), "node-a", |b| {
+        b.queue("default", QueueConfig::default().concurrency(1))
+            .handler("work", gated(gate.clone(), "A"))
+    })
+    .keep(db.clone());
+    let id = enqueue(&a, NewJob::new("work", json!({}))).await;
+    assert_eq!(a.fetch("default").await, 1);
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    // Attempt 1's heartbeat hangs; attempt 1 is fenced and given back, and A claims the job
+    // again at once (attempt 2) — all before the heartbeat's answer arrives.
+    delay_next_update(&db, RENEWAL, 2.0).await;
+    let late = actix_rt::spawn(a.lease_manager().send(jobvisor::testing::RenewLeases));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(26 * SEC);
+    assert_eq!(a.check_deadlines().await, 1);
+    assert_eq!(a.finished(id).await, JobState::Retrying);
+    a.next_event(|e| matches!(e, Event::Claimed { id: i, attempt: 2, .. } if *i == id))
+        .await;
+    a.next_event(|e| matches!(e, Event::Started { id: i, attempt: 2 } if *i == id))
+        .await;
+    // The stale answer: attempt 1's lease is lost. It must not touch attempt 2's.
+    let r = late.await.unwrap().unwrap();
+    assert_eq!((r.renewed, r.lost), (0, 1));
+    assert!(
+        !a.seen()
+            .iter()
+            .any(|e| matches!(e, Event::LeaseLost { id: i, .. } if *i == id)),
+        "attempt 2 was treated as lost"
+    );
+    let r = a.renew().await;
+    assert_eq!((r.renewed, r.lost), (1, 0), "attempt 2 is still renewed");
+    gate.add_permits(1);
+    assert_eq!(a.finished(id).await, JobState::Succeeded);
+    let job = a.client.get(id).await.unwrap();
+    assert_eq!((job.attempts, codes(&job)), (2, vec!["fenced"]));
+}
+
+#[actix::test]
+async fn a_stale_finalization_answer_leaves_the_newer_attempt_alone() {
+    let db = Arc::new(TestDb::create(Backend::Postgres).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(patient_store(&db).await, clock.clone(), "node-a", |b| {
+        b.handler("work", first_quick_then_gated(gate.clone()))
+    })
+    .keep(db.clone());
+    let b = Simulation::on_store(db.store().await, clock.clone(), "sweeper", |b| {
+        b.handler("other", quick("x"))
+    });
+    // Attempt 1 succeeds at once, but its finalization hangs before it reaches the row...
+    delay_next_update(&db, FINALIZATION, 2.0).await;
+    let id = enqueue(&a, NewJob::new("work", json!({}))).await;
+    assert_eq!(a.fetch("default").await, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...while the lease expires, the sweeper reclaims the job and A claims it again.
+    clock.advance(31 * SEC);
+    assert_eq!(b.sweep().await, 1);
+    assert_eq!(a.fetch("default").await, 1);
+    a.next_event(|e| matches!(e, Event::Started { id: i, .. } if *i == id))
+        .await;
+    a.next_event(|e| matches!(e, Event::Started { id: i, .. } if *i == id))
+        .await;
+    // The stale finalization is refused (attempt 1's token is gone). Attempt 2 keeps its
+    // lease: it is renewed, and its own result is written.
+    a.next_event(|e| matches!(e, Event::LeaseLost { id: i, .. } if *i == id))
+        .await;
+    let r = a.renew().await;
+    assert_eq!((r.renewed, r.lost), (1, 0), "attempt 2's lease was dropped");
+    gate.add_permits(1);
+    assert_eq!(a.finished(id).await, JobState::Succeeded);
+    let job = a.client.get(id).await.unwrap();
+    assert_eq!(job.result, Some(json!("later")));
 }

@@ -1,14 +1,25 @@
-//! The crash test's side tables, shared by the node program (`examples/crash_node.rs`
-//! includes this file with `#[path]`) and the driver (`tests/crash.rs`, as `mod side`).
+//! The crash test's side tables and the node's journal lines, shared by the node program
+//! (`examples/crash_node/main.rs` includes this file with `#[path]`) and the drivers
+//! (`tests/harness/mod.rs` has it as `harness::side`).
 //!
-//! * `crash_executions` — one row per handler execution, keyed by `(job_id, attempt, node)`:
-//!   when the handler started, when it ended (NULL until it recorded its end) and whether it
-//!   completed its work (`completed = 1`: it recorded its end and was about to return
-//!   success). Node names are unique per process and a node never runs one attempt of a job
-//!   twice, so the key identifies one execution.
+//! * `crash_executions` — one row per handler execution, keyed by `(job_id, attempt, node,
+//!   started_at_us)`: when the handler started, when the runtime started the attempt (the
+//!   instant it stamped the start, right after its last check of the lease:
+//!   `JobContext::deadline` minus the job's timeout), when it ended (NULL until it recorded
+//!   its end) and whether it completed its work (`completed = 1`: it recorded its end and was
+//!   about to return success). Node names are unique per process. An attempt number alone
+//!   does not identify a claim: a claim whose attempt is given back (graceful shutdown, a
+//!   `not_started` refund, a dropped prefetched job) leaves its number to the next claim —
+//!   which may be the same node's, so even `(job, attempt, node)` can recur; the handler's
+//!   entry time tells those apart.
 //! * `crash_nodes` — one row per node process, written by the driver after the run: when it
 //!   was spawned and when it was killed (SIGKILL) or stopped (graceful), so an execution whose
 //!   end was never recorded is bounded by its process's death.
+//! * `crash_freezes` — one row per freeze (SIGSTOP) of a node, written by the driver after the
+//!   run: when SIGSTOP was sent, when the node was seen stopped (every thread; it may run on
+//!   briefly after the signal) and when it was continued (SIGCONT), or killed while still
+//!   frozen. A frozen node is alive but does nothing: its leases expire and are taken while its
+//!   handlers are paused mid-way.
 //!
 //! All times are microseconds since the Unix epoch from the machine's real-time clock; every
 //! process runs on this one machine, so node times compare with each other exactly. The SQL
@@ -70,12 +81,59 @@ pub(crate) struct Execution {
     /// Handler entry.
     #[diesel(sql_type = BigInt)]
     pub(crate) started_at_us: i64,
+    /// When the runtime started the attempt: `JobContext::deadline` minus the job's timeout
+    /// (the handler knows its timeout from its payload). The runtime stamps it on the node's
+    /// clock right before it hands the job to the handler, so it is at or just before
+    /// `started_at_us`; unknown (NULL) for a job whose payload does not say its timeout.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) runtime_started_at_us: Option<i64>,
     /// When the handler's work ended, if that was recorded.
     #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) ended_at_us: Option<i64>,
     /// 1 when the handler finished its work and recorded it (it then returns success).
     #[diesel(sql_type = SmallInt)]
     pub(crate) completed: i16,
+    /// What the job's row said just before the node recorded the start: 1 if it was
+    /// `running` on this node with this attempt (the node held a lease on it), 0 if not;
+    /// NULL when the start was only known from the journal (folded in after the run). Only
+    /// ever used to clear a start, never to accuse one: a start recorded late (the database
+    /// was down) may find the row already moved on.
+    #[diesel(sql_type = Nullable<SmallInt>)]
+    pub(crate) held: Option<i16>,
+}
+
+/// A `COUNT(*) AS n` answer.
+#[derive(QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+impl Execution {
+    /// When the attempt surely started: the runtime's own stamp where known, else the
+    /// handler's entry.
+    pub(crate) fn start(&self) -> i64 {
+        self.runtime_started_at_us.unwrap_or(self.started_at_us)
+    }
+}
+
+/// One freeze of a node (SIGSTOP, later SIGCONT), as recorded by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub(crate) struct FreezeRow {
+    /// The node.
+    #[diesel(sql_type = Text)]
+    pub(crate) node: String,
+    /// Taken right after SIGSTOP was sent. The node may still run a little after it: a
+    /// process stops only once one of its threads takes the signal to the others.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) signalled_at_us: i64,
+    /// Taken once every thread of the node was seen stopped: it surely did nothing after.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) frozen_at_us: i64,
+    /// Taken right before SIGCONT was sent, or when the node was reaped if it was killed
+    /// while frozen.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) resumed_at_us: i64,
 }
 
 /// One node process, as recorded by the driver.
@@ -103,9 +161,19 @@ const CREATE_EXECUTIONS: &str = "CREATE TABLE IF NOT EXISTS crash_executions (
     attempt       INTEGER     NOT NULL,
     node          VARCHAR(64) NOT NULL,
     started_at_us BIGINT      NOT NULL,
+    runtime_started_at_us BIGINT NULL,
     ended_at_us   BIGINT      NULL,
     completed     SMALLINT    NOT NULL DEFAULT 0,
-    PRIMARY KEY (job_id, attempt, node)
+    held          SMALLINT    NULL,
+    PRIMARY KEY (job_id, attempt, node, started_at_us)
+)";
+
+const CREATE_FREEZES: &str = "CREATE TABLE IF NOT EXISTS crash_freezes (
+    node          VARCHAR(64) NOT NULL,
+    signalled_at_us BIGINT    NOT NULL,
+    frozen_at_us  BIGINT      NOT NULL,
+    resumed_at_us BIGINT      NOT NULL,
+    PRIMARY KEY (node, frozen_at_us)
 )";
 
 const CREATE_NODES: &str = "CREATE TABLE IF NOT EXISTS crash_nodes (
@@ -171,12 +239,16 @@ impl SideDb {
                 let path = path.split('?').next().unwrap_or(path).to_string();
                 let mut cfg = ManagerConfig::<SqliteConn>::default();
                 cfg.recycling_method = RecyclingMethod::Fast;
-                // Several processes write this file: wait for the lock rather than fail.
+                // Several processes write this file: wait a little for the lock, then fail
+                // and let the caller retry. Only a little: diesel-async's SQLite wrapper
+                // cannot drop a query in flight (its drop waits for the blocking call), so
+                // a handler stopped while waiting here — a frozen node may hold the lock for
+                // seconds — would run on until the wait ended, past its fence.
                 cfg.custom_setup = Box::new(|path: &str| {
                     let path = path.to_string();
                     Box::pin(async move {
                         let mut c = SqliteConn::establish(&path).await?;
-                        c.batch_execute("PRAGMA busy_timeout = 10000;")
+                        c.batch_execute("PRAGMA busy_timeout = 100;")
                             .await
                             .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
                         Ok(c)
@@ -221,19 +293,22 @@ impl SideDb {
         }
     }
 
-    /// Creates both side tables if they are missing.
+    /// Creates the side tables if they are missing.
     ///
     /// # Errors
     /// The database's error, as text.
     pub(crate) async fn create_tables(&self) -> SideResult<()> {
-        for ddl in [CREATE_EXECUTIONS, CREATE_NODES] {
+        for ddl in [CREATE_EXECUTIONS, CREATE_NODES, CREATE_FREEZES] {
             on_side!(self, ddl.to_string(), execute)?;
         }
         Ok(())
     }
 
     /// Records that a handler started (a second call for the same execution changes
-    /// nothing, so a write whose answer was lost can simply be repeated).
+    /// nothing, so a write whose answer was lost can simply be repeated). With
+    /// `check_lease`, first reads whether the job's row is `running` on `node` with this
+    /// attempt and keeps the answer in `held` (see [`Execution::held`]); the driver folding
+    /// starts in from the journals after the run passes `false`.
     ///
     /// # Errors
     /// The database's error, as text.
@@ -243,12 +318,28 @@ impl SideDb {
         attempt: i32,
         node: &str,
         started_at_us: i64,
+        runtime_started_at_us: Option<i64>,
+        check_lease: bool,
     ) -> SideResult<()> {
+        let held = if check_lease {
+            let sql = self.sql(
+                "SELECT COUNT(*) AS n FROM jobvisor_jobs WHERE id = ? AND state = 'running' \
+                 AND lease_owner = ? AND attempts = ?",
+            );
+            let rows = on_side!(self, sql, load::<CountRow>,
+                BigInt => job_id, Text => node, Integer => attempt)?;
+            let rows: Vec<CountRow> = rows;
+            Some(i16::from(rows.iter().any(|r| r.n > 0)))
+        } else {
+            None
+        };
         let sql = self.insert_unless_present(
-            "crash_executions (job_id, attempt, node, started_at_us) VALUES (?, ?, ?, ?)",
+            "crash_executions (job_id, attempt, node, started_at_us, runtime_started_at_us, \
+             held) VALUES (?, ?, ?, ?, ?, ?)",
         );
         on_side!(self, sql, execute,
-            BigInt => job_id, Integer => attempt, Text => node, BigInt => started_at_us)?;
+            BigInt => job_id, Integer => attempt, Text => node, BigInt => started_at_us,
+            Nullable<BigInt> => runtime_started_at_us, Nullable<SmallInt> => held)?;
         Ok(())
     }
 
@@ -262,14 +353,16 @@ impl SideDb {
         job_id: i64,
         attempt: i32,
         node: &str,
+        started_at_us: i64,
         ended_at_us: i64,
     ) -> SideResult<bool> {
         let sql = self.sql(
             "UPDATE crash_executions SET ended_at_us = ?, completed = 1 \
-             WHERE job_id = ? AND attempt = ? AND node = ?",
+             WHERE job_id = ? AND attempt = ? AND node = ? AND started_at_us = ?",
         );
         let n = on_side!(self, sql, execute,
-            BigInt => ended_at_us, BigInt => job_id, Integer => attempt, Text => node)?;
+            BigInt => ended_at_us, BigInt => job_id, Integer => attempt, Text => node,
+            BigInt => started_at_us)?;
         Ok(n == 1)
     }
 
@@ -283,14 +376,17 @@ impl SideDb {
         job_id: i64,
         attempt: i32,
         node: &str,
+        started_at_us: i64,
         ended_at_us: i64,
     ) -> SideResult<()> {
         let sql = self.sql(
             "UPDATE crash_executions SET ended_at_us = ? \
-             WHERE job_id = ? AND attempt = ? AND node = ? AND ended_at_us IS NULL",
+             WHERE job_id = ? AND attempt = ? AND node = ? AND started_at_us = ? \
+             AND ended_at_us IS NULL",
         );
         on_side!(self, sql, execute,
-            BigInt => ended_at_us, BigInt => job_id, Integer => attempt, Text => node)?;
+            BigInt => ended_at_us, BigInt => job_id, Integer => attempt, Text => node,
+            BigInt => started_at_us)?;
         Ok(())
     }
 
@@ -309,13 +405,39 @@ impl SideDb {
         Ok(())
     }
 
+    /// Records one freeze.
+    ///
+    /// # Errors
+    /// The database's error, as text.
+    pub(crate) async fn insert_freeze(&self, f: &FreezeRow) -> SideResult<()> {
+        let sql = self.sql(
+            "INSERT INTO crash_freezes (node, signalled_at_us, frozen_at_us, resumed_at_us) \
+             VALUES (?, ?, ?, ?)",
+        );
+        on_side!(self, sql, execute,
+            Text => &f.node, BigInt => f.signalled_at_us, BigInt => f.frozen_at_us,
+            BigInt => f.resumed_at_us)?;
+        Ok(())
+    }
+
+    /// Every recorded freeze, by node, then time.
+    ///
+    /// # Errors
+    /// The database's error, as text.
+    pub(crate) async fn freezes(&self) -> SideResult<Vec<FreezeRow>> {
+        let sql = "SELECT node, signalled_at_us, frozen_at_us, resumed_at_us FROM crash_freezes \
+                   ORDER BY node, frozen_at_us"
+            .to_string();
+        on_side!(self, sql, load::<FreezeRow>)
+    }
+
     /// Every recorded execution, by job, then start.
     ///
     /// # Errors
     /// The database's error, as text.
     pub(crate) async fn executions(&self) -> SideResult<Vec<Execution>> {
-        let sql = "SELECT job_id, attempt, node, started_at_us, ended_at_us, completed \
-                   FROM crash_executions ORDER BY job_id, started_at_us, node"
+        let sql = "SELECT job_id, attempt, node, started_at_us, runtime_started_at_us, \
+                   ended_at_us, completed, held FROM crash_executions ORDER BY job_id, started_at_us, node"
             .to_string();
         on_side!(self, sql, load::<Execution>)
     }
@@ -361,6 +483,9 @@ pub(crate) enum JournalLine {
         attempt: i32,
         /// Handler entry.
         started_at_us: i64,
+        /// When the runtime started the attempt, if known (see
+        /// [`Execution::runtime_started_at_us`]); a fifth field when present.
+        runtime_started_at_us: Option<i64>,
     },
     /// A handler ended: it returned (`returned`) or its future was dropped.
     End {
@@ -368,10 +493,22 @@ pub(crate) enum JournalLine {
         job_id: i64,
         /// The attempt.
         attempt: i32,
+        /// Its handler's entry (as in its `Start`): which execution ended.
+        started_at_us: i64,
         /// When the handler's future returned or was dropped.
         ended_at_us: i64,
         /// It returned (rather than being dropped mid-way).
         returned: bool,
+    },
+    /// The node claimed a job (its scheduler's `Claimed` event, journaled when the node
+    /// received it: after the claim committed).
+    Claim {
+        /// The job.
+        job_id: i64,
+        /// The attempt claimed.
+        attempt: i32,
+        /// When the event was received.
+        at_us: i64,
     },
     /// An event of the node's scheduler (`lease_lost`, `self_fenced`, `reclaimed`,
     /// `lagged`), with the job id (or, for `lagged`, how many events were missed).
@@ -380,6 +517,23 @@ pub(crate) enum JournalLine {
         what: String,
         /// Its job, or a count.
         n: i64,
+    },
+    /// A scheduler event with the time the node saw it, for timelines (the partition test)
+    /// and the crash test's violation reports: `claimed` and `started` (`a` = job, `b` =
+    /// attempt), `finished_<state>` (a finalization was written, leaving the job in
+    /// `<state>`: job, attempt), `renewed` (a renewal statement answered: leases renewed,
+    /// leases found lost), `self_fenced`, `lease_lost`, `dropped` (a prefetched job given
+    /// back unstarted), `timed_out` and `reclaimed` (by this node's sweeper) (job, 0), and
+    /// `pause_detected` (how late the timers fired, µs; 0).
+    At {
+        /// When the node's event stream delivered it.
+        at_us: i64,
+        /// Which.
+        what: String,
+        /// A job, or a count.
+        a: i64,
+        /// An attempt, a count, or 0.
+        b: i64,
     },
     /// The node shut down gracefully.
     Exit {
@@ -399,17 +553,34 @@ impl std::fmt::Display for JournalLine {
                 job_id,
                 attempt,
                 started_at_us,
-            } => write!(f, "start\t{job_id}\t{attempt}\t{started_at_us}"),
+                runtime_started_at_us,
+            } => {
+                write!(f, "start\t{job_id}\t{attempt}\t{started_at_us}")?;
+                match runtime_started_at_us {
+                    Some(t) => write!(f, "\t{t}"),
+                    None => Ok(()),
+                }
+            }
             JournalLine::End {
                 job_id,
                 attempt,
+                started_at_us,
                 ended_at_us,
                 returned,
             } => {
                 let how = if *returned { "returned" } else { "dropped" };
-                write!(f, "end\t{job_id}\t{attempt}\t{ended_at_us}\t{how}")
+                write!(
+                    f,
+                    "end\t{job_id}\t{attempt}\t{ended_at_us}\t{how}\t{started_at_us}"
+                )
             }
+            JournalLine::Claim {
+                job_id,
+                attempt,
+                at_us,
+            } => write!(f, "claim\t{job_id}\t{attempt}\t{at_us}"),
             JournalLine::Event { what, n } => write!(f, "event\t{what}\t{n}"),
+            JournalLine::At { at_us, what, a, b } => write!(f, "at\t{at_us}\t{what}\t{a}\t{b}"),
             JournalLine::Exit {
                 at_us,
                 finished,
@@ -439,10 +610,18 @@ impl std::str::FromStr for JournalLine {
                 job_id: int(job)?,
                 attempt: attempt(att)?,
                 started_at_us: int(at)?,
+                runtime_started_at_us: None,
             }),
-            ["end", job, att, at, how] => Ok(JournalLine::End {
+            ["start", job, att, at, rt] => Ok(JournalLine::Start {
                 job_id: int(job)?,
                 attempt: attempt(att)?,
+                started_at_us: int(at)?,
+                runtime_started_at_us: Some(int(rt)?),
+            }),
+            ["end", job, att, at, how, started] => Ok(JournalLine::End {
+                job_id: int(job)?,
+                attempt: attempt(att)?,
+                started_at_us: int(started)?,
                 ended_at_us: int(at)?,
                 returned: match *how {
                     "returned" => true,
@@ -450,9 +629,20 @@ impl std::str::FromStr for JournalLine {
                     other => return Err(format!("unknown end {other:?} in {s:?}")),
                 },
             }),
+            ["claim", job, att, at] => Ok(JournalLine::Claim {
+                job_id: int(job)?,
+                attempt: attempt(att)?,
+                at_us: int(at)?,
+            }),
             ["event", what, n] => Ok(JournalLine::Event {
                 what: (*what).to_string(),
                 n: int(n)?,
+            }),
+            ["at", at, what, a, b] => Ok(JournalLine::At {
+                at_us: int(at)?,
+                what: (*what).to_string(),
+                a: int(a)?,
+                b: int(b)?,
             }),
             ["exit", at, finished, released] => Ok(JournalLine::Exit {
                 at_us: int(at)?,

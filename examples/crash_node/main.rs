@@ -5,18 +5,27 @@
 //! target/debug/examples/crash_node <database-url> <node-name> [--journal PATH] [options]
 //! ```
 //!
-//! It starts a scheduler on the (already migrated) database with one queue and a handler for
-//! kind `crashy` that records each execution in the side table `crash_executions` (created
-//! if missing): its start before doing anything, then works for a random 0–50 ms (stopping
-//! early when told to), then records its end and returns `{"node": <name>, "attempt": <n>}`.
-//! Both records are written before the handler returns, so an execution whose finalization is
-//! later refused (its lease was lost) is still visible. The handler cannot see its lease
-//! token; the attempt it was given, together with the node, identifies the claim.
+//! It starts a scheduler on the (already migrated) database with its queues (`--queue`, each
+//! followed by its own `--concurrency` and `--prefetch`; by default one queue `crash`) and one
+//! handler, registered for every `--kind` (by default `crashy`), that records each execution
+//! in the side table `crash_executions` (created if missing): its start before doing
+//! anything, then works (stopping early when told to), then records its end and returns
+//! `{"node": <name>, "attempt": <n>}`. Both records are written before the handler returns,
+//! so an execution whose finalization is later refused (its lease was lost) is still visible.
+//! The handler cannot see its lease token; the attempt it was given, together with the node,
+//! identifies the claim.
+//!
+//! The payload steers the handler: `work_ms` is how long it works (else a random 0 to
+//! `--max-work-ms`, default 50 ms), and `timeout_ms` is the job's timeout as enqueued, from
+//! which the handler derives when the runtime started the attempt (`JobContext::deadline`
+//! minus the timeout) and records it with the start.
 //!
 //! With `--journal`, the node also appends to that file, one line per write: each handler's
 //! start and end (including ends the handler could not record itself: a future dropped when
-//! its lease was lost, fenced or given back), scheduler events (lease lost, self-fenced,
-//! reclaimed) and its graceful exit. See `JournalLine` in `tests/crash/side.rs`.
+//! its lease was lost, fenced or given back), its claims, scheduler events (lease lost,
+//! self-fenced, reclaimed), a timeline of claims, starts, finalizations, renewals, fences,
+//! lost leases, drops, timeouts and detected pauses with the time each was seen (for the
+//! partition test's timelines and the crash test's violation reports) and its graceful exit. See `JournalLine` in `tests/harness/side.rs`.
 //!
 //! It runs until its standard input is closed, then shuts down gracefully (running jobs get
 //! `--shutdown-ms`, default 5 s, to finish; the rest are given back) and exits 0. The driver stops it that way, or kills it with
@@ -38,14 +47,39 @@ use jobvisor::{
 use serde_json::{json, Value};
 
 #[allow(dead_code)] // the driver uses the parts the node does not
-#[path = "../tests/crash/side.rs"]
+#[path = "../../tests/harness/side.rs"]
 mod side;
 
 use side::{now_us, JournalLine, SideDb};
 
 const USAGE: &str = "usage: crash_node <database-url> <node-name> [--journal PATH] \
-[--queue NAME] [--concurrency N] [--lease-ms N] [--renew-ms N] [--sweep-ms N] \
-[--deadline-ms N] [--poll-ms N] [--shutdown-ms N] [--max-work-ms N]";
+[--queue NAME [--concurrency N] [--prefetch N]]... [--kind NAME]... [--lease-ms N] \
+[--renew-ms N] [--sweep-ms N] [--deadline-ms N] [--poll-ms N] [--shutdown-ms N] \
+[--max-work-ms N]";
+
+/// The queue worked when no `--queue` is given.
+const DEFAULT_QUEUE: &str = "crash";
+/// The kind handled when no `--kind` is given.
+const DEFAULT_KIND: &str = "crashy";
+
+/// One `--queue` and the options that followed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct QueueArg {
+    name: String,
+    concurrency: u32,
+    /// `None`: the library's default.
+    prefetch: Option<u32>,
+}
+
+impl QueueArg {
+    fn new(name: &str) -> QueueArg {
+        QueueArg {
+            name: name.to_string(),
+            concurrency: 8,
+            prefetch: None,
+        }
+    }
+}
 
 /// How long the node keeps trying to reach the database when it starts.
 const CONNECT_FOR: Duration = Duration::from_secs(90);
@@ -63,8 +97,8 @@ struct Args {
     url: String,
     node: String,
     journal: Option<PathBuf>,
-    queue: String,
-    concurrency: u32,
+    queues: Vec<QueueArg>,
+    kinds: Vec<String>,
     lease: Duration,
     renew_every: Duration,
     sweep_every: Duration,
@@ -80,8 +114,8 @@ impl Args {
             url: String::new(),
             node: String::new(),
             journal: None,
-            queue: "crash".into(),
-            concurrency: 8,
+            queues: Vec::new(),
+            kinds: Vec::new(),
             lease: Duration::from_secs(2),
             renew_every: Duration::from_millis(500),
             sweep_every: Duration::from_secs(1),
@@ -103,13 +137,28 @@ impl Args {
                     .map(Duration::from_millis)
                     .map_err(|e| format!("--{flag} {value:?}: {e}"))
             };
+            let count = || -> Result<u32, String> {
+                value
+                    .parse::<u32>()
+                    .map_err(|e| format!("--{flag} {value:?}: {e}"))
+            };
+            // --concurrency and --prefetch belong to the last --queue (or the default queue).
+            if a.queues.is_empty() && matches!(flag, "concurrency" | "prefetch") {
+                a.queues.push(QueueArg::new(DEFAULT_QUEUE));
+            }
             match flag {
                 "journal" => a.journal = Some(PathBuf::from(&value)),
-                "queue" => a.queue = value.clone(),
+                "queue" => a.queues.push(QueueArg::new(&value)),
+                "kind" => a.kinds.push(value.clone()),
                 "concurrency" => {
-                    a.concurrency = value
-                        .parse()
-                        .map_err(|e| format!("--concurrency {value:?}: {e}"))?;
+                    if let Some(q) = a.queues.last_mut() {
+                        q.concurrency = count()?;
+                    }
+                }
+                "prefetch" => {
+                    if let Some(q) = a.queues.last_mut() {
+                        q.prefetch = Some(count()?);
+                    }
                 }
                 "lease-ms" => a.lease = ms()?,
                 "renew-ms" => a.renew_every = ms()?,
@@ -133,6 +182,12 @@ impl Args {
         })?;
         a.url = url;
         a.node = node;
+        if a.queues.is_empty() {
+            a.queues.push(QueueArg::new(DEFAULT_QUEUE));
+        }
+        if a.kinds.is_empty() {
+            a.kinds.push(DEFAULT_KIND.into());
+        }
         Ok(a)
     }
 }
@@ -186,7 +241,11 @@ struct Crashy {
 }
 
 impl Crashy {
-    fn work_time(&self) -> Duration {
+    /// The payload's `work_ms`, else a random 0 to `max_work_ms`.
+    fn work_time(&self, payload: &Value) -> Duration {
+        if let Some(ms) = payload["work_ms"].as_u64() {
+            return Duration::from_millis(ms);
+        }
         let mut z = self
             .rng
             .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
@@ -206,6 +265,7 @@ struct ExecutionGuard {
     live: Arc<AtomicUsize>,
     job_id: i64,
     attempt: i32,
+    started_at_us: i64,
     returned: bool,
 }
 
@@ -215,6 +275,7 @@ impl Drop for ExecutionGuard {
             j.write(&JournalLine::End {
                 job_id: self.job_id,
                 attempt: self.attempt,
+                started_at_us: self.started_at_us,
                 ended_at_us: now_us(),
                 returned: self.returned,
             });
@@ -254,8 +315,14 @@ where
 impl JobHandler for Crashy {
     type Payload = Value;
 
-    async fn run(&self, _payload: Value, ctx: JobContext) -> JobResult {
+    async fn run(&self, payload: Value, ctx: JobContext) -> JobResult {
         let started = now_us();
+        // The runtime set the deadline to its start stamp plus the job's timeout.
+        let runtime_started = payload["timeout_ms"].as_i64().map(|ms| {
+            ctx.deadline
+                .timestamp_micros()
+                .saturating_sub(ms.saturating_mul(1000))
+        });
         let job_id = ctx.id.0;
         let attempt = i32::try_from(ctx.attempt).unwrap_or(i32::MAX);
         self.live.fetch_add(1, Ordering::SeqCst);
@@ -264,6 +331,7 @@ impl JobHandler for Crashy {
             live: self.live.clone(),
             job_id,
             attempt,
+            started_at_us: started,
             returned: false,
         };
         if let Some(j) = &self.journal {
@@ -271,22 +339,25 @@ impl JobHandler for Crashy {
                 job_id,
                 attempt,
                 started_at_us: started,
+                runtime_started_at_us: runtime_started,
             });
         }
         record(&ctx, "start", || {
-            self.side.record_start(job_id, attempt, &self.node, started)
+            self.side
+                .record_start(job_id, attempt, &self.node, started, runtime_started, true)
         })
         .await?;
+        let work = self.work_time(&payload);
         tokio::select! {
             () = ctx.cancelled() => {
                 return Err(JobError::retry("stopped while working"));
             }
-            () = tokio::time::sleep(self.work_time()) => {}
+            () = tokio::time::sleep(work) => {}
         }
         let ended = now_us();
         let found = record(&ctx, "completion", || {
             self.side
-                .record_completion(job_id, attempt, &self.node, ended)
+                .record_completion(job_id, attempt, &self.node, started, ended)
         })
         .await?;
         if !found {
@@ -298,6 +369,18 @@ impl JobHandler for Crashy {
         }
         guard.returned = true;
         JobOutcome::success(json!({ "node": self.node, "attempt": attempt }))
+    }
+}
+
+/// One [`Crashy`] registered for several kinds.
+#[derive(Debug)]
+struct Shared(Arc<Crashy>);
+
+impl JobHandler for Shared {
+    type Payload = Value;
+
+    async fn run(&self, payload: Value, ctx: JobContext) -> JobResult {
+        self.0.run(payload, ctx).await
     }
 }
 
@@ -341,6 +424,36 @@ async fn connect(url: &str) -> Result<Store, String> {
     }
 }
 
+/// The timeline line for an event (see `JournalLine::At`), stamped now.
+fn timeline(e: &Event) -> Option<JournalLine> {
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let (what, a, b) = match e {
+        Event::Claimed { id, attempt, .. } => ("claimed".to_string(), id.0, i64::from(*attempt)),
+        Event::Finished {
+            id, attempt, state, ..
+        } => (format!("finished_{state}"), id.0, i64::from(*attempt)),
+        Event::LeasesRenewed { renewed, lost } => ("renewed".into(), count(*renewed), count(*lost)),
+        Event::LeaseLost { id, .. } => ("lease_lost".into(), id.0, 0),
+        Event::SelfFenced { id, .. } => ("self_fenced".into(), id.0, 0),
+        Event::Started { id, attempt } => ("started".into(), id.0, i64::from(*attempt)),
+        Event::Dropped { id, .. } => ("dropped".into(), id.0, 0),
+        Event::TimedOut { id, .. } => ("timed_out".into(), id.0, 0),
+        Event::Reclaimed { id, .. } => ("reclaimed".into(), id.0, 0),
+        Event::PauseDetected { late_by } => (
+            "pause_detected".into(),
+            i64::try_from(late_by.as_micros()).unwrap_or(i64::MAX),
+            0,
+        ),
+        _ => return None,
+    };
+    Some(JournalLine::At {
+        at_us: now_us(),
+        what,
+        a,
+        b,
+    })
+}
+
 async fn run(a: Args) -> Result<ExitCode, String> {
     let journal = match &a.journal {
         Some(p) => {
@@ -351,7 +464,8 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         None => None,
     };
     let store = connect(&a.url).await?;
-    let side = SideDb::open(&a.url, a.concurrency + 2)?;
+    let workers: u32 = a.queues.iter().map(|q| q.concurrency).sum();
+    let side = SideDb::open(&a.url, workers + 2)?;
     let until = Instant::now() + CONNECT_FOR;
     while let Err(e) = side.create_tables().await {
         if Instant::now() >= until {
@@ -378,25 +492,42 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         .shutdown_timeout(a.shutdown_wait)
         .handler_threads(2);
     let node = NodeId::new(a.node.clone()).map_err(|e| e.to_string())?;
-    let sched = Scheduler::builder(store)
-        .config(config)
-        .node_id(node)
-        .queue(
-            a.queue.clone(),
-            QueueConfig::default()
-                .concurrency(a.concurrency)
-                .poll_interval(a.poll),
-        )
-        .handler("crashy", handler)
-        .start()
-        .map_err(|e| e.to_string())?;
+    let mut builder = Scheduler::builder(store).config(config).node_id(node);
+    for q in &a.queues {
+        let mut qc = QueueConfig::default()
+            .concurrency(q.concurrency)
+            .poll_interval(a.poll);
+        if let Some(p) = q.prefetch {
+            qc = qc.prefetch(p);
+        }
+        builder = builder.queue(q.name.clone(), qc);
+    }
+    let handler = Arc::new(handler);
+    for kind in &a.kinds {
+        builder = builder.handler(kind.clone(), Shared(handler.clone()));
+    }
+    let sched = builder.start().map_err(|e| e.to_string())?;
 
     if let Some(j) = journal.clone() {
         let mut events = sched.events();
         actix::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
             loop {
-                let (what, n) = match events.recv().await {
+                let event = events.recv().await;
+                if let Ok(e) = &event {
+                    if let Some(line) = timeline(e) {
+                        j.write(&line);
+                    }
+                }
+                let (what, n) = match event {
+                    Ok(Event::Claimed { id, attempt, .. }) => {
+                        j.write(&JournalLine::Claim {
+                            job_id: id.0,
+                            attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
+                            at_us: now_us(),
+                        });
+                        continue;
+                    }
                     Ok(Event::LeaseLost { id, .. }) => ("lease_lost", id.0),
                     Ok(Event::SelfFenced { id, .. }) => ("self_fenced", id.0),
                     Ok(Event::Reclaimed { id, .. }) => ("reclaimed", id.0),

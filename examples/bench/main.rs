@@ -1,0 +1,347 @@
+//! Benchmarks jobvisor against the raw-SQL limit measured in the same run, per backend.
+//!
+//! ```sh
+//! cargo run --release --features test-util --example bench                       # all backends
+//! cargo run --release --features test-util --example bench -- --backend postgres --jobs 200000
+//! cargo run --release --features test-util --example bench -- --only drain,baseline --concurrency 10
+//! ```
+//!
+//! Modes (`--only a,b,…`; default all):
+//! * `drain`: N no-op jobs enqueued beforehand (untimed); a scheduler with default settings and
+//!   queue concurrency C runs them; time until every finalization is written.
+//! * `enqueue`: N/10 single enqueues, each its own statement/transaction; `enqueue-batch`: N
+//!   in one call.
+//! * `latency`: idle workers; one job every 10 ms; time from just before the enqueue to the
+//!   handler's start (p50/p95/p99/max). `latency` enqueues through the node's own client
+//!   (in-process wake-up); `latency-remote` through a separate client, as another process
+//!   would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
+//! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
+//!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
+//!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
+//!
+//! Scale modes (minutes each; only when named, or all four with `--only scale`):
+//! * `drain-backlog`: drain N jobs while `--backlog` (default 1,000,000) more wait behind
+//!   them; `ratio_to_drain` compares with the empty-table `drain` of the same run.
+//! * `drain-archive`: drain N jobs with `--backlog` jobs in the archive table.
+//! * `archive-cycle`: `--through` (default 1,000,000) jobs pass through the live table in
+//!   rounds of 100,000 while the archiver runs (archive 1 s after finishing); reports the live
+//!   table's size empty, at its peak, at the end, and once everything is archived (and, on
+//!   PostgreSQL, vacuumed as autovacuum would).
+//! * `rss`: resident memory with `--in-flight` (default 10,000) handlers running at once.
+//!
+//! Every result prints as a table row and as one JSON line (`{"bench":…}`); ratios are to the
+//! raw-SQL figures of the same run, since absolute numbers drift on shared machines.
+//! Each mode gets a fresh isolated database (schema / database / temp file).
+//!
+//! A tool, not an example of how to use jobvisor (see `examples/README.md`). This file parses
+//! the arguments, runs the modes and prints the table; `modes.rs` holds the ordinary modes,
+//! `scale.rs` the scale modes and `raw.rs` the raw-SQL baselines.
+
+mod modes;
+mod raw;
+mod scale;
+
+use jobvisor::Backend;
+use serde_json::{json, Value};
+
+use modes::{drain, enqueue_batch, enqueue_single, latency};
+use raw::{raw_drain, raw_inserts};
+use scale::{archive_cycle, drain_archive, drain_backlog, rss};
+
+struct Args {
+    backends: Vec<Backend>,
+    jobs: usize,
+    concurrency: u32,
+    /// Overrides the queue's prefetch (default: jobvisor's default).
+    prefetch: Option<u32>,
+    /// Jobs waiting (`drain-backlog`) or archived (`drain-archive`) beforehand.
+    backlog: usize,
+    /// Jobs passed through the live table by `archive-cycle`.
+    through: usize,
+    /// Handlers running at once in `rss`.
+    in_flight: usize,
+    only: Option<Vec<String>>,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        backends: vec![Backend::Postgres, Backend::Mysql, Backend::Sqlite],
+        jobs: 20_000,
+        concurrency: 10,
+        prefetch: None,
+        backlog: 1_000_000,
+        through: 1_000_000,
+        in_flight: 10_000,
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--backend" => {
+                args.backends = match val().as_str() {
+                    "postgres" | "pg" => vec![Backend::Postgres],
+                    "mysql" | "mariadb" => vec![Backend::Mysql],
+                    "sqlite" => vec![Backend::Sqlite],
+                    "all" => args.backends.clone(),
+                    other => {
+                        panic!("unknown backend {other:?}; expected postgres, mysql, sqlite or all")
+                    }
+                }
+            }
+            "--jobs" => args.jobs = val().parse().expect("--jobs takes a number"),
+            "--concurrency" => {
+                args.concurrency = val().parse().expect("--concurrency takes a number")
+            }
+            "--prefetch" => args.prefetch = Some(val().parse().expect("--prefetch takes a number")),
+            "--backlog" => args.backlog = val().parse().expect("--backlog takes a number"),
+            "--through" => args.through = val().parse().expect("--through takes a number"),
+            "--in-flight" => args.in_flight = val().parse().expect("--in-flight takes a number"),
+            "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
+            other => panic!("unknown argument {other:?}"),
+        }
+    }
+    args
+}
+
+/// One measured figure.
+struct Row {
+    backend: &'static str,
+    bench: String,
+    jobs: usize,
+    per_sec: Option<f64>,
+    extra: Value,
+}
+
+fn name(b: Backend) -> &'static str {
+    match b {
+        Backend::Postgres => "postgres",
+        Backend::Mysql => "mysql",
+        Backend::Sqlite => "sqlite",
+    }
+}
+
+fn report(rows: &mut Vec<Row>, row: Row) {
+    let mut line = json!({"bench": row.bench, "backend": row.backend, "jobs": row.jobs});
+    if let Some(r) = row.per_sec {
+        line["jobs_per_sec"] = json!(r.round());
+    }
+    if let (Value::Object(m), Value::Object(extra)) = (&mut line, &row.extra) {
+        m.extend(extra.clone());
+    }
+    println!("{line}");
+    rows.push(row);
+}
+
+#[actix::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = parse_args();
+    // Like for like: the raw baselines connect without TLS, so jobvisor does too unless the
+    // URL says otherwise (the store's default, `prefer`, would encrypt against a server with
+    // TLS switched on, as Debian's PostgreSQL is).
+    let pg = jobvisor::testing::base_url(Backend::Postgres);
+    if !pg.contains("sslmode=") {
+        let sep = if pg.contains('?') { '&' } else { '?' };
+        std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
+    }
+    const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
+    let want = |m: &str| match &args.only {
+        // The scale modes take minutes: only when asked for (by name or as `scale`).
+        None => !SCALE.contains(&m),
+        Some(o) => o
+            .iter()
+            .any(|x| x == m || (x == "scale" && SCALE.contains(&m))),
+    };
+    let (n, c) = (args.jobs, args.concurrency);
+    let mut rows = Vec::new();
+    for &b in &args.backends {
+        let bn = name(b);
+        eprintln!("== {bn}: {n} jobs, concurrency {c} ==");
+        let mut raw100 = None;
+        let mut raw_single_insert = None;
+        if want("baseline") {
+            for k in [1_i64, 100] {
+                let r = raw_drain(b, n, c, k).await;
+                if k == 100 {
+                    raw100 = Some(r);
+                }
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: format!("raw-drain-k{k}"),
+                        jobs: n,
+                        per_sec: Some(r),
+                        extra: json!({"concurrency": c}),
+                    },
+                );
+            }
+            let (single, batch) = raw_inserts(b, (n / 10).max(100), n).await;
+            raw_single_insert = Some(single);
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "raw-insert-single".into(),
+                    jobs: (n / 10).max(100),
+                    per_sec: Some(single),
+                    extra: json!({}),
+                },
+            );
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "raw-insert-batch".into(),
+                    jobs: n,
+                    per_sec: Some(batch),
+                    extra: json!({}),
+                },
+            );
+        }
+        let mut empty_drain = None;
+        if want("drain") {
+            let (r, mut extra) = drain(b, n, c, args.prefetch).await;
+            empty_drain = Some(r);
+            extra["concurrency"] = json!(c);
+            if let Some(raw) = raw100 {
+                extra["ratio_to_raw_k100"] = json!((r / raw * 100.0).round() / 100.0);
+            }
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "drain".into(),
+                    jobs: n,
+                    per_sec: Some(r),
+                    extra,
+                },
+            );
+        }
+        if want("enqueue") {
+            let m = (n / 10).max(100);
+            let r = enqueue_single(b, m).await;
+            let extra = raw_single_insert.map_or(
+                json!({}),
+                |raw| json!({"ratio_to_raw_insert": (r / raw * 100.0).round() / 100.0}),
+            );
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "enqueue".into(),
+                    jobs: m,
+                    per_sec: Some(r),
+                    extra,
+                },
+            );
+        }
+        if want("enqueue-batch") {
+            let r = enqueue_batch(b, n).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "enqueue-batch".into(),
+                    jobs: n,
+                    per_sec: Some(r),
+                    extra: json!({}),
+                },
+            );
+        }
+        for (mode, archived) in [("drain-backlog", false), ("drain-archive", true)] {
+            if want(mode) {
+                let (r, mut extra) = if archived {
+                    drain_archive(b, n, c, args.backlog).await
+                } else {
+                    drain_backlog(b, n, c, args.backlog).await
+                };
+                extra[if archived { "archived" } else { "waiting" }] = json!(args.backlog);
+                if let Some(e) = empty_drain {
+                    extra["ratio_to_drain"] = json!((r / e * 100.0).round() / 100.0);
+                }
+                if let Some(raw) = raw100 {
+                    extra["ratio_to_raw_k100"] = json!((r / raw * 100.0).round() / 100.0);
+                }
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: mode.into(),
+                        jobs: n,
+                        per_sec: Some(r),
+                        extra,
+                    },
+                );
+            }
+        }
+        if want("archive-cycle") {
+            let (r, extra) = archive_cycle(b, args.through, c).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "archive-cycle".into(),
+                    jobs: args.through,
+                    per_sec: Some(r),
+                    extra,
+                },
+            );
+        }
+        if want("rss") {
+            let extra = rss(b, args.in_flight).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "rss".into(),
+                    jobs: args.in_flight,
+                    per_sec: None,
+                    extra,
+                },
+            );
+        }
+        for (mode, remote) in [("latency", false), ("latency-remote", true)] {
+            if want(mode) {
+                let l = latency(b, 200, remote).await;
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: mode.into(),
+                        jobs: 200,
+                        per_sec: None,
+                        extra: l,
+                    },
+                );
+            }
+        }
+    }
+    println!(
+        "\n{:<10} {:<18} {:>9} {:>12}  notes",
+        "backend", "bench", "jobs", "jobs/s"
+    );
+    for r in &rows {
+        let rate = r.per_sec.map_or("-".to_string(), |x| format!("{x:.0}"));
+        let notes = r
+            .extra
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        println!(
+            "{:<10} {:<18} {:>9} {:>12}  {}",
+            r.backend, r.bench, r.jobs, rate, notes
+        );
+    }
+}

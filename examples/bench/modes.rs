@@ -1,0 +1,156 @@
+//! The ordinary modes: `drain`, `enqueue`, `enqueue-batch`, `latency`, `latency-remote`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobvisor::testing::{EnqueueParams, StoreEngine as _, TestDb};
+use jobvisor::{handler_fn, Backend, Client, JobOutcome, NewJob, QueueConfig, Scheduler, Store};
+use serde_json::{json, Value};
+
+pub(crate) async fn fill(store: &Store, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(5_000);
+        let jobs = (0..k).map(|_| NewJob::new("noop", json!({}))).collect();
+        store
+            .job_enqueue_many(EnqueueParams::many(jobs))
+            .await
+            .expect("pre-enqueue");
+        left -= k;
+    }
+}
+
+pub(crate) async fn drain(
+    backend: Backend,
+    n: usize,
+    c: u32,
+    prefetch: Option<u32>,
+) -> (f64, Value) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    fill(&store, n).await;
+    drain_on(store, n, c, prefetch).await
+}
+
+/// Runs a scheduler on `store` until `n` jobs have finished (more may be waiting).
+pub(crate) async fn drain_on(
+    store: Store,
+    n: usize,
+    c: u32,
+    prefetch: Option<u32>,
+) -> (f64, Value) {
+    let handle = Scheduler::builder(store)
+        .queue("default", {
+            let q = QueueConfig::default().concurrency(c);
+            match prefetch {
+                Some(p) => q.prefetch(p),
+                None => q,
+            }
+        })
+        .handler(
+            "noop",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::done() }),
+        )
+        .start()
+        .expect("scheduler");
+    let t0 = Instant::now();
+    while handle.stats().finished < n as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if t0.elapsed() > Duration::from_secs(600) {
+            panic!("drain did not finish: {:?}", handle.stats());
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let st = handle.stats();
+    handle.shutdown().await;
+    let per = |x: u64| (x as f64 / n as f64 * 1000.0).round() / 1000.0;
+    let stats = json!({
+        "claim_stmts_per_job": per(st.claim_statements),
+        "finalize_stmts_per_job": per(st.finalize_statements),
+    });
+    (n as f64 / secs, stats)
+}
+
+pub(crate) async fn enqueue_single(backend: Backend, n: usize) -> f64 {
+    let db = TestDb::create(backend).await;
+    let client = Client::new(db.store().await);
+    let t0 = Instant::now();
+    for i in 0..n {
+        client
+            .enqueue(NewJob::new("noop", json!({"i": i})))
+            .await
+            .expect("enqueue");
+    }
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+pub(crate) async fn enqueue_batch(backend: Backend, n: usize) -> f64 {
+    let db = TestDb::create(backend).await;
+    let client = Client::new(db.store().await);
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| NewJob::new("noop", json!({"i": i})))
+        .collect();
+    let t0 = Instant::now();
+    client.enqueue_many(jobs).await.expect("enqueue_many");
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let epoch = Instant::now();
+    let samples = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
+    let s2 = samples.clone();
+    let handle = Scheduler::builder(store)
+        .queue("default", QueueConfig::default())
+        .handler(
+            "probe",
+            handler_fn(move |p: Value, _ctx| {
+                let started = epoch.elapsed().as_secs_f64() * 1000.0;
+                let sent = p["t_ms"].as_f64().unwrap_or(started);
+                if let Ok(mut v) = s2.lock() {
+                    v.push(started - sent);
+                }
+                async { JobOutcome::done() }
+            }),
+        )
+        .start()
+        .expect("scheduler");
+    let client = if remote {
+        Client::new(db.store().await)
+    } else {
+        handle.client()
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the node go idle
+    for _ in 0..n {
+        let t_ms = epoch.elapsed().as_secs_f64() * 1000.0;
+        client
+            .enqueue(NewJob::new("probe", json!({"t_ms": t_ms})))
+            .await
+            .expect("enqueue");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    while samples.lock().map(|v| v.len()).unwrap_or(0) < n && t0.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.shutdown().await;
+    let mut v = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return json!({"error": "no samples"});
+    }
+    json!({
+        "p50_ms": (percentile(&v, 0.50) * 100.0).round() / 100.0,
+        "p95_ms": (percentile(&v, 0.95) * 100.0).round() / 100.0,
+        "p99_ms": (percentile(&v, 0.99) * 100.0).round() / 100.0,
+        "max_ms": (v[v.len() - 1] * 100.0).round() / 100.0,
+        "samples": v.len(),
+    })
+}

@@ -1,0 +1,238 @@
+//! The raw-SQL baselines every ratio is taken to: C workers claiming k jobs at a time with
+//! `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, and raw single
+//! and multi-row inserts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
+use jobvisor::testing::TestDb;
+use jobvisor::Backend;
+
+use crate::modes::fill;
+use crate::scale::sqlite_conn;
+
+pub(crate) const PG_CLAIM: &str =
+    "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', \
+     lease_token = md5(random()::text), attempts = attempts + 1 \
+     WHERE id IN (SELECT id FROM jobvisor_jobs WHERE queue = 'default' \
+     AND state IN ('pending', 'retrying') AND run_at <= $1 \
+     ORDER BY priority, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING id";
+pub(crate) const PG_DONE: &str = "UPDATE jobvisor_jobs SET state = 'succeeded', finished_at = $1, \
+     lease_token = NULL WHERE id = ANY($2)";
+
+pub(crate) fn now_us() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+/// Raw drain on PostgreSQL with tokio-postgres prepared statements.
+pub(crate) async fn raw_drain_pg(url: &str, c: u32, k: i64) -> usize {
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..c {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            let claim = client.prepare(PG_CLAIM).await.expect("prepare");
+            let fin = client.prepare(PG_DONE).await.expect("prepare");
+            loop {
+                let rows = client.query(&claim, &[&now_us(), &k]).await.expect("claim");
+                if rows.is_empty() {
+                    return;
+                }
+                let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+                tokio_postgres::Client::execute(&client, &fin, &[&now_us(), &ids])
+                    .await
+                    .expect("done");
+                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    AtomicU64::load(&done, Ordering::Relaxed) as usize
+}
+
+/// Raw drain on MySQL / SQLite through diesel's SQL strings (no UPDATE … RETURNING on MySQL).
+pub(crate) async fn raw_drain_diesel(backend: Backend, url: &str, c: u32, k: i64) -> usize {
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..c {
+        let url = url.to_string();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            #[derive(diesel::QueryableByName)]
+            struct Id {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                id: i64,
+            }
+            match backend {
+                Backend::Mysql => {
+                    let mut conn = AsyncMysqlConnection::establish(&url).await.expect("connect");
+                    conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.expect("rc");
+                    loop {
+                        let ids: Vec<i64> = conn
+                            .transaction(async |c| {
+                                let ids: Vec<Id> = diesel::sql_query(format!(
+                                    "SELECT id FROM jobvisor_jobs WHERE claim_queue = 'default' AND run_at <= {} \
+                                     ORDER BY priority, run_at, id LIMIT {k} FOR UPDATE SKIP LOCKED",
+                                    now_us()
+                                ))
+                                .load(c)
+                                .await?;
+                                let ids: Vec<i64> = ids.into_iter().map(|r| r.id).collect();
+                                if !ids.is_empty() {
+                                    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+                                    diesel::sql_query(format!(
+                                        "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', \
+                                         lease_token = 'x', attempts = attempts + 1 WHERE id IN ({list})"
+                                    ))
+                                    .execute(c)
+                                    .await?;
+                                }
+                                Ok::<_, diesel::result::Error>(ids)
+                            })
+                            .await
+                            .expect("claim");
+                        if ids.is_empty() {
+                            return;
+                        }
+                        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+                        diesel::sql_query(format!(
+                            "UPDATE jobvisor_jobs SET state = 'succeeded', finished_at = {}, lease_token = NULL WHERE id IN ({list})",
+                            now_us()
+                        ))
+                        .execute(&mut conn)
+                        .await
+                        .expect("done");
+                        done.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                _ => {
+                    let mut conn = sqlite_conn(&url).await;
+                    conn.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;").await.expect("pragma");
+                    loop {
+                        let ids: Vec<Id> = diesel::sql_query(format!(
+                            "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', lease_token = 'x', \
+                             attempts = attempts + 1 WHERE id IN (SELECT id FROM jobvisor_jobs \
+                             WHERE queue = 'default' AND state IN ('pending', 'retrying') AND run_at <= {} \
+                             ORDER BY priority, run_at, id LIMIT {k}) RETURNING id",
+                            now_us()
+                        ))
+                        .load(&mut conn)
+                        .await
+                        .expect("claim");
+                        if ids.is_empty() {
+                            return;
+                        }
+                        let list = ids.iter().map(|r| r.id.to_string()).collect::<Vec<_>>().join(",");
+                        diesel::sql_query(format!(
+                            "UPDATE jobvisor_jobs SET state = 'succeeded', finished_at = {}, lease_token = NULL WHERE id IN ({list})",
+                            now_us()
+                        ))
+                        .execute(&mut conn)
+                        .await
+                        .expect("done");
+                        done.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    AtomicU64::load(&done, Ordering::Relaxed) as usize
+}
+
+pub(crate) async fn raw_drain(backend: Backend, n: usize, c: u32, k: i64) -> f64 {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    fill(&store, n).await;
+    let t0 = Instant::now();
+    let got = match backend {
+        Backend::Postgres => raw_drain_pg(&db.url, c, k).await,
+        _ => raw_drain_diesel(backend, &db.url, c, k).await,
+    };
+    assert_eq!(got, n, "raw drain claimed every job once");
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Raw single inserts (each its own statement) and one multi-row insert.
+pub(crate) async fn raw_inserts(backend: Backend, n: usize, batch: usize) -> (f64, f64) {
+    let db = TestDb::create(backend).await;
+    let _store = db.store().await;
+    let cols = "(queue, kind, state, priority, payload, errors, attempts, max_attempts, run_at, timeout_ms, version, created_at, updated_at)";
+    let row = |i: usize| {
+        format!("('default', 'noop', 'pending', 10, '{{\"i\": {i}}}', '[]', 0, 5, {t}, 1800000, 1, {t}, {t})", t = now_us())
+    };
+    match backend {
+        Backend::Postgres => {
+            let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            let stmt = client
+                .prepare(&format!("INSERT INTO jobvisor_jobs {cols} VALUES ('default', 'noop', 'pending', 10, ($1::text)::json, '[]', 0, 5, $2, 1800000, 1, $2, $2) RETURNING id"))
+                .await
+                .expect("prepare");
+            let t0 = Instant::now();
+            for i in 0..n {
+                let payload = format!("{{\"i\": {i}}}");
+                client
+                    .query_one(&stmt, &[&payload, &now_us()])
+                    .await
+                    .expect("insert");
+            }
+            let single = n as f64 / t0.elapsed().as_secs_f64();
+            let values: Vec<String> = (0..batch).map(row).collect();
+            let t0 = Instant::now();
+            client
+                .batch_execute(&format!(
+                    "INSERT INTO jobvisor_jobs {cols} VALUES {}",
+                    values.join(",")
+                ))
+                .await
+                .expect("batch");
+            (single, batch as f64 / t0.elapsed().as_secs_f64())
+        }
+        _ => {
+            macro_rules! run {
+                ($conn:expr) => {{
+                    let mut conn = $conn;
+                    let t0 = Instant::now();
+                    for i in 0..n {
+                        conn.batch_execute(&format!(
+                            "INSERT INTO jobvisor_jobs {cols} VALUES {}",
+                            row(i)
+                        ))
+                        .await
+                        .expect("insert");
+                    }
+                    let single = n as f64 / t0.elapsed().as_secs_f64();
+                    let values: Vec<String> = (0..batch).map(row).collect();
+                    let t0 = Instant::now();
+                    conn.batch_execute(&format!(
+                        "INSERT INTO jobvisor_jobs {cols} VALUES {}",
+                        values.join(",")
+                    ))
+                    .await
+                    .expect("batch");
+                    (single, batch as f64 / t0.elapsed().as_secs_f64())
+                }};
+            }
+            if backend == Backend::Mysql {
+                run!(AsyncMysqlConnection::establish(&db.url)
+                    .await
+                    .expect("connect"))
+            } else {
+                run!(sqlite_conn(&db.url).await)
+            }
+        }
+    }
+}

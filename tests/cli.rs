@@ -1,0 +1,269 @@
+//! The `jobvisor` binary, run for real against each backend: every command's output, its
+//! `--json` shape and exit code, bulk retry and cancel (a dry run changes nothing, an
+//! unconfirmed bulk change changes nothing), and bad arguments and unreachable databases
+//! giving clear errors with no password shown.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use assert_cmd::Command;
+use jobvisor::testing::{ClaimParams, Finalize, FinalizeParams, StoreEngine as _, TestDb};
+use jobvisor::{Backend, Client, JobFailure, JobId, JobState, NewJob, NodeId};
+use serde_json::{json, Value};
+
+/// The binary with `url` as `DATABASE_URL`.
+fn jobvisor(url: &str) -> Command {
+    let mut c = Command::cargo_bin("jobvisor").unwrap();
+    c.env("DATABASE_URL", url).env_remove("RUST_LOG");
+    c
+}
+
+/// Runs and parses stdout as JSON, asserting the exit code.
+fn json_of(cmd: &mut Command, code: i32) -> Value {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn stderr_of(cmd: &mut Command, code: i32) -> String {
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Claims `id`'s job and ends it dead (as a handler that failed its last attempt would).
+async fn make_dead(client: &Client, store: &jobvisor::Store) {
+    let claimed = store
+        .job_claim(ClaimParams {
+            queue: "q".into(),
+            owner: NodeId::new("cli-test").unwrap(),
+            limit: 100,
+            kinds: Some(vec!["mail".into()]),
+            lease: Duration::from_secs(30),
+            now: None,
+        })
+        .await
+        .unwrap();
+    let items = claimed
+        .into_iter()
+        .filter(|c| c.job.unique_key.is_none())
+        .map(|c| Finalize::dead(c.job.id, c.token, JobFailure::new("boom", "it broke", 1)))
+        .collect();
+    store
+        .job_finalize_many(FinalizeParams { items, now: None })
+        .await
+        .unwrap();
+    let _ = client;
+}
+
+async fn commands_do_what_they_say(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let client = Client::new(store.clone());
+    let url = db.url.clone();
+
+    let v = json_of(jobvisor(&url).args(["migrate", "--status", "--json"]), 0);
+    assert_eq!(v["up_to_date"], json!(true), "{v}");
+    assert_eq!(v["applied"], v["expected"]);
+
+    let mut mail = Vec::new();
+    for i in 0..2 {
+        let job = NewJob::new("mail", json!({ "to": i }))
+            .queue("q")
+            .max_attempts(1);
+        mail.push(client.enqueue(job).await.unwrap().id);
+    }
+    let keyed = client
+        .enqueue(NewJob::new("mail", json!({})).queue("q").unique_key("u1"))
+        .await
+        .unwrap()
+        .id;
+    let sms = client
+        .enqueue(NewJob::new("sms", json!({})).queue("q"))
+        .await
+        .unwrap()
+        .id;
+
+    // status: counts and lag per queue, nodes.
+    let v = json_of(jobvisor(&url).args(["status", "--json"]), 0);
+    let q = &v["queues"][0];
+    assert_eq!(q["queue"], "q");
+    assert_eq!(q["states"]["pending"], 4, "{v}");
+    assert_eq!(q["due"], 4);
+    assert!(q["lag_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(v["nodes"], json!([]));
+    let text = jobvisor(&url).arg("status").output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("pending"));
+
+    // list with filters, get.
+    let v = json_of(jobvisor(&url).args(["list", "--kind", "mail", "--json"]), 0);
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 3, "{v}");
+    let v = json_of(
+        jobvisor(&url).args(["list", "--unique-key", "u1", "--json"]),
+        0,
+    );
+    assert_eq!(v["jobs"][0]["id"], keyed.0);
+    let v = json_of(
+        jobvisor(&url).args(["list", "--newer-than", "1h", "--limit", "2", "--json"]),
+        0,
+    );
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        v["next_after"], v["jobs"][1]["id"],
+        "a full page says where to go on"
+    );
+    let v = json_of(
+        jobvisor(&url).args(["list", "--older-than", "1h", "--json"]),
+        0,
+    );
+    assert_eq!(v["jobs"], json!([]), "nothing is an hour old");
+    let v = json_of(
+        jobvisor(&url).args(["get", &sms.0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(
+        (v["kind"].clone(), v["state"].clone()),
+        (json!("sms"), json!("pending"))
+    );
+    for field in [
+        "payload",
+        "errors",
+        "lease_owner",
+        "heartbeat_at",
+        "created_at",
+        "attempts",
+    ] {
+        assert!(v.get(field).is_some(), "get --json has {field}: {v}");
+    }
+    let err = stderr_of(jobvisor(&url).args(["get", "987654321"]), 3);
+    assert!(err.contains("987654321"), "{err}");
+
+    // Two mail jobs die; a bulk retry shows, refuses unconfirmed, then applies.
+    make_dead(&client, &store).await;
+    for id in &mail {
+        assert_eq!(client.get(*id).await.unwrap().state, JobState::Dead);
+    }
+    let v = json_of(
+        jobvisor(&url).args(["retry", "--state", "dead", "--dry-run", "--json"]),
+        0,
+    );
+    assert_eq!(v["would_change"].as_array().unwrap().len(), 2, "{v}");
+    for id in &mail {
+        assert_eq!(
+            client.get(*id).await.unwrap().state,
+            JobState::Dead,
+            "a dry run changes nothing"
+        );
+    }
+    let err = stderr_of(jobvisor(&url).args(["retry", "--state", "dead"]), 4);
+    assert!(err.contains("--yes"), "{err}");
+    for id in &mail {
+        assert_eq!(
+            client.get(*id).await.unwrap().state,
+            JobState::Dead,
+            "unconfirmed: nothing changed"
+        );
+    }
+    let v = json_of(
+        jobvisor(&url).args(["retry", "--state", "dead", "--yes", "--json"]),
+        0,
+    );
+    assert_eq!(v["changed"].as_array().unwrap().len(), 2, "{v}");
+    for id in &mail {
+        assert_ne!(client.get(*id).await.unwrap().state, JobState::Dead);
+    }
+
+    // cancel one by id; a finished one cannot be.
+    let v = json_of(
+        jobvisor(&url).args(["cancel", &sms.0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(v["changed"][0]["outcome"], "cancelled", "{v}");
+    assert_eq!(client.get(sms).await.unwrap().state, JobState::Cancelled);
+    let err = stderr_of(jobvisor(&url).args(["cancel", &sms.0.to_string()]), 1);
+    assert!(err.contains("cancelled"), "{err}");
+
+    // archive and prune; nodes.
+    let v = json_of(
+        jobvisor(&url).args(["archive", "--older-than", "0s", "--json"]),
+        0,
+    );
+    assert_eq!(v["archived"], 1, "the cancelled job: {v}");
+    let v = json_of(jobvisor(&url).args(["list", "--archived", "--json"]), 0);
+    assert_eq!(v["jobs"][0]["id"], sms.0);
+    let v = json_of(
+        jobvisor(&url).args(["prune", "--older-than", "0s", "--json"]),
+        0,
+    );
+    assert_eq!(v["pruned"], 1);
+    let v = json_of(jobvisor(&url).args(["nodes", "--json"]), 0);
+    assert_eq!(v, json!([]));
+
+    // Refusals that change nothing.
+    let err = stderr_of(jobvisor(&url).args(["retry"]), 2);
+    assert!(err.contains("refusing"), "{err}");
+    let err = stderr_of(jobvisor(&url).args(["retry", "1", "--state", "dead"]), 2);
+    assert!(err.contains("not both"), "{err}");
+    let _ = JobId(0);
+}
+
+#[tokio::test]
+async fn commands_on_postgres() {
+    commands_do_what_they_say(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn commands_on_mysql() {
+    commands_do_what_they_say(Backend::Mysql).await;
+}
+
+#[tokio::test]
+async fn commands_on_sqlite() {
+    commands_do_what_they_say(Backend::Sqlite).await;
+}
+
+#[test]
+fn bad_arguments_and_unreachable_databases_are_clear_and_keep_secrets() {
+    let mut c = Command::cargo_bin("jobvisor").unwrap();
+    let err = stderr_of(c.env_remove("DATABASE_URL").arg("status"), 2);
+    assert!(err.contains("DATABASE_URL"), "{err}");
+
+    let url = "postgres://app:Sup3r-s3cret-pw@127.0.0.1:1/app";
+    let err = stderr_of(jobvisor(url).arg("status"), 1);
+    assert!(!err.contains("Sup3r-s3cret-pw"), "{err}");
+    assert!(err.to_lowercase().contains("connection refused"), "{err}");
+
+    let err = stderr_of(
+        jobvisor("sqlite://x.db").args(["list", "--state", "sleeping"]),
+        2,
+    );
+    assert!(err.contains("sleeping"), "{err}");
+    let err = stderr_of(
+        jobvisor("sqlite://x.db").args(["archive", "--older-than", "2w"]),
+        2,
+    );
+    assert!(err.contains("unknown unit"), "{err}");
+    let err = stderr_of(jobvisor("sqlite://x.db").args(["get", "abc"]), 2);
+    assert!(err.contains("abc"), "{err}");
+
+    let out = Command::cargo_bin("jobvisor")
+        .unwrap()
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("jobvisor"));
+}
