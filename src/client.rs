@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 use crate::job::{Job, JobId, NewJob, RunAt};
 use crate::store::{
     ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, ListParams,
-    NodeInfo, OutboxConnection, PruneParams, QueueLag, RetryParams, StateCount, Store, Unserved,
+    NodeInfo, OutboxConnection, PruneParams, QueueInfo, QueueLag, QueueLimits, RetryParams,
+    StateCount, Store, Unserved,
 };
 
 /// Rows moved or deleted per statement by [`Client::archive`] and [`Client::prune`].
@@ -249,6 +250,106 @@ impl Client {
         self.store
             .unserved_jobs(after, live, self.clock.bound_now())
             .await
+    }
+
+    /// Every queue with shared settings (a pause or limits), by name. A queue not listed runs
+    /// unpaused and unlimited on every node that serves it.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn queues(&self) -> Result<Vec<QueueInfo>> {
+        self.store.queues_list().await
+    }
+
+    /// One queue's shared settings; `None` if it has none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a malformed name; [`Error::Database`].
+    pub async fn queue(&self, name: &str) -> Result<Option<QueueInfo>> {
+        self.store.queue_get(name).await
+    }
+
+    /// Pauses a queue on every node: from the moment this returns, no claim of it that
+    /// starts anywhere takes a job (the claim statement checks), until
+    /// [`resume_queue`](Client::resume_queue). Running jobs finish normally; jobs stay
+    /// due. The pause is stored, so it survives restarts. `by` says who paused it (shown by
+    /// [`queues`](Client::queues) and the command line). Pausing a paused queue changes
+    /// only `by`.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn f(client: jobvisor::Client) -> jobvisor::Result<()> {
+    /// client.pause_queue("emails", "ops: provider outage").await?;
+    /// // ...
+    /// client.resume_queue("emails").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming `queue` for an unknown queue (no settings, no node
+    /// serving it, no job in it) or a malformed name, or `paused_by`; nothing is changed.
+    /// [`Error::Database`].
+    pub async fn pause_queue(&self, name: &str, by: &str) -> Result<QueueInfo> {
+        self.store
+            .queue_pause(name, Some(by), self.clock.bound_now())
+            .await?
+            .ok_or_else(|| Error::Database(crate::StoreError::Other("pause wrote no row".into())))
+    }
+
+    /// Resumes a paused queue: its fetchers on every node are woken at once on PostgreSQL
+    /// (a notification), at their next poll elsewhere. Resuming a queue that is not paused
+    /// changes nothing. Answers the queue's remaining settings (`None`: none left).
+    ///
+    /// # Errors
+    /// As [`pause_queue`](Client::pause_queue).
+    pub async fn resume_queue(&self, name: &str) -> Result<Option<QueueInfo>> {
+        let out = self
+            .store
+            .queue_pause(name, None, self.clock.bound_now())
+            .await?;
+        if let Some(wake) = &self.wake {
+            wake(name);
+        }
+        Ok(out)
+    }
+
+    /// Sets a queue's limits across every node, replacing the previous ones (a `None` lifts
+    /// that limit; [`QueueLimits::default()`] lifts them all). Limits bind claims from the
+    /// moment this returns: jobs already running above a lowered limit finish normally, and
+    /// new ones are claimed once the count is below it. Answers the queue's settings
+    /// (`None`: none left).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn f(client: jobvisor::Client) -> jobvisor::Result<()> {
+    /// use std::time::Duration;
+    /// use jobvisor::{QueueLimits, RateLimit};
+    ///
+    /// // The payment provider allows 10 calls a second and 4 at once per merchant.
+    /// let limits = QueueLimits::default()
+    ///     .per_partition(4)
+    ///     .rate(RateLimit::new(10, Duration::from_secs(1))?);
+    /// client.set_queue_limits("payments", limits).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the limit out of range (`concurrency`,
+    /// `per_partition`, `rate`) or `queue` (unknown or malformed); nothing is changed.
+    /// [`Error::Database`].
+    pub async fn set_queue_limits(
+        &self,
+        name: &str,
+        limits: QueueLimits,
+    ) -> Result<Option<QueueInfo>> {
+        let out = self
+            .store
+            .queue_set_limits(name, limits, self.clock.bound_now())
+            .await?;
+        if let Some(wake) = &self.wake {
+            wake(name);
+        }
+        Ok(out)
     }
 
     /// Cancels a job; a running one is signalled and ends `cancelled` once its node sees the

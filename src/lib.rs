@@ -76,3 +76,4 @@ pub use store::{
     StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
 };
 pub use store::{NodeInfo, QueueLag, Unserved, UnservedReason};
+pub use store::{QueueInfo, QueueLimits, RateLimit};

@@ -185,14 +185,24 @@ impl Handler<FetchNow> for Fetcher {
         };
         let fut = async move {
             let t0 = Instant::now();
-            let res = shared.store.job_claim(params).await;
+            let res = shared.store.job_claim_waiting(params).await;
             tracing::trace!(limit, took_us = t0.elapsed().as_micros() as u64, "claim");
             res
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
             move |res, act, ctx| match res {
-                Ok(jobs) => {
+                Ok((jobs, wait)) => {
                     let n = jobs.len();
+                    // The queue's rate limit holds claims back: try again when the window
+                    // frees (a wake meanwhile may claim earlier, if it frees sooner).
+                    if let Some(wait) = wait.filter(|_| n == 0 && !act.stopped) {
+                        ctx.run_later(wait, |act, ctx| {
+                            if !act.wake_queued {
+                                act.wake_queued = true;
+                                ctx.notify(FetchNow);
+                            }
+                        });
+                    }
                     let full = u32::try_from(n).is_ok_and(|n| n == limit);
                     // Checked before this claim's supervisors start taking permits.
                     act.window

@@ -137,6 +137,39 @@ impl<DB: Backend> QueryFragment<DB> for StateIn {
     }
 }
 
+/// "This job is claimable in `queue`": `queue = ? AND state IN ('pending', 'retrying')`,
+/// except on MySQL, where the stored generated column `claim_queue` (the queue while a job is
+/// claimable) is matched so the claim index is walked in order (see the MySQL migration).
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct ClaimableIn(pub(crate) String);
+
+/// How a backend spells [`ClaimableIn`]: the SQL before and after the queue's bind.
+pub(crate) trait ClaimableSql: Backend {
+    const CLAIMABLE: (&'static str, &'static str);
+}
+
+impl Expression for ClaimableIn {
+    type SqlType = Bool;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for ClaimableIn {}
+impl SelectableExpression<jobvisor_jobs::table> for ClaimableIn {}
+impl<GB> ValidGrouping<GB> for ClaimableIn {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for ClaimableIn
+where
+    DB: Backend + ClaimableSql + diesel::sql_types::HasSqlType<diesel::sql_types::Text>,
+    String: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql(DB::CLAIMABLE.0);
+        out.push_bind_param::<diesel::sql_types::Text, _>(&self.0)?;
+        out.push_sql(DB::CLAIMABLE.1);
+        Ok(())
+    }
+}
+
 /// A row-locking select: `… FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL, so concurrent
 /// sweepers and archivers on other nodes take disjoint batches; plain on SQLite, whose
 /// `BEGIN IMMEDIATE` already makes the transaction the only writer.

@@ -47,6 +47,7 @@ mod postgres;
 // only through `crate::testing` (feature `test-util`).
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod params;
+mod queues;
 mod read;
 mod rows;
 mod schema;
@@ -80,6 +81,10 @@ pub(crate) use params::{
 };
 pub use params::{
     CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, StateCount,
+};
+pub use queues::{
+    QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
+    MIN_RATE_PERIOD,
 };
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub use tls::TlsMode;
@@ -141,6 +146,8 @@ pub(crate) struct Inner {
     pub(crate) url: String,
     pub(crate) url_redacted: String,
     pub(crate) opts: StoreOptions,
+    /// Which queues have shared settings, as last seen (see `queues`).
+    pub(crate) queue_modes: queues::QueueModes,
 }
 
 impl Inner {

@@ -144,27 +144,58 @@ impl Store {
     /// [`Error::Database`]; [`Error::Corrupt`] if a claimed row cannot be read (the claim
     /// itself stands, and the sweeper reclaims it when its lease expires).
     pub(crate) async fn job_claim(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
+        Ok(self.job_claim_waiting(p).await?.0)
+    }
+
+    /// [`job_claim`](Store::job_claim), and how long the queue's rate limit holds claims back
+    /// when it took nothing for that reason (the fetcher sleeps that long).
+    pub(crate) async fn job_claim_waiting(
+        &self,
+        p: ClaimParams,
+    ) -> Result<(Vec<ClaimedJob>, Option<std::time::Duration>)> {
         self.bounded(Op::Claim, self.claim_unbounded(p)).await
     }
 
-    async fn claim_unbounded(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
+    async fn claim_unbounded(
+        &self,
+        p: ClaimParams,
+    ) -> Result<(Vec<ClaimedJob>, Option<std::time::Duration>)> {
         if p.limit == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         let token = LeaseToken::generate();
-        let rows: Vec<JobRow> = self
-            .inner
-            .driver
-            .claim(&ClaimArgs {
-                queue: p.queue.clone(),
-                owner: p.owner.as_str().to_string(),
-                token: token.as_str().to_string(),
-                lease_us: dur_us(p.lease),
-                limit: i64::from(p.limit),
-                kinds: p.kinds.clone(),
-                now: bound(p.now),
-            })
-            .await?;
+        let args = ClaimArgs {
+            queue: p.queue.clone(),
+            owner: p.owner.as_str().to_string(),
+            token: token.as_str().to_string(),
+            lease_us: dur_us(p.lease),
+            limit: i64::from(p.limit),
+            kinds: p.kinds.clone(),
+            now: bound(p.now),
+        };
+        // Shared queue settings (see `queues`): the fast claim refuses a queue that has
+        // any, so an empty answer may mean "controlled now".
+        let modes = &self.inner.queue_modes;
+        let mut wait = None;
+        let mut rows: Vec<JobRow> = Vec::new();
+        let mut controlled = modes.is_controlled(&p.queue);
+        if !controlled {
+            rows = self.inner.driver.claim(&args).await?;
+            if rows.is_empty() && self.queue_has_row(&p.queue).await? {
+                modes.set(&p.queue, true);
+                controlled = true;
+            }
+        }
+        if controlled {
+            let got = self.claim_controlled(&args).await?;
+            if got.uncontrolled {
+                modes.set(&p.queue, false);
+                rows = self.inner.driver.claim(&args).await?;
+            } else {
+                rows = got.rows;
+                wait = got.wait;
+            }
+        }
         let mut claimed = Vec::with_capacity(rows.len());
         let mut corrupt = Vec::new();
         for r in rows {
@@ -200,7 +231,7 @@ impl Store {
         }
         // RETURNING order is unspecified: restore the claim order.
         claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
-        Ok(claimed)
+        Ok((claimed, wait))
     }
 
     /// Renews many leases in one statement; each comes back applied (with its new expiry and

@@ -35,6 +35,7 @@ diesel::table! {
         finished_at -> Nullable<BigInt>,
         started_at -> Nullable<BigInt>,
         refunds -> Integer,
+        partition_key -> Nullable<Text>,
     }
 }
 
@@ -84,4 +85,35 @@ diesel::table! {
     }
 }
 
-diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_nodes);
+diesel::table! {
+    /// Queue control shared by every node (see `store::queues`): a row per queue with a
+    /// setting.
+    jobvisor_queues (name) {
+        name -> Text,
+        paused_at -> Nullable<BigInt>,
+        paused_by -> Nullable<Text>,
+        concurrency_limit -> Nullable<Integer>,
+        partition_limit -> Nullable<Integer>,
+        rate_limit -> Nullable<Integer>,
+        rate_period_us -> Nullable<BigInt>,
+        claims -> BigInt,
+        updated_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The claims of rate-limited queues: when, and how many jobs.
+    jobvisor_queue_claims (id) {
+        id -> BigInt,
+        queue -> Text,
+        claimed_at -> BigInt,
+        jobs -> Integer,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(
+    jobvisor_jobs,
+    jobvisor_nodes,
+    jobvisor_queues,
+    jobvisor_queue_claims
+);

@@ -39,6 +39,7 @@ mod finalize;
 mod lease;
 mod maintenance;
 pub mod proxy;
+mod queues;
 mod reads;
 
 use super::driver::Listener;
@@ -55,6 +56,7 @@ pub use enqueue::*;
 pub use finalize::*;
 pub use lease::*;
 pub use maintenance::*;
+pub use queues::*;
 pub use reads::*;
 
 /// Everything a case needs.
@@ -209,6 +211,10 @@ macro_rules! conformance_tests {
             server_side_bounds_are_set_on_every_connection,
             claims_take_only_the_kinds_their_node_runs,
             jobs_no_live_node_can_run_are_named_with_why,
+            a_paused_queue_is_never_claimed_and_the_pause_is_shared_and_stored,
+            a_concurrency_limit_is_never_exceeded_by_concurrent_claimers,
+            a_rate_limit_bounds_claims_in_every_window,
+            bad_queue_settings_get_clear_errors_and_change_nothing,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

@@ -32,7 +32,7 @@ use super::connect::pool;
 use super::driver::{ClaimArgs, OpenError, RenewArgs};
 use super::expr::{DbNow, RUNNING};
 use super::rows::{dur_ms, dur_us, JobRow};
-use super::schema::jobvisor_jobs as jobs;
+use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::{checkout, ConnPool, Lease};
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::Result;
@@ -158,6 +158,9 @@ impl MysqlDriver {
                             .or(jobs::kind.eq_any(kinds)),
                     )
                     .filter(jobs::run_at.le(now))
+                    .filter(diesel::dsl::not(diesel::dsl::exists(
+                        queues::table.filter(queues::name.eq(&a.queue)),
+                    )))
                     .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
                     .limit(limit)
                     .for_update()

@@ -13,7 +13,7 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
 
-use crate::store::expr::{prepared_statement, ClockSql, JsonAppend, SkipLocked};
+use crate::store::expr::{prepared_statement, ClaimableSql, ClockSql, JsonAppend, SkipLocked};
 use crate::store::schema::jobvisor_jobs;
 
 /// "Now" in epoch microseconds. `UTC_TIMESTAMP` is independent of the session time zone (no
@@ -22,6 +22,10 @@ macro_rules! now_us {
     () => {
         "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
     };
+}
+
+impl ClaimableSql for Mysql {
+    const CLAIMABLE: (&'static str, &'static str) = ("claim_queue = ", "");
 }
 
 impl ClockSql for Mysql {

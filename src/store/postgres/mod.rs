@@ -119,6 +119,7 @@ impl PgDriver {
             queue: a.queue.clone(),
             any_kind: a.kinds.is_none(),
             kinds: a.kinds.clone().unwrap_or_default(),
+            queue_again: a.queue.clone(),
             limit: a.limit,
         }
         .load(&mut *c)

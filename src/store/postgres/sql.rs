@@ -10,7 +10,7 @@ use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Json, Nullable, Text};
 
 use crate::store::expr::{job_columns, prepared_statement};
-use crate::store::expr::{ClockSql, JsonAppend, SkipLocked};
+use crate::store::expr::{ClaimableSql, ClockSql, JsonAppend, SkipLocked};
 
 /// "Now" in epoch microseconds. `now()` is the transaction's start: stable within a
 /// statement, so indexes stay usable.
@@ -21,6 +21,11 @@ macro_rules! now_us {
 }
 
 pub(crate) use now_us;
+
+impl ClaimableSql for Pg {
+    const CLAIMABLE: (&'static str, &'static str) =
+        ("(queue = ", " AND state IN ('pending', 'retrying'))");
+}
 
 impl ClockSql for Pg {
     const NOW_US: &'static str = now_us!();
@@ -131,8 +136,9 @@ WHERE j.id = ANY(ARRAY(
     WHERE c.queue = $5 AND c.state IN ('pending', 'retrying')
       AND ($6::boolean OR c.kind = ANY($7::text[]))
       AND c.run_at <= (SELECT now FROM n)
+      AND NOT EXISTS (SELECT 1 FROM jobvisor_queues AS q WHERE q.name = $8)
     ORDER BY c.priority, c.run_at, c.id
-    LIMIT $8
+    LIMIT $9
     FOR UPDATE SKIP LOCKED
 ))
 RETURNING ",
@@ -149,6 +155,7 @@ prepared_statement!(
         queue: String => Text,
         any_kind: bool => diesel::sql_types::Bool,
         kinds: Vec<String> => diesel::sql_types::Array<Text>,
+        queue_again: String => Text,
         limit: i64 => BigInt,
     }
 );

@@ -10,13 +10,18 @@ use diesel::sql_types::{BigInt, Json, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
 use crate::store::expr::{job_columns, prepared_statement};
-use crate::store::expr::{ClockSql, JsonAppend, SkipLocked};
+use crate::store::expr::{ClaimableSql, ClockSql, JsonAppend, SkipLocked};
 
 /// "Now" in epoch microseconds.
 macro_rules! now_us {
     () => {
         "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
     };
+}
+
+impl ClaimableSql for Sqlite {
+    const CLAIMABLE: (&'static str, &'static str) =
+        ("(queue = ", " AND state IN ('pending', 'retrying'))");
 }
 
 impl ClockSql for Sqlite {
@@ -65,6 +70,7 @@ WHERE jobvisor_jobs.id IN (
     WHERE c.queue = ? AND c.state IN ('pending', 'retrying')
       AND (? OR c.kind IN (SELECT value FROM json_each(?)))
       AND +c.run_at <= (SELECT now FROM n)
+      AND NOT EXISTS (SELECT 1 FROM jobvisor_queues AS q WHERE q.name = c.queue)
     ORDER BY c.priority, c.run_at, c.id
     LIMIT ?
 )

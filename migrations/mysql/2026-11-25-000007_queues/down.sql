@@ -1,0 +1,2 @@
+DROP TABLE jobvisor_queue_claims;
+DROP TABLE jobvisor_queues;

@@ -1,0 +1,398 @@
+//! Conformance cases. Queue control: pause, global and per-partition concurrency limits,
+//! rate limits — each enforced by the claim on every store, whatever a store remembers.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use super::*;
+
+fn params(queue: &str, owner: &str, limit: u32, now: Option<DateTime<Utc>>) -> ClaimParams {
+    ClaimParams {
+        queue: queue.into(),
+        owner: NodeId::new(owner).unwrap(),
+        limit,
+        kinds: None,
+        lease: Duration::from_secs(30),
+        now,
+    }
+}
+
+async fn enqueue_n(t: &Bundle, queue: &str, n: usize) -> Vec<JobId> {
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| NewJob::new("k", json!(i)).queue(queue))
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+async fn running_in(t: &Bundle, queue: &str) -> u64 {
+    t.store
+        .job_counts()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.queue == queue && c.state == JobState::Running)
+        .map(|c| c.count)
+        .sum()
+}
+
+pub async fn a_paused_queue_is_never_claimed_and_the_pause_is_shared_and_stored(b: Backend) {
+    let t = Bundle::new(b).await;
+    enqueue_n(&t, "mail", 10).await;
+    enqueue_n(&t, "other", 3).await;
+    // A running job of the queue, claimed before the pause, finishes normally.
+    let before = t.claim("mail", "n1", 1, 1).await;
+    assert_eq!(before.len(), 1);
+    // A second store on the same database, which has claimed this queue (so it believes it
+    // uncontrolled) pauses nothing itself: the pause comes from the first.
+    let other = t.db.store().await;
+    assert_eq!(
+        other
+            .job_claim(params("mail", "n2", 1, t.at(1)))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let info = t
+        .store
+        .queue_pause("mail", Some("ops: provider outage"), t.at(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(info.is_paused());
+    assert_eq!(info.paused_at, t.at(2));
+    assert_eq!(info.paused_by.as_deref(), Some("ops: provider outage"));
+    for store in [&t.store, &other] {
+        assert!(store
+            .job_claim(params("mail", "n3", 10, t.at(3)))
+            .await
+            .unwrap()
+            .is_empty());
+    }
+    // Other queues run on.
+    assert_eq!(t.claim("other", "n1", 10, 3).await.len(), 3);
+    let done = t
+        .finalize(
+            Finalize::succeeded(before[0].job.id, before[0].token.clone(), json!(1)),
+            4,
+        )
+        .await;
+    assert_eq!(done, Guarded::Applied(JobState::Succeeded));
+    // Stored: a new store (a restarted node) sees it.
+    let restarted = t.db.store().await;
+    assert!(restarted
+        .job_claim(params("mail", "n4", 10, t.at(5)))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(restarted
+        .queue_get("mail")
+        .await
+        .unwrap()
+        .unwrap()
+        .is_paused());
+    // Pausing again changes who, not when.
+    let again = t
+        .store
+        .queue_pause("mail", Some("alice"), t.at(6))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.paused_at, again.paused_by.as_deref()),
+        (t.at(2), Some("alice"))
+    );
+    // Resumed: every store claims again, the fast way once it has seen the row gone.
+    assert!(t
+        .store
+        .queue_pause("mail", None, t.at(7))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(t.store.queues_list().await.unwrap().is_empty());
+    let mut got = 0;
+    for store in [&restarted, &other, &restarted] {
+        got += store
+            .job_claim(params("mail", "n5", 3, t.at(8)))
+            .await
+            .unwrap()
+            .len();
+    }
+    assert_eq!(got, 8, "the 8 jobs left are claimed after the resume");
+}
+
+pub async fn a_concurrency_limit_is_never_exceeded_by_concurrent_claimers(b: Backend) {
+    const LIMIT: i64 = 5;
+    let t = Bundle::new(b).await;
+    // Four kinds, each claimer taking one: claimers look at disjoint jobs, so only the
+    // queue's count can keep them under the limit together.
+    let jobs: Vec<NewJob> = (0..1000)
+        .map(|i| NewJob::new(format!("k{}", i % 4), json!(i)).queue("q"))
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits("q", QueueLimits::default().concurrency(5), t.at(0))
+        .await
+        .unwrap();
+    // Jobs claimed and not yet released by the claimers. A claimer releases its jobs (here)
+    // before it finalizes them (in the database), so this never counts more than the
+    // database does: above LIMIT only if the claims over-admitted.
+    let held = Arc::new(AtomicI64::new(0));
+    let peak = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let (store, held, peak) = (t.store.clone(), held.clone(), peak.clone());
+        let now = t.at(1);
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0;
+            let mut idle = 0;
+            while idle < 50 {
+                let got = store
+                    .job_claim(ClaimParams {
+                        kinds: Some(vec![format!("k{}", n % 4)]),
+                        ..params("q", &format!("claimer-{n}"), 3, now)
+                    })
+                    .await
+                    .unwrap();
+                if got.is_empty() {
+                    idle += 1;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                idle = 0;
+                let k = i64::try_from(got.len()).unwrap();
+                let h = held.fetch_add(k, Ordering::SeqCst) + k;
+                peak.fetch_max(h, Ordering::SeqCst);
+                assert!(h <= LIMIT, "{h} jobs held under a limit of {LIMIT}");
+                tokio::task::yield_now().await;
+                held.fetch_sub(k, Ordering::SeqCst);
+                let items = got
+                    .into_iter()
+                    .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
+                    .collect();
+                store
+                    .job_finalize_many(FinalizeParams { items, now })
+                    .await
+                    .unwrap();
+                mine += k;
+            }
+            mine
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert_eq!(total, 1000, "every job ran");
+    assert!(peak.load(Ordering::SeqCst) >= 2, "claimers overlapped");
+    // Lowering the limit below what runs stops claims until the count is below it.
+    enqueue_n(&t, "q", 10).await;
+    let a = t.claim("q", "n1", 10, 2).await;
+    assert_eq!(a.len(), 5);
+    assert_eq!(running_in(&t, "q").await, 5);
+    t.store
+        .queue_set_limits("q", QueueLimits::default().concurrency(2), t.at(3))
+        .await
+        .unwrap();
+    for c in &a[..3] {
+        t.finalize(
+            Finalize::succeeded(c.job.id, c.token.clone(), json!(null)),
+            4,
+        )
+        .await;
+        assert!(
+            t.claim("q", "n1", 10, 4).await.is_empty(),
+            "still ≥ 2 running"
+        );
+    }
+    t.finalize(
+        Finalize::succeeded(a[3].job.id, a[3].token.clone(), json!(null)),
+        5,
+    )
+    .await;
+    assert_eq!(t.claim("q", "n1", 10, 5).await.len(), 1);
+    // Lifting every limit returns the queue to the fast claim.
+    assert!(t
+        .store
+        .queue_set_limits("q", QueueLimits::default(), t.at(6))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(t.claim("q", "n1", 10, 6).await.len(), 4);
+}
+
+pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
+    let t = Bundle::new(b).await;
+    enqueue_n(&t, "api", 200).await;
+    let per = Duration::from_secs(10);
+    t.store
+        .queue_set_limits(
+            "api",
+            QueueLimits::default().rate(RateLimit::new(10, per).unwrap()),
+            t.at(0),
+        )
+        .await
+        .unwrap();
+    let (first, wait) = t
+        .store
+        .job_claim_waiting(params("api", "n1", 4, t.at(0)))
+        .await
+        .unwrap();
+    assert_eq!((first.len(), wait), (4, None));
+    let (second, _) = t
+        .store
+        .job_claim_waiting(params("api", "n1", 50, t.at(3)))
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 6, "the rest of the window");
+    let (none, wait) = t
+        .store
+        .job_claim_waiting(params("api", "n1", 50, t.at(4)))
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    assert_eq!(
+        wait,
+        Some(Duration::from_secs(6)),
+        "until the first claim leaves"
+    );
+    // (t − 10 s, t]: at +10 s the 4 claimed at 0 have left, the 6 at +3 s have not.
+    let (third, _) = t
+        .store
+        .job_claim_waiting(params("api", "n1", 50, t.at(10)))
+        .await
+        .unwrap();
+    assert_eq!(third.len(), 4);
+
+    // Concurrent claimers over a minute of test clock: from the claim times the database
+    // stored on the jobs, no window of 10 s holds more than 10.
+    let mut tasks = Vec::new();
+    for n in 0..8_i64 {
+        let store = t.store.clone();
+        let t0 = t.t0;
+        tasks.push(tokio::spawn(async move {
+            let mut times = Vec::new();
+            for step in 0..60_i64 {
+                let now = t0 + chrono::Duration::milliseconds(11_000 + step * 1000 + n * 37);
+                let got = store
+                    .job_claim(params("api", &format!("c{n}"), 3, Some(now)))
+                    .await
+                    .unwrap();
+                times.extend(
+                    got.iter()
+                        .map(|c| c.job.lease.as_ref().unwrap().heartbeat_at.unwrap()),
+                );
+            }
+            times
+        }));
+    }
+    let mut times: Vec<DateTime<Utc>> = Vec::new();
+    for task in tasks {
+        times.extend(task.await.unwrap());
+    }
+    for claimed in [&first, &second, &third] {
+        times.extend(
+            claimed
+                .iter()
+                .map(|c| c.job.lease.as_ref().unwrap().heartbeat_at.unwrap()),
+        );
+    }
+    times.sort();
+    assert!(times.len() >= 50, "claims went on: {}", times.len());
+    for (i, end) in times.iter().enumerate() {
+        let inside = times[..=i]
+            .iter()
+            .filter(|s| **s > *end - chrono::Duration::seconds(10))
+            .count();
+        assert!(inside <= 10, "{inside} claims in the 10 s ending {end}");
+    }
+}
+
+pub async fn bad_queue_settings_get_clear_errors_and_change_nothing(b: Backend) {
+    let t = Bundle::new(b).await;
+    enqueue_n(&t, "q", 1).await;
+    t.store
+        .queue_set_limits("q", QueueLimits::default().concurrency(3), t.at(0))
+        .await
+        .unwrap();
+    let cases: Vec<(QueueLimits, &str)> = vec![
+        (QueueLimits::default().concurrency(0), "concurrency"),
+        (QueueLimits::default().per_partition(0), "per_partition"),
+        (
+            QueueLimits::default().concurrency(crate::store::MAX_LIMIT + 1),
+            "concurrency",
+        ),
+    ];
+    for (limits, field) in cases {
+        let err = t
+            .store
+            .queue_set_limits("q", limits, t.at(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput { field: f, .. } if *f == field),
+            "{err}"
+        );
+    }
+    for (jobs, per) in [
+        (0, Duration::from_secs(1)),
+        (5, Duration::ZERO),
+        (5, Duration::from_secs(2 * 24 * 3600)),
+    ] {
+        let err = RateLimit::new(jobs, per).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput { field: "rate", .. }),
+            "{err}"
+        );
+    }
+    let err = t
+        .store
+        .queue_pause("no-such-queue", Some("me"), t.at(1))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, Error::InvalidInput { field: "queue", .. })
+            && text.contains("no-such-queue")
+            && text.contains("q"),
+        "{text}"
+    );
+    for bad in ["", " q", &"x".repeat(200)] {
+        let err = t
+            .store
+            .queue_pause(bad, Some("me"), t.at(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput { field: "queue", .. }),
+            "{err}"
+        );
+    }
+    let err = t
+        .store
+        .queue_pause("q", Some(""), t.at(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::InvalidInput {
+                field: "paused_by",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let after = t.store.queues_list().await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].limits.concurrency, Some(3));
+    assert!(!after[0].is_paused());
+}

@@ -1,0 +1,701 @@
+//! Queue control (`jobvisor_queues`): pause, global concurrency, per-partition concurrency
+//! and rate limits, shared by every node and enforced by the claim itself.
+//!
+//! # How a claim obeys them
+//! A queue with no row is *uncontrolled*: its claims are the one-statement claims of each
+//! backend, which also refuse any queue that has a row (`NOT EXISTS` in the statement), so a
+//! setting committed anywhere stops uncontrolled claims of its queue at once — whatever a
+//! node believes. A node remembers which queues have a row ([`QueueModes`]): one whose
+//! uncontrolled claim came back empty looks, and one whose controlled claim found no row
+//! goes back to the fast path.
+//!
+//! A *controlled* claim is one transaction: it bumps the queue row's `claims` counter (an
+//! `UPDATE`, so it holds the row's write lock until commit; on SQLite `BEGIN IMMEDIATE`
+//! already makes it the only writer), reads the settings, then — in statements that start
+//! after the lock was taken, so under READ COMMITTED they see every claim committed before —
+//! counts what it must: the queue's `running` jobs, per partition those of the candidates'
+//! partitions, and the jobs claimed inside the rate window. Claims are the only way a job
+//! becomes `running`, and every controlled claim of the queue waits for the lock, so nothing
+//! can add to those counts between the count and the commit: the claim takes at most what
+//! is free, exactly. Finalizations running concurrently only lower the counts (a claim may
+//! then take fewer than it could have; never more).
+//!
+//! Rate limit: a sliding window. Each controlled claim of a rate-limited queue records
+//! `(queue, claimed_at, jobs)` in `jobvisor_queue_claims`; a claim at `now` takes at most
+//! `rate_limit − Σ jobs claimed in (now − period, now]`, so any window of `period` holds at
+//! most `rate_limit` claimed jobs. A claim that finds the window full reports when its oldest
+//! entry leaves it, and the fetcher sleeps until then (no polling in between).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::dsl::count_star;
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+
+use super::driver::{with_conn, with_tx, ClaimArgs};
+use super::expr::{ClaimableIn, DbNow};
+use super::rows::{dur_us, from_us, JobRow};
+use super::schema::{
+    jobvisor_jobs as jobs, jobvisor_nodes as nodes, jobvisor_queue_claims as claims_log,
+    jobvisor_queues as queues,
+};
+use super::Store;
+use crate::error::{Error, Result};
+use crate::job::{check_name, JobState, MAX_QUEUE_LEN};
+
+/// Longest rate window, **1 day**.
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(24 * 3600);
+/// Shortest rate window, **1 ms**.
+pub const MIN_RATE_PERIOD: Duration = Duration::from_millis(1);
+/// Largest limit (concurrency, per partition, jobs per rate window): **1,000,000**.
+pub const MAX_LIMIT: u32 = 1_000_000;
+/// Longest `paused_by` text, in characters: **255**.
+pub const MAX_PAUSED_BY_LEN: usize = 255;
+
+/// At most "jobs per period" claimed across all nodes, in any window of `per`.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use jobvisor::RateLimit;
+///
+/// let r = RateLimit::new(100, Duration::from_secs(1)).unwrap(); // 100 jobs a second
+/// assert_eq!(r.jobs(), 100);
+/// assert!(RateLimit::new(0, Duration::from_secs(1)).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RateLimit {
+    jobs: u32,
+    #[serde(rename = "per_ms", serialize_with = "ser_ms")]
+    per: Duration,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl RateLimit {
+    /// `jobs` claims (1 to [`MAX_LIMIT`]) in any window of `per` ([`MIN_RATE_PERIOD`] to
+    /// [`MAX_RATE_PERIOD`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming `rate` for a value out of range.
+    pub fn new(jobs: u32, per: Duration) -> Result<Self> {
+        check_limit("rate", jobs)?;
+        if per < MIN_RATE_PERIOD || per > MAX_RATE_PERIOD {
+            return Err(Error::invalid(
+                "rate",
+                format!("period is {per:?}; expected {MIN_RATE_PERIOD:?} to {MAX_RATE_PERIOD:?}"),
+            ));
+        }
+        Ok(RateLimit { jobs, per })
+    }
+
+    /// Jobs per window.
+    pub fn jobs(&self) -> u32 {
+        self.jobs
+    }
+
+    /// The window.
+    pub fn per(&self) -> Duration {
+        self.per
+    }
+}
+
+fn check_limit(field: &'static str, n: u32) -> Result<()> {
+    if n == 0 || n > MAX_LIMIT {
+        return Err(Error::invalid(
+            field,
+            format!("is {n}; expected 1 to {MAX_LIMIT} (clear the limit to lift it)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The limits of a queue, enforced across every node; `None` = no limit. All default to
+/// `None` (unlimited).
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use jobvisor::{QueueLimits, RateLimit};
+///
+/// // At most 20 running at once, 2 per tenant, 50 started per second.
+/// let limits = QueueLimits::default()
+///     .concurrency(20)
+///     .per_partition(2)
+///     .rate(RateLimit::new(50, Duration::from_secs(1)).unwrap());
+/// assert_eq!(limits.concurrency, Some(20));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct QueueLimits {
+    /// Most jobs of the queue running at once, counting claimed jobs that wait in a node's
+    /// prefetch (they hold leases).
+    pub concurrency: Option<u32>,
+    /// Most jobs running at once per partition key (see
+    /// [`NewJob::partition`](crate::NewJob::partition)); jobs without one are not limited.
+    pub per_partition: Option<u32>,
+    /// Most jobs claimed in any window.
+    pub rate: Option<RateLimit>,
+}
+
+impl QueueLimits {
+    /// Sets the global concurrency limit.
+    #[must_use]
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// Sets the per-partition limit.
+    #[must_use]
+    pub fn per_partition(mut self, n: u32) -> Self {
+        self.per_partition = Some(n);
+        self
+    }
+
+    /// Sets the rate limit.
+    #[must_use]
+    pub fn rate(mut self, r: RateLimit) -> Self {
+        self.rate = Some(r);
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let Some(n) = self.concurrency {
+            check_limit("concurrency", n)?;
+        }
+        if let Some(n) = self.per_partition {
+            check_limit("per_partition", n)?;
+        }
+        if let Some(r) = self.rate {
+            RateLimit::new(r.jobs, r.per)?;
+        }
+        Ok(())
+    }
+}
+
+/// A queue's shared settings, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct QueueInfo {
+    /// The queue.
+    pub name: String,
+    /// When it was paused, if it is.
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Who paused it (free text given to [`Client::pause_queue`](crate::Client::pause_queue)).
+    pub paused_by: Option<String>,
+    /// Its limits.
+    pub limits: QueueLimits,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl QueueInfo {
+    /// Whether claims of this queue are paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused_at.is_some()
+    }
+}
+
+#[derive(Queryable, Selectable, Debug, Clone)]
+#[diesel(table_name = queues)]
+struct QueueRow {
+    name: String,
+    paused_at: Option<i64>,
+    paused_by: Option<String>,
+    concurrency_limit: Option<i32>,
+    partition_limit: Option<i32>,
+    rate_limit: Option<i32>,
+    rate_period_us: Option<i64>,
+    updated_at: i64,
+}
+
+fn to_u32(v: Option<i32>) -> Option<u32> {
+    v.and_then(|n| u32::try_from(n).ok())
+}
+
+impl QueueRow {
+    fn rate(&self) -> Option<RateLimit> {
+        match (to_u32(self.rate_limit), self.rate_period_us) {
+            (Some(jobs), Some(us)) => Some(RateLimit {
+                jobs,
+                per: Duration::from_micros(u64::try_from(us).unwrap_or(0)),
+            }),
+            _ => None,
+        }
+    }
+
+    fn into_info(self) -> QueueInfo {
+        let limits = QueueLimits {
+            concurrency: to_u32(self.concurrency_limit),
+            per_partition: to_u32(self.partition_limit),
+            rate: self.rate(),
+        };
+        QueueInfo {
+            paused_at: self.paused_at.map(from_us),
+            paused_by: self.paused_by,
+            limits,
+            updated_at: from_us(self.updated_at),
+            name: self.name,
+        }
+    }
+}
+
+/// Which queues this store has seen to have a control row (see the module doc). A stale
+/// answer costs at most one empty claim: the fast claim refuses controlled queues itself.
+#[derive(Debug, Default)]
+pub(crate) struct QueueModes(Mutex<HashMap<String, bool>>);
+
+impl QueueModes {
+    pub(crate) fn is_controlled(&self, queue: &str) -> bool {
+        self.0
+            .lock()
+            .map(|m| m.get(queue).copied().unwrap_or(false))
+            .unwrap_or(false)
+    }
+
+    pub(crate) fn set(&self, queue: &str, controlled: bool) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(queue.to_string(), controlled);
+        }
+    }
+}
+
+/// What a controlled claim took, and when to try again if a limit held it back.
+#[derive(Debug, Default)]
+pub(crate) struct ControlledClaim {
+    /// The queue has no row (any more): claim the fast way.
+    pub(crate) uncontrolled: bool,
+    pub(crate) rows: Vec<JobRow>,
+    /// The rate window is full until this much later.
+    pub(crate) wait: Option<Duration>,
+}
+
+/// The `(partition, running)` pairs of a queue.
+type PartitionCount = (Option<String>, i64);
+
+impl Store {
+    /// Every queue with shared settings, by name.
+    pub(crate) async fn queues_list(&self) -> Result<Vec<QueueInfo>> {
+        let rows: Vec<QueueRow> = with_conn!(self, |c| {
+            queues::table
+                .select(QueueRow::as_select())
+                .order(queues::name.asc())
+                .load(c)
+                .await?
+        });
+        Ok(rows.into_iter().map(QueueRow::into_info).collect())
+    }
+
+    /// One queue's settings; `None` if it has none.
+    pub(crate) async fn queue_get(&self, name: &str) -> Result<Option<QueueInfo>> {
+        check_name("queue", name, MAX_QUEUE_LEN)?;
+        let q = name.to_string();
+        let row: Option<QueueRow> = with_conn!(self, |c| {
+            queues::table
+                .filter(queues::name.eq(&q))
+                .select(QueueRow::as_select())
+                .first(c)
+                .await
+                .optional()?
+        });
+        Ok(row.map(QueueRow::into_info))
+    }
+
+    /// Pauses (`Some(by)`) or resumes (`None`) a queue; limits are kept.
+    pub(crate) async fn queue_pause(
+        &self,
+        name: &str,
+        by: Option<&str>,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<Option<QueueInfo>> {
+        if let Some(by) = by {
+            check_name("paused_by", by, MAX_PAUSED_BY_LEN)?;
+        }
+        let by = by.map(str::to_string);
+        self.queue_change(name, now, move |row, now| match &by {
+            Some(who) => {
+                if row.paused_at.is_none() {
+                    row.paused_at = Some(now);
+                }
+                row.paused_by = Some(who.clone());
+            }
+            None => {
+                row.paused_at = None;
+                row.paused_by = None;
+            }
+        })
+        .await
+    }
+
+    /// Replaces a queue's limits (every `None` lifts that limit); a pause is kept.
+    pub(crate) async fn queue_set_limits(
+        &self,
+        name: &str,
+        limits: QueueLimits,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<Option<QueueInfo>> {
+        limits.validate()?;
+        self.queue_change(name, now, move |row, _| {
+            let i = |n: Option<u32>| n.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+            row.concurrency_limit = i(limits.concurrency);
+            row.partition_limit = i(limits.per_partition);
+            row.rate_limit = i(limits.rate.map(|r| r.jobs));
+            row.rate_period_us = limits.rate.map(|r| dur_us(r.per));
+        })
+        .await
+    }
+
+    /// Reads the queue's row (or a blank one), applies `change`, and writes it back — or
+    /// deletes it when nothing is left to control — in one transaction. An unknown queue
+    /// (no row, no node serving it, no job in it) is refused.
+    async fn queue_change<F>(
+        &self,
+        name: &str,
+        now: Option<DateTime<Utc>>,
+        change: F,
+    ) -> Result<Option<QueueInfo>>
+    where
+        F: Fn(&mut QueueRow, i64) + Send + Sync,
+    {
+        check_name("queue", name, MAX_QUEUE_LEN)?;
+        let q = name.to_string();
+        let bound = super::batch::bound(now);
+        let existing = self.queue_get(name).await?;
+        if existing.is_none() && !self.queue_is_known(&q).await? {
+            let mut known: Vec<String> = self.queues_known().await?.into_iter().collect();
+            known.sort();
+            return Err(Error::invalid(
+                "queue",
+                format!(
+                    "unknown queue {q:?}: it has no settings, no node serves it and no job \
+                     is in it; known queues: {}",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        }
+        let change = &change;
+        let row: Option<QueueRow> = with_tx!(self, |c| {
+            let now: i64 = diesel::select(DbNow::new(bound)).get_result(c).await?;
+            let current: Option<QueueRow> = queues::table
+                .filter(queues::name.eq(&q))
+                .select(QueueRow::as_select())
+                .first(c)
+                .await
+                .optional()?;
+            let existed = current.is_some();
+            let mut row = current.unwrap_or(QueueRow {
+                name: q.clone(),
+                paused_at: None,
+                paused_by: None,
+                concurrency_limit: None,
+                partition_limit: None,
+                rate_limit: None,
+                rate_period_us: None,
+                updated_at: now,
+            });
+            change(&mut row, now);
+            row.updated_at = now;
+            let empty = row.paused_at.is_none()
+                && row.concurrency_limit.is_none()
+                && row.partition_limit.is_none()
+                && row.rate_limit.is_none();
+            if empty {
+                if existed {
+                    diesel::delete(queues::table.filter(queues::name.eq(&q)))
+                        .execute(c)
+                        .await?;
+                    diesel::delete(claims_log::table.filter(claims_log::queue.eq(&q)))
+                        .execute(c)
+                        .await?;
+                }
+                return Ok(None);
+            }
+            let values = (
+                queues::paused_at.eq(row.paused_at),
+                queues::paused_by.eq(row.paused_by.clone()),
+                queues::concurrency_limit.eq(row.concurrency_limit),
+                queues::partition_limit.eq(row.partition_limit),
+                queues::rate_limit.eq(row.rate_limit),
+                queues::rate_period_us.eq(row.rate_period_us),
+                queues::updated_at.eq(row.updated_at),
+            );
+            if existed {
+                diesel::update(queues::table.filter(queues::name.eq(&q)))
+                    .set(values)
+                    .execute(c)
+                    .await?;
+            } else {
+                diesel::insert_into(queues::table)
+                    .values((queues::name.eq(&q), values))
+                    .execute(c)
+                    .await?;
+            }
+            Ok::<_, diesel::result::Error>(Some(row))
+        })?;
+        self.inner.queue_modes.set(name, row.is_some());
+        Ok(row.map(QueueRow::into_info))
+    }
+
+    /// Whether a node serves the queue or a live job is in it.
+    async fn queue_is_known(&self, q: &str) -> Result<bool> {
+        if self.queues_served().await?.contains(q) {
+            return Ok(true);
+        }
+        let q = q.to_string();
+        let found: Option<i64> = with_conn!(self, |c| {
+            jobs::table
+                .filter(jobs::queue.eq(&q))
+                .select(jobs::id)
+                .first(c)
+                .await
+                .optional()?
+        });
+        Ok(found.is_some())
+    }
+
+    /// The queues registered nodes serve.
+    async fn queues_served(&self) -> Result<HashSet<String>> {
+        let lists: Vec<String> = with_conn!(self, |c| {
+            nodes::table.select(nodes::queues).load(c).await?
+        });
+        Ok(lists
+            .iter()
+            .flat_map(|s| serde_json::from_str::<Vec<String>>(s).unwrap_or_default())
+            .collect())
+    }
+
+    /// Queues with settings or served by a node (for the unknown-queue error).
+    async fn queues_known(&self) -> Result<HashSet<String>> {
+        let mut known = self.queues_served().await?;
+        known.extend(self.queues_list().await?.into_iter().map(|q| q.name));
+        Ok(known)
+    }
+
+    /// Whether the queue has a control row now (read by a node whose fast claim came back
+    /// empty).
+    pub(crate) async fn queue_has_row(&self, queue: &str) -> Result<bool> {
+        let q = queue.to_string();
+        let n: i64 = with_conn!(self, |c| {
+            queues::table
+                .filter(queues::name.eq(&q))
+                .count()
+                .get_result(c)
+                .await?
+        });
+        Ok(n > 0)
+    }
+
+    /// The controlled claim (see the module doc).
+    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledClaim> {
+        let any_kind = a.kinds.is_none();
+        let kinds = a.kinds.clone().unwrap_or_default();
+        let q = a.queue.clone();
+        let out: ControlledClaim = with_tx!(self, |c| {
+            let locked = diesel::update(queues::table.filter(queues::name.eq(&q)))
+                .set(queues::claims.eq(queues::claims + 1))
+                .execute(c)
+                .await?;
+            if locked == 0 {
+                return Ok(ControlledClaim {
+                    uncontrolled: true,
+                    ..ControlledClaim::default()
+                });
+            }
+            let row: QueueRow = queues::table
+                .filter(queues::name.eq(&q))
+                .select(QueueRow::as_select())
+                .first(c)
+                .await?;
+            if row.paused_at.is_some() {
+                return Ok(ControlledClaim::default());
+            }
+            let mut now: i64 = diesel::select(DbNow::new(a.now)).get_result(c).await?;
+            let mut budget = a.limit;
+            if let Some(limit) = row.concurrency_limit {
+                let running: i64 = jobs::table
+                    .filter(jobs::queue.eq(&q))
+                    .filter(jobs::state.eq(JobState::Running.as_str()))
+                    .count()
+                    .get_result(c)
+                    .await?;
+                budget = budget.min(i64::from(limit) - running);
+            }
+            let mut wait = None;
+            let rate = row.rate();
+            if let Some(r) = rate {
+                let per = dur_us(r.per);
+                diesel::delete(
+                    claims_log::table
+                        .filter(claims_log::queue.eq(&q))
+                        .filter(claims_log::claimed_at.le(now - per)),
+                )
+                .execute(c)
+                .await?;
+                // At most `rate_limit` rows (each took at least one job), summed here: SUM's
+                // type differs by backend (DECIMAL on MySQL).
+                let window: Vec<(i64, i32)> = claims_log::table
+                    .filter(claims_log::queue.eq(&q))
+                    .filter(claims_log::claimed_at.gt(now - per))
+                    .select((claims_log::claimed_at, claims_log::jobs))
+                    .load(c)
+                    .await?;
+                // Claims of the queue are serialized by its row lock; their times must be
+                // too (PostgreSQL's now() is the transaction's start, which may precede the
+                // previous holder's): never earlier than the latest recorded claim.
+                now = window.iter().map(|(t, _)| *t).fold(now, i64::max);
+                let since = now - per;
+                let inside = window.iter().filter(|(t, _)| *t > since);
+                let taken: i64 = inside.clone().map(|(_, n)| i64::from(*n)).sum();
+                let oldest = inside.map(|(t, _)| *t).min();
+                let left = i64::from(r.jobs) - taken;
+                if left <= 0 {
+                    if let Some(oldest) = oldest {
+                        let us = (oldest + per - now).max(1);
+                        wait = Some(Duration::from_micros(u64::try_from(us).unwrap_or(1)));
+                    }
+                }
+                budget = budget.min(left);
+            }
+            if budget <= 0 {
+                return Ok(ControlledClaim {
+                    wait,
+                    ..ControlledClaim::default()
+                });
+            }
+            let kind_ok = any_kind
+                .into_sql::<diesel::sql_types::Bool>()
+                .or(jobs::kind.eq_any(kinds.clone()));
+            let ids: Vec<i64> = if let Some(per) = row.partition_limit {
+                let per = i64::from(per);
+                // Partitions at their limit are skipped in the search, so a backlog of one
+                // never hides the others' due jobs behind it.
+                let full: Vec<PartitionCount> = jobs::table
+                    .filter(jobs::queue.eq(&q))
+                    .filter(jobs::state.eq(JobState::Running.as_str()))
+                    .filter(jobs::partition_key.is_not_null())
+                    .group_by(jobs::partition_key)
+                    .select((jobs::partition_key, count_star()))
+                    .having(count_star().ge(per))
+                    .load(c)
+                    .await?;
+                let full: Vec<String> = full.into_iter().filter_map(|(p, _)| p).collect();
+                let window = budget.saturating_mul(4).min(4000);
+                let candidates: Vec<(i64, Option<String>)> = jobs::table
+                    .filter(ClaimableIn(q.clone()))
+                    .filter(kind_ok)
+                    .filter(jobs::run_at.le(now))
+                    .filter(
+                        jobs::partition_key
+                            .is_null()
+                            .or(jobs::partition_key.ne_all(full)),
+                    )
+                    .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
+                    .limit(window)
+                    .select((jobs::id, jobs::partition_key))
+                    .load(c)
+                    .await?;
+                let parts: Vec<String> = candidates
+                    .iter()
+                    .filter_map(|(_, p)| p.clone())
+                    .collect::<HashSet<_>>()
+                    .into_iter()
+                    .collect();
+                let running: Vec<PartitionCount> = if parts.is_empty() {
+                    Vec::new()
+                } else {
+                    jobs::table
+                        .filter(jobs::queue.eq(&q))
+                        .filter(jobs::state.eq(JobState::Running.as_str()))
+                        .filter(jobs::partition_key.eq_any(parts))
+                        .group_by(jobs::partition_key)
+                        .select((jobs::partition_key, count_star()))
+                        .load(c)
+                        .await?
+                };
+                let mut room: BTreeMap<String, i64> = running
+                    .into_iter()
+                    .filter_map(|(p, n)| p.map(|p| (p, per - n)))
+                    .collect();
+                let mut ids = Vec::new();
+                for (id, p) in candidates {
+                    if i64::try_from(ids.len()).unwrap_or(i64::MAX) >= budget {
+                        break;
+                    }
+                    if let Some(p) = p {
+                        let left = room.entry(p).or_insert(per);
+                        if *left <= 0 {
+                            continue;
+                        }
+                        *left -= 1;
+                    }
+                    ids.push(id);
+                }
+                ids
+            } else {
+                jobs::table
+                    .filter(ClaimableIn(q.clone()))
+                    .filter(kind_ok)
+                    .filter(jobs::run_at.le(now))
+                    .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
+                    .limit(budget)
+                    .select(jobs::id)
+                    .load(c)
+                    .await?
+            };
+            if ids.is_empty() {
+                return Ok(ControlledClaim::default());
+            }
+            diesel::update(
+                jobs::table
+                    .filter(jobs::id.eq_any(&ids))
+                    .filter(ClaimableIn(q.clone())),
+            )
+            .set((
+                jobs::state.eq(JobState::Running.as_str()),
+                jobs::lease_owner.eq(Some(a.owner.clone())),
+                jobs::lease_token.eq(Some(a.token.clone())),
+                jobs::lease_expires_at.eq(Some(now + a.lease_us)),
+                jobs::heartbeat_at.eq(Some(now)),
+                jobs::attempts.eq(jobs::attempts + 1),
+                jobs::version.eq(jobs::version + 1),
+                jobs::updated_at.eq(now),
+                jobs::started_at.eq(None::<i64>),
+                jobs::timeout_at.eq(None::<i64>),
+            ))
+            .execute(c)
+            .await?;
+            let rows: Vec<JobRow> = jobs::table
+                .filter(jobs::id.eq_any(&ids))
+                .filter(jobs::lease_token.eq(&a.token))
+                .select(JobRow::as_select())
+                .load(c)
+                .await?;
+            if rate.is_some() && !rows.is_empty() {
+                diesel::insert_into(claims_log::table)
+                    .values((
+                        claims_log::queue.eq(&q),
+                        claims_log::claimed_at.eq(now),
+                        claims_log::jobs.eq(i32::try_from(rows.len()).unwrap_or(i32::MAX)),
+                    ))
+                    .execute(c)
+                    .await?;
+            }
+            Ok::<_, diesel::result::Error>(ControlledClaim {
+                rows,
+                ..ControlledClaim::default()
+            })
+        })?;
+        Ok(out)
+    }
+}
