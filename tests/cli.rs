@@ -212,6 +212,76 @@ async fn commands_do_what_they_say(backend: Backend) {
     let v = json_of(jobvisor(&url).args(["nodes", "--json"]), 0);
     assert_eq!(v, json!([]));
 
+    // Queue control: pause, limits, resume; unknown queues and bad limits change nothing.
+    let v = json_of(jobvisor(&url).args(["queues", "--json"]), 0);
+    assert_eq!(v, json!([]));
+    let v = json_of(
+        jobvisor(&url).args(["pause", "q", "--by", "alice: provider outage", "--json"]),
+        0,
+    );
+    assert_eq!(
+        (v["paused"].clone(), v["paused_by"].clone()),
+        (json!(true), json!("alice: provider outage")),
+        "{v}"
+    );
+    let v = json_of(
+        jobvisor(&url).args([
+            "limit",
+            "q",
+            "--concurrency",
+            "4",
+            "--rate",
+            "100/1s",
+            "--json",
+        ]),
+        0,
+    );
+    assert_eq!(v["concurrency"], 4, "{v}");
+    assert_eq!(v["rate"], json!({"jobs": 100, "per_ms": 1000}), "{v}");
+    assert_eq!(v["paused"], true, "a limit keeps the pause: {v}");
+    let v = json_of(
+        jobvisor(&url).args(["limit", "q", "--per-partition", "2", "--json"]),
+        0,
+    );
+    assert_eq!(
+        (v["concurrency"].clone(), v["per_partition"].clone()),
+        (json!(4), json!(2)),
+        "{v}"
+    );
+    let info = client.queue("q").await.unwrap().unwrap();
+    assert_eq!(info.limits.per_partition, Some(2));
+    let text = jobvisor(&url).arg("queues").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("paused") && text.contains("alice"), "{text}");
+    let err = stderr_of(jobvisor(&url).args(["pause", "nosuch"]), 2);
+    assert!(err.contains("unknown queue \"nosuch\""), "{err}");
+    let err = stderr_of(jobvisor(&url).args(["limit", "q", "--concurrency", "0"]), 2);
+    assert!(err.contains("positive number"), "{err}");
+    let err = stderr_of(jobvisor(&url).args(["limit", "q", "--rate", "5/2d"]), 2);
+    assert!(err.contains("rate"), "{err}");
+    assert_eq!(
+        client.queue("q").await.unwrap().unwrap().limits,
+        info.limits
+    );
+    let v = json_of(jobvisor(&url).args(["resume", "q", "--json"]), 0);
+    assert_eq!(v["paused"], false, "{v}");
+    let v = json_of(
+        jobvisor(&url).args([
+            "limit",
+            "q",
+            "--concurrency",
+            "none",
+            "--per-partition",
+            "none",
+            "--rate",
+            "none",
+            "--json",
+        ]),
+        0,
+    );
+    assert_eq!(v["settings"], Value::Null, "{v}");
+    assert_eq!(client.queues().await.unwrap(), vec![]);
+
     // Refusals that change nothing.
     let err = stderr_of(jobvisor(&url).args(["retry"]), 2);
     assert!(err.contains("refusing"), "{err}");

@@ -79,6 +79,36 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_age, default_value = "7d")]
         older_than: Duration,
     },
+    /// Queues with shared settings: paused (when, by whom) and limits.
+    Queues,
+    /// Pause a queue on every node: no new claims until `resume` (running jobs finish).
+    Pause {
+        /// The queue.
+        queue: String,
+        /// Who is pausing, and why (shown by `queues`).
+        #[arg(long, default_value = "jobvisor command line")]
+        by: String,
+    },
+    /// Resume a paused queue.
+    Resume {
+        /// The queue.
+        queue: String,
+    },
+    /// Set a queue's limits across every node; a limit not given keeps its value, `none`
+    /// lifts it.
+    Limit {
+        /// The queue.
+        queue: String,
+        /// Most jobs running at once on all nodes (claimed jobs count), or `none`.
+        #[arg(long, value_parser = parse_limit)]
+        concurrency: Option<Lift<u32>>,
+        /// Most jobs running at once per partition key, or `none`.
+        #[arg(long, value_parser = parse_limit)]
+        per_partition: Option<Lift<u32>>,
+        /// Most jobs claimed per window, as JOBS/WINDOW (e.g. 100/1s, 5000/1h), or `none`.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<Lift<(u32, Duration)>>,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -159,6 +189,43 @@ pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n.saturating_mul(secs)))
 }
 
+/// A limit's new value: `Lift(None)` lifts it (written `none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lift<T>(pub(crate) Option<T>);
+
+/// A limit: a positive number, or `none`.
+fn parse_limit(s: &str) -> Result<Lift<u32>, String> {
+    if s == "none" {
+        return Ok(Lift(None));
+    }
+    match s.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(Lift(Some(n))),
+        _ => Err(format!(
+            "{s:?} is not a limit; expected a positive number or none"
+        )),
+    }
+}
+
+/// A rate: `JOBS/WINDOW` (the window as an age: 1s, 15m, 1h), or `none`.
+fn parse_rate(s: &str) -> Result<Lift<(u32, Duration)>, String> {
+    if s == "none" {
+        return Ok(Lift(None));
+    }
+    let (jobs, per) = s.split_once('/').ok_or_else(|| {
+        format!("{s:?} is not a rate; expected JOBS/WINDOW, e.g. 100/1s, or none")
+    })?;
+    let jobs = parse_limit(jobs)?
+        .0
+        .ok_or_else(|| format!("{s:?}: expected a number of jobs"))?;
+    // "100/s" reads as "100 per second".
+    let per = if per.chars().all(|c| c.is_ascii_alphabetic()) {
+        parse_age(&format!("1{per}"))?
+    } else {
+        parse_age(per)?
+    };
+    Ok(Lift(Some((jobs, per))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +238,21 @@ mod tests {
         assert_eq!(parse_age("7d"), Ok(Duration::from_secs(604_800)));
         assert!(parse_age("2w").unwrap_err().contains("unknown unit \"w\""));
         assert!(parse_age("soon").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn limits_and_rates_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_limit("4"), Ok(Lift(Some(4))));
+        assert_eq!(parse_limit("none"), Ok(Lift(None)));
+        assert!(parse_limit("0").unwrap_err().contains("positive number"));
+        assert_eq!(
+            parse_rate("100/1s"),
+            Ok(Some((100, Duration::from_secs(1))))
+        );
+        assert_eq!(parse_rate("5/m"), Ok(Some((5, Duration::from_secs(60)))));
+        assert_eq!(parse_rate("none"), Ok(None));
+        assert!(parse_rate("100").unwrap_err().contains("JOBS/WINDOW"));
+        assert!(parse_rate("x/1s").unwrap_err().contains("positive number"));
     }
 
     #[test]

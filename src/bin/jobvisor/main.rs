@@ -10,6 +10,7 @@
 
 mod args;
 mod bulk;
+mod queues;
 mod render;
 
 use std::process::ExitCode;
@@ -219,6 +220,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             show(json, serde_json::json!({ "pruned": n }), || {
                 format!("{n} archived jobs deleted\n")
             });
+        }
+        Command::Queues => queues::list(&client, json).await?,
+        Command::Pause { queue, by } => queues::pause(&client, &queue, &by, json).await?,
+        Command::Resume { queue } => queues::resume(&client, &queue, json).await?,
+        Command::Limit {
+            queue,
+            concurrency,
+            per_partition,
+            rate,
+        } => {
+            let change = queues::LimitChange {
+                concurrency: concurrency.map(|l| l.0),
+                per_partition: per_partition.map(|l| l.0),
+                rate: rate.map(|l| l.0),
+            };
+            queues::limit(&client, &queue, change, json).await?;
         }
         Command::Migrate { .. } | Command::Completions { .. } => {}
     }
