@@ -247,10 +247,13 @@ mod tests {
         assert!(parse_limit("0").unwrap_err().contains("positive number"));
         assert_eq!(
             parse_rate("100/1s"),
-            Ok(Some((100, Duration::from_secs(1))))
+            Ok(Lift(Some((100, Duration::from_secs(1)))))
         );
-        assert_eq!(parse_rate("5/m"), Ok(Some((5, Duration::from_secs(60)))));
-        assert_eq!(parse_rate("none"), Ok(None));
+        assert_eq!(
+            parse_rate("5/m"),
+            Ok(Lift(Some((5, Duration::from_secs(60)))))
+        );
+        assert_eq!(parse_rate("none"), Ok(Lift(None)));
         assert!(parse_rate("100").unwrap_err().contains("JOBS/WINDOW"));
         assert!(parse_rate("x/1s").unwrap_err().contains("positive number"));
     }
