@@ -60,6 +60,8 @@ pub struct Fetcher {
     wake_queued: bool,
     /// Shutdown began: claim nothing more.
     stopped: bool,
+    /// A wake-up for when the queue's rate window frees is scheduled (one at a time).
+    rate_wait: bool,
     last_error: Option<Instant>,
 }
 
@@ -92,6 +94,7 @@ impl Fetcher {
             busy: 0,
             wake_queued: false,
             stopped: false,
+            rate_wait: false,
             last_error: None,
         }
     }
@@ -195,8 +198,10 @@ impl Handler<FetchNow> for Fetcher {
                     let n = jobs.len();
                     // The queue's rate limit holds claims back: try again when the window
                     // frees (a wake meanwhile may claim earlier, if it frees sooner).
-                    if let Some(wait) = wait.filter(|_| n == 0 && !act.stopped) {
+                    if let Some(wait) = wait.filter(|_| n == 0 && !act.stopped && !act.rate_wait) {
+                        act.rate_wait = true;
                         ctx.run_later(wait, |act, ctx| {
+                            act.rate_wait = false;
                             if !act.wake_queued {
                                 act.wake_queued = true;
                                 ctx.notify(FetchNow);

@@ -1,0 +1,263 @@
+//! Queue control through the runtime, in simulation (actors on a real store, a manual clock,
+//! fetches driven by the test): a pause stops every node's claims and a resume restarts
+//! them, a rate-limited fetcher sleeps until its window frees and then claims by itself, and
+//! a global limit hands its slots from node to node without ever being exceeded. The
+//! hand-off runs on PostgreSQL, MySQL and SQLite.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobvisor::clock::ManualClock;
+use jobvisor::testing::{Simulation, TestDb};
+use jobvisor::{
+    handler_fn, Backend, JobError, JobId, JobOutcome, JobState, NewJob, QueueConfig, QueueLimits,
+    RateLimit,
+};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+/// Handlers running now, and the most ever at once.
+#[derive(Debug, Default)]
+struct Gauge {
+    now: AtomicI64,
+    peak: AtomicI64,
+}
+
+/// A handler that counts itself in `gauge` while it waits for a permit of `gate`.
+fn counted(gate: Arc<Semaphore>, gauge: Arc<Gauge>) -> impl jobvisor::JobHandler {
+    handler_fn(move |_: Value, _ctx| {
+        let (gate, gauge) = (gate.clone(), gauge.clone());
+        async move {
+            let n = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+            gauge.peak.fetch_max(n, Ordering::SeqCst);
+            let permit = gate.acquire().await.map_err(JobError::fail);
+            gauge.now.fetch_sub(1, Ordering::SeqCst);
+            // Used up: each permit lets one handler through.
+            permit?.forget();
+            JobOutcome::success("done")
+        }
+    })
+}
+
+fn node(
+    db: &Arc<TestDb>,
+    store: jobvisor::Store,
+    clock: &ManualClock,
+    name: &str,
+    kind: &str,
+    handler: impl jobvisor::JobHandler,
+) -> Simulation {
+    Simulation::on_store(store, clock.clone(), name, |b| {
+        b.queue("q", QueueConfig::default().concurrency(10).prefetch(0))
+            .handler(kind, handler)
+    })
+    .keep(db.clone())
+}
+
+async fn enqueue(sim: &Simulation, kind: &str, n: usize) -> Vec<JobId> {
+    sim.client
+        .enqueue_many(
+            (0..n)
+                .map(|i| NewJob::new(kind, json!(i)).queue("q"))
+                .collect(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+/// Waits (real time, at most 20 s) until `done` holds.
+async fn until(done: impl Fn() -> bool) {
+    for _ in 0..4000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("not reached in 20 s");
+}
+
+#[actix::test]
+async fn a_pause_stops_claims_on_every_node_and_a_resume_restarts_them() {
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let gauge = Arc::new(Gauge::default());
+    let a = node(
+        &db,
+        db.store().await,
+        &clock,
+        "a",
+        "w",
+        counted(gate.clone(), gauge.clone()),
+    );
+    let b = node(
+        &db,
+        db.store().await,
+        &clock,
+        "b",
+        "w",
+        counted(gate.clone(), gauge.clone()),
+    );
+    let ids = enqueue(&a, "w", 30).await;
+    a.fetch("q").await; // half its budget, then the other half by itself
+    until(|| a.handle.stats().claimed == 10).await;
+    let info = b.client.pause_queue("q", "test").await.unwrap();
+    assert!(info.is_paused());
+    for _ in 0..3 {
+        assert_eq!(a.fetch("q").await + b.fetch("q").await, 0, "paused");
+    }
+    // Running jobs finish normally while paused; their freed slots claim nothing.
+    gate.add_permits(10);
+    for id in &ids[..10] {
+        let job = a.client.wait(*id, Duration::from_secs(20)).await.unwrap();
+        assert_eq!(job.state, JobState::Succeeded);
+    }
+    assert_eq!(a.fetch("q").await + b.fetch("q").await, 0, "still paused");
+    assert_eq!(
+        a.client
+            .list(jobvisor::ListParams {
+                state: Some(JobState::Pending),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .len(),
+        20,
+        "the rest wait, due"
+    );
+    assert!(a.client.resume_queue("q").await.unwrap().is_none());
+    a.fetch("q").await;
+    b.fetch("q").await;
+    until(|| a.handle.stats().claimed + b.handle.stats().claimed == 30).await;
+    assert!(b.handle.stats().claimed > 0, "both claim again");
+    gate.add_permits(100);
+    for id in &ids {
+        let job = a.client.wait(*id, Duration::from_secs(20)).await.unwrap();
+        assert_eq!((job.state, job.attempts), (JobState::Succeeded, 1));
+    }
+}
+
+#[actix::test]
+async fn a_rate_limited_fetcher_sleeps_until_its_window_frees_then_claims_by_itself() {
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(1000));
+    let a = node(
+        &db,
+        db.store().await,
+        &clock,
+        "a",
+        "w",
+        counted(gate, Arc::new(Gauge::default())),
+    );
+    enqueue(&a, "w", 20).await;
+    let window = Duration::from_millis(300);
+    a.client
+        .set_queue_limits(
+            "q",
+            QueueLimits::default().rate(RateLimit::new(3, window).unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.fetch("q").await, 3);
+    assert_eq!(a.fetch("q").await, 0, "the window is full");
+    let before = a.handle.stats().claim_statements;
+    // The window is on the database's (here the test's) clock; the fetcher's sleep is real
+    // time. While the clock stands still, the fetcher wakes once per window, no more.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let idle = a.handle.stats().claim_statements - before;
+    assert!(
+        (1..=4).contains(&idle),
+        "{idle} claims in 700 ms of a full 300 ms window: sleeping, not polling"
+    );
+    assert_eq!(a.handle.stats().claimed, 3);
+    // Once the window has passed, the fetcher's own wake-up claims the next 3.
+    clock.advance(window);
+    until(|| a.handle.stats().claimed == 6).await;
+}
+
+async fn a_global_limit_hands_its_slots_between_nodes(backend: Backend) {
+    const LIMIT: i64 = 4;
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let gauge = Arc::new(Gauge::default());
+    // a runs kind x, b kind w, on one queue limited to 4 running jobs: whatever a holds, b
+    // cannot have; every slot a frees is b's to take.
+    let a = node(
+        &db,
+        db.store().await,
+        &clock,
+        "a",
+        "x",
+        counted(gate.clone(), gauge.clone()),
+    );
+    let b = node(
+        &db,
+        db.store().await,
+        &clock,
+        "b",
+        "w",
+        counted(gate.clone(), gauge.clone()),
+    );
+    let mut ids = enqueue(&a, "x", 4).await;
+    ids.extend(enqueue(&a, "w", 20).await);
+    a.client
+        .set_queue_limits("q", QueueLimits::default().concurrency(4))
+        .await
+        .unwrap();
+    assert_eq!(a.fetch("q").await, 4);
+    assert_eq!(
+        b.fetch("q").await,
+        0,
+        "the limit is full, though b has 10 free workers"
+    );
+    let held = || {
+        let (sa, sb) = (a.handle.stats(), b.handle.stats());
+        (sa.claimed + sb.claimed) - (sa.finished + sb.finished)
+    };
+    for step in 1..=24_u64 {
+        gate.add_permits(1);
+        until(|| a.handle.stats().finished + b.handle.stats().finished == step).await;
+        // b's own fetcher claims when one of its jobs frees a slot; a slot a frees is
+        // claimed by b's next fetch (its poll).
+        b.fetch("q").await;
+        assert!(held() <= 4, "{} jobs held under a limit of 4", held());
+    }
+    assert_eq!(b.handle.stats().claimed, 20, "b ran every w job");
+    gate.add_permits(100);
+    for id in &ids {
+        let job = a.client.wait(*id, Duration::from_secs(20)).await.unwrap();
+        assert_eq!((job.state, job.attempts), (JobState::Succeeded, 1));
+    }
+    let peak = gauge.peak.load(Ordering::SeqCst);
+    assert_eq!(
+        peak, LIMIT,
+        "never more than the limit at once, and the limit was used"
+    );
+}
+
+mod hand_off {
+    use super::*;
+
+    #[actix::test]
+    async fn postgres() {
+        a_global_limit_hands_its_slots_between_nodes(Backend::Postgres).await;
+    }
+
+    #[actix::test]
+    async fn mysql() {
+        a_global_limit_hands_its_slots_between_nodes(Backend::Mysql).await;
+    }
+
+    #[actix::test]
+    async fn sqlite() {
+        a_global_limit_hands_its_slots_between_nodes(Backend::Sqlite).await;
+    }
+}
