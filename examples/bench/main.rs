@@ -15,6 +15,10 @@
 //!   handler's start (p50/p95/p99/max). `latency` enqueues through the node's own client
 //!   (in-process wake-up); `latency-remote` through a separate client, as another process
 //!   would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
+//! * `limits`: three drains in turn — unlimited, under a global concurrency limit equal to
+//!   C (`drain-limit-global`), and with the jobs in 100 partitions limited to 1 running job
+//!   each (`drain-limit-partitions`) — repeated `--rounds` times (default 3); each limited
+//!   drain's `ratio_to_unlimited` is to the median unlimited drain of those rounds.
 //! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
@@ -37,6 +41,7 @@
 //! the arguments, runs the modes and prints the table; `modes.rs` holds the ordinary modes,
 //! `scale.rs` the scale modes and `raw.rs` the raw-SQL baselines.
 
+mod limits;
 mod modes;
 mod raw;
 mod scale;
@@ -44,6 +49,7 @@ mod scale;
 use jobvisor::Backend;
 use serde_json::{json, Value};
 
+use limits::{drain_limited, Limit};
 use modes::{drain, enqueue_batch, enqueue_single, latency};
 use raw::{raw_drain, raw_inserts};
 use scale::{archive_cycle, drain_archive, drain_backlog, rss};
@@ -60,6 +66,8 @@ struct Args {
     through: usize,
     /// Handlers running at once in `rss`.
     in_flight: usize,
+    /// Rounds of the `limits` mode.
+    rounds: usize,
     only: Option<Vec<String>>,
 }
 
@@ -72,6 +80,7 @@ fn parse_args() -> Args {
         backlog: 1_000_000,
         through: 1_000_000,
         in_flight: 10_000,
+        rounds: 3,
         only: None,
     };
     let mut it = std::env::args().skip(1);
@@ -97,6 +106,7 @@ fn parse_args() -> Args {
             "--backlog" => args.backlog = val().parse().expect("--backlog takes a number"),
             "--through" => args.through = val().parse().expect("--through takes a number"),
             "--in-flight" => args.in_flight = val().parse().expect("--in-flight takes a number"),
+            "--rounds" => args.rounds = val().parse().expect("--rounds takes a number"),
             "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
             other => panic!("unknown argument {other:?}"),
         }
@@ -223,6 +233,51 @@ async fn main() {
                     extra,
                 },
             );
+        }
+        if want("limits") {
+            let mut runs: Vec<(Limit, f64, Value)> = Vec::new();
+            for _ in 0..args.rounds {
+                for limit in [Limit::None, Limit::Global, Limit::Partitions] {
+                    let (r, extra) = drain_limited(b, n, c, args.prefetch, limit).await;
+                    eprintln!("  {limit:?}: {r:.0} jobs/s");
+                    runs.push((limit, r, extra));
+                }
+            }
+            let median = |l: Limit| {
+                let mut v: Vec<f64> = runs.iter().filter(|x| x.0 == l).map(|x| x.1).collect();
+                v.sort_by(f64::total_cmp);
+                (v[v.len() / 2], v[0], v[v.len() - 1])
+            };
+            let (unlimited, ..) = median(Limit::None);
+            for (limit, bench) in [
+                (Limit::None, "drain-unlimited"),
+                (Limit::Global, "drain-limit-global"),
+                (Limit::Partitions, "drain-limit-partitions"),
+            ] {
+                let (med, lo, hi) = median(limit);
+                let mut extra = json!({
+                    "concurrency": c,
+                    "rounds": args.rounds,
+                    "min": lo.round(),
+                    "max": hi.round(),
+                });
+                if limit != Limit::None {
+                    extra["ratio_to_unlimited"] = json!((med / unlimited * 100.0).round() / 100.0);
+                }
+                if let Some(raw) = raw100 {
+                    extra["ratio_to_raw_k100"] = json!((med / raw * 100.0).round() / 100.0);
+                }
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: bench.into(),
+                        jobs: n,
+                        per_sec: Some(med),
+                        extra,
+                    },
+                );
+            }
         }
         if want("enqueue") {
             let m = (n / 10).max(100);

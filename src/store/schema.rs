@@ -35,7 +35,6 @@ diesel::table! {
         finished_at -> Nullable<BigInt>,
         started_at -> Nullable<BigInt>,
         refunds -> Integer,
-        partition_key -> Nullable<Text>,
     }
 }
 

@@ -32,6 +32,3 @@ CREATE TABLE jobvisor_queue_claims (
     jobs       INTEGER      NOT NULL,
     INDEX jobvisor_queue_claims_queue_idx (queue, claimed_at)
 );
-
--- (temporary) partition key
-ALTER TABLE jobvisor_jobs ADD COLUMN partition_key VARCHAR(255) NULL;

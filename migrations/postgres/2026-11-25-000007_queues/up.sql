@@ -52,6 +52,3 @@ $$ LANGUAGE plpgsql;
 CREATE TRIGGER jobvisor_queues_notify_trg
     AFTER UPDATE OR DELETE ON jobvisor_queues
     FOR EACH ROW EXECUTE FUNCTION jobvisor_queues_notify();
-
--- (temporary) partition key
-ALTER TABLE jobvisor_jobs ADD COLUMN partition_key VARCHAR(255) NULL;

@@ -214,6 +214,7 @@ macro_rules! conformance_tests {
             a_paused_queue_is_never_claimed_and_the_pause_is_shared_and_stored,
             a_concurrency_limit_is_never_exceeded_by_concurrent_claimers,
             a_rate_limit_bounds_claims_in_every_window,
+            partitions_at_their_limit_are_skipped_and_others_run,
             bad_queue_settings_get_clear_errors_and_change_nothing,
         );
     };

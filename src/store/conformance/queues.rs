@@ -396,3 +396,129 @@ pub async fn bad_queue_settings_get_clear_errors_and_change_nothing(b: Backend) 
     assert_eq!(after[0].limits.concurrency, Some(3));
     assert!(!after[0].is_paused());
 }
+
+pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
+    let t = Bundle::new(b).await;
+    // A's backlog comes first in claim order; B and C behind it; keyless jobs last.
+    let mut jobs: Vec<NewJob> = (0..50)
+        .map(|i| NewJob::new("k", json!(i)).queue("t").partition("A"))
+        .collect();
+    jobs.extend((0..5).map(|i| NewJob::new("k", json!(i)).queue("t").partition("B")));
+    jobs.extend((0..5).map(|i| NewJob::new("k", json!(i)).queue("t").partition("C")));
+    jobs.extend((0..3).map(|i| NewJob::new("k", json!(i)).queue("t")));
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits("t", QueueLimits::default().per_partition(2), t.at(0))
+        .await
+        .unwrap();
+    let got = t.claim("t", "n1", 100, 1).await;
+    let count = |got: &[ClaimedJob], p: Option<&str>| {
+        got.iter()
+            .filter(|c| c.job.partition.as_deref() == p)
+            .count()
+    };
+    assert_eq!(
+        (
+            count(&got, Some("A")),
+            count(&got, Some("B")),
+            count(&got, Some("C")),
+            count(&got, None)
+        ),
+        (2, 2, 2, 3),
+        "two per partition, keyless jobs unlimited"
+    );
+    // Every partition at its limit: A's backlog hides nothing, and nothing more is claimed.
+    assert!(t.claim("t", "n1", 100, 2).await.is_empty());
+    // One of A's finishes: exactly one more of A.
+    let a = got
+        .iter()
+        .find(|c| c.job.partition.as_deref() == Some("A"))
+        .unwrap();
+    t.finalize(
+        Finalize::succeeded(a.job.id, a.token.clone(), json!(null)),
+        3,
+    )
+    .await;
+    let next = t.claim("t", "n1", 100, 3).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job.partition.as_deref(), Some("A"));
+
+    // Concurrent claimers over 1,000 jobs in 10 partitions limited to 2 each: never more
+    // than 2 of a partition held at once, counted as in the global-limit case.
+    let t = Bundle::new(b).await;
+    let jobs: Vec<NewJob> = (0..1000)
+        .map(|i| {
+            NewJob::new(format!("k{}", i % 4), json!(i))
+                .queue("t")
+                .partition(format!("p{}", i % 10))
+        })
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits("t", QueueLimits::default().per_partition(2), t.at(0))
+        .await
+        .unwrap();
+    let held: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>> =
+        Arc::default();
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let (store, held) = (t.store.clone(), held.clone());
+        let now = t.at(1);
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0;
+            let mut idle = 0;
+            while idle < 50 {
+                let got = store
+                    .job_claim(ClaimParams {
+                        kinds: Some(vec![format!("k{}", n % 4)]),
+                        ..params("t", &format!("claimer-{n}"), 5, now)
+                    })
+                    .await
+                    .unwrap();
+                if got.is_empty() {
+                    idle += 1;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                idle = 0;
+                {
+                    let mut h = held.lock().unwrap();
+                    for c in &got {
+                        let p = c.job.partition.clone().unwrap();
+                        let e = h.entry(p.clone()).or_insert(0);
+                        *e += 1;
+                        assert!(*e <= 2, "{e} jobs of {p} held under a limit of 2");
+                    }
+                }
+                tokio::task::yield_now().await;
+                {
+                    let mut h = held.lock().unwrap();
+                    for c in &got {
+                        *h.get_mut(c.job.partition.as_ref().unwrap()).unwrap() -= 1;
+                    }
+                }
+                mine += got.len();
+                let items = got
+                    .into_iter()
+                    .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
+                    .collect();
+                store
+                    .job_finalize_many(FinalizeParams { items, now })
+                    .await
+                    .unwrap();
+            }
+            mine
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert_eq!(total, 1000, "every job ran");
+}

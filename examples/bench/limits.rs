@@ -1,0 +1,67 @@
+//! The `limits` mode: the drain of `modes::drain` with queue limits set, each as a ratio to
+//! an unlimited drain measured in the same run, alternating so drift hits both alike:
+//! `drain-limit-global` (a global concurrency limit equal to the node's concurrency, so it
+//! binds: prefetched jobs count) and `drain-limit-partitions` (jobs spread over 100
+//! partitions, each limited to 1 running job).
+
+use jobvisor::testing::{EnqueueParams, StoreEngine as _, TestDb};
+use jobvisor::{Backend, Client, NewJob, QueueLimits};
+use serde_json::{json, Value};
+
+use crate::modes::{drain_on, fill};
+
+/// Which limit a drain runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    None,
+    Global,
+    Partitions,
+}
+
+/// Enqueues `n` no-op jobs spread over 100 partitions.
+async fn fill_partitioned(store: &jobvisor::Store, n: usize) {
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(5_000);
+        let jobs = (done..done + k)
+            .map(|i| NewJob::new("noop", json!({})).partition(format!("p{}", i % 100)))
+            .collect();
+        store
+            .job_enqueue_many(EnqueueParams::many(jobs))
+            .await
+            .expect("pre-enqueue");
+        done += k;
+    }
+}
+
+/// One drain of `n` jobs at concurrency `c` under `limit`: jobs per second and the drain's
+/// statement counts.
+pub(crate) async fn drain_limited(
+    backend: Backend,
+    n: usize,
+    c: u32,
+    prefetch: Option<u32>,
+    limit: Limit,
+) -> (f64, Value) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let client = Client::new(store.clone());
+    match limit {
+        Limit::None => fill(&store, n).await,
+        Limit::Global => {
+            fill(&store, n).await;
+            client
+                .set_queue_limits("default", QueueLimits::default().concurrency(c))
+                .await
+                .expect("limit");
+        }
+        Limit::Partitions => {
+            fill_partitioned(&store, n).await;
+            client
+                .set_queue_limits("default", QueueLimits::default().per_partition(1))
+                .await
+                .expect("limit");
+        }
+    }
+    drain_on(store, n, c, prefetch).await
+}

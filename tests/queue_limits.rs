@@ -1,0 +1,288 @@
+//! Queue control across processes: three node processes (`examples/crash_node`) share one
+//! database (PostgreSQL, MariaDB) and one queue, while this process sets the queue's limits
+//! and pauses it through a `Client`. Each handler records its start and end in the side table
+//! `crash_executions` (see `tests/harness/side.rs`), so what ran when is read from the
+//! database, not from what a node believes:
+//!
+//! 1. a global limit of 5 and 2 per partition over 300 jobs in 3 partitions (plus keyless
+//!    ones): the most executions overlapping at any instant never exceed 5, nor 2 of one
+//!    partition — and both limits are reached;
+//! 2. a pause mid-run: no execution starts later than one claim round trip after the pause
+//!    returned (the nodes run without prefetch, so a claimed job starts at once), jobs keep
+//!    waiting, and a resume lets them all finish;
+//! 3. a rate limit of 20 jobs per second: no window of the period (less the start jitter)
+//!    holds more than 20 starts, and 100 jobs take at least 4 s.
+//!
+//! The shared servers are used (an isolated schema / database per run), nothing is restarted.
+
+#![allow(clippy::unwrap_used)]
+
+mod harness;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use jobvisor::testing::TestDb;
+use jobvisor::{Backend, Client, JobState, NewJob, QueueLimits, RateLimit};
+use serde_json::json;
+
+use harness::side::{now_us, Execution, SideDb};
+use harness::{node_binary, NodeProc};
+
+const QUEUE: &str = "limited";
+const KIND: &str = "limited_work";
+const NODES: usize = 3;
+/// Workers per node: together more than any limit below.
+const WORKERS: u32 = 6;
+
+struct Fleet {
+    nodes: Vec<NodeProc>,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn start(url: &str) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = (1..=NODES)
+            .map(|i| {
+                let name = format!("q{i}");
+                let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
+                let child = Command::new(node_binary())
+                    .arg(url)
+                    .arg(&name)
+                    .args(["--queue", QUEUE, "--concurrency"])
+                    .arg(WORKERS.to_string())
+                    .args(["--prefetch", "0", "--kind", KIND, "--poll-ms", "100"])
+                    .stdin(Stdio::piped())
+                    .stdout(log.try_clone().unwrap())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap();
+                NodeProc::new(name, child)
+            })
+            .collect();
+        Fleet { nodes, dir }
+    }
+
+    fn check_running(&mut self) {
+        for n in &mut self.nodes {
+            n.assert_running(self.dir.path());
+        }
+    }
+
+    /// Graceful stop: close every standard input, wait for the exits.
+    fn stop(mut self) {
+        for n in &mut self.nodes {
+            n.stdin.take();
+        }
+        for n in &mut self.nodes {
+            let status = n.child.wait().unwrap();
+            assert!(status.success(), "node {} exited with {status}", n.name);
+        }
+    }
+}
+
+/// Waits until every job in `ids` has succeeded, checking on the nodes meanwhile.
+async fn wait_all(client: &Client, fleet: &mut Fleet, ids: &[jobvisor::JobId], within: Duration) {
+    let t0 = Instant::now();
+    for id in ids {
+        loop {
+            let job = client.get(*id).await.unwrap();
+            if job.state == JobState::Succeeded {
+                break;
+            }
+            assert!(
+                t0.elapsed() < within,
+                "job {id} is {} after {within:?}",
+                job.state
+            );
+            fleet.check_running();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The most executions overlapping at one instant, among `execs`.
+fn peak_overlap<'a>(execs: impl Iterator<Item = &'a Execution>) -> usize {
+    let mut edges: Vec<(i64, i32)> = Vec::new();
+    for x in execs {
+        let end = x.ended_at_us.expect("every execution recorded its end");
+        edges.push((x.started_at_us, 1));
+        edges.push((end, -1));
+    }
+    // At one instant an end comes before a start: touching intervals do not overlap.
+    edges.sort_unstable();
+    let (mut now, mut peak) = (0_i32, 0_i32);
+    for (_, d) in edges {
+        now += d;
+        peak = peak.max(now);
+    }
+    usize::try_from(peak).unwrap()
+}
+
+async fn enqueue(client: &Client, jobs: Vec<NewJob>) -> Vec<jobvisor::JobId> {
+    client
+        .enqueue_many(jobs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+fn job(work_ms: u64) -> NewJob {
+    NewJob::new(KIND, json!({ "work_ms": work_ms })).queue(QUEUE)
+}
+
+async fn limits_hold_across_processes(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let side = SideDb::open(&db.url, 4).unwrap();
+    side.create_tables().await.unwrap();
+    let client = Client::new(store);
+    let mut fleet = Fleet::start(&db.url);
+
+    // 1. Global and per-partition limits.
+    let ids = enqueue(
+        &client,
+        (0..300_u64)
+            .map(|i| {
+                let j = job(10 + i % 4 * 10);
+                if i % 5 == 4 {
+                    j
+                } else {
+                    j.partition(format!("tenant-{}", i % 3))
+                }
+            })
+            .collect(),
+    )
+    .await;
+    client
+        .set_queue_limits(QUEUE, QueueLimits::default().concurrency(5).per_partition(2))
+        .await
+        .unwrap();
+    wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
+    let execs = side.executions().await.unwrap();
+    assert_eq!(execs.len(), 300, "each job ran once");
+    let mut partition_of = HashMap::new();
+    for id in &ids {
+        partition_of.insert(id.0, client.get(*id).await.unwrap().partition);
+    }
+    let overall = peak_overlap(execs.iter());
+    assert!(overall <= 5, "{overall} executions at once under a limit of 5");
+    let mut per_partition = 0;
+    for p in 0..3 {
+        let name = Some(format!("tenant-{p}"));
+        let peak = peak_overlap(execs.iter().filter(|x| partition_of[&x.job_id] == name));
+        assert!(peak <= 2, "{peak} executions of tenant-{p} at once under a limit of 2");
+        per_partition = per_partition.max(peak);
+    }
+    let nodes_used: std::collections::HashSet<&str> =
+        execs.iter().map(|x| x.node.as_str()).collect();
+    eprintln!(
+        "queue limits [{backend:?}]: peak {overall} of 5 overall, {per_partition} of 2 per \
+         partition, on {} nodes",
+        nodes_used.len()
+    );
+    assert_eq!((overall, per_partition), (5, 2), "both limits were reached");
+    assert!(nodes_used.len() > 1, "the nodes shared the work");
+
+    // 2. A pause mid-run, with the limits lifted.
+    client
+        .set_queue_limits(QUEUE, QueueLimits::default())
+        .await
+        .unwrap();
+    let ids = enqueue(&client, (0..3000).map(|_| job(20)).collect()).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let asked = now_us();
+    client.pause_queue(QUEUE, "queue_limits test").await.unwrap();
+    let paused = now_us();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let execs = side.executions().await.unwrap();
+    let before = execs.iter().filter(|x| x.started_at_us <= paused).count();
+    let late: Vec<i64> = execs
+        .iter()
+        .filter(|x| x.started_at_us > paused)
+        .map(|x| x.started_at_us - paused)
+        .collect();
+    let worst = late.iter().max().copied().unwrap_or(0);
+    eprintln!(
+        "queue limits [{backend:?}]: pause took {} ms; {before} starts before it, {} after \
+         (the last {:.1} ms after)",
+        (paused - asked) / 1000,
+        late.len(),
+        worst as f64 / 1000.0
+    );
+    assert!(before > 300, "jobs were running when the pause came");
+    assert!(
+        worst < 500_000,
+        "a start {worst} µs after the pause returned: more than one claim round trip"
+    );
+    let waiting = client
+        .list(jobvisor::ListParams {
+            queue: Some(QUEUE.into()),
+            state: Some(JobState::Pending),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .len();
+    assert!(waiting > 0, "jobs wait while paused");
+    client.resume_queue(QUEUE).await.unwrap();
+    wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
+
+    // 3. A rate limit: 20 jobs per second.
+    let per = Duration::from_secs(1);
+    client
+        .set_queue_limits(
+            QUEUE,
+            QueueLimits::default().rate(RateLimit::new(20, per).unwrap()),
+        )
+        .await
+        .unwrap();
+    let from = now_us();
+    let t0 = Instant::now();
+    let ids = enqueue(&client, (0..100).map(|_| job(1)).collect()).await;
+    wait_all(&client, &mut fleet, &ids, Duration::from_secs(60)).await;
+    let took = t0.elapsed();
+    let mut starts: Vec<i64> = side
+        .executions()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|x| x.started_at_us >= from)
+        .map(|x| x.started_at_us)
+        .collect();
+    starts.sort_unstable();
+    assert_eq!(starts.len(), 100);
+    // Claims are counted in the database; a start follows its claim by a round trip or so.
+    // A window shorter than the period by that jitter can only hold what one window of
+    // claims held.
+    let jitter_us = 200_000;
+    let window = i64::try_from(per.as_micros()).unwrap() - jitter_us;
+    let mut worst = 0;
+    for (i, end) in starts.iter().enumerate() {
+        let inside = starts[..=i].iter().filter(|s| **s > end - window).count();
+        worst = worst.max(inside);
+    }
+    eprintln!(
+        "queue limits [{backend:?}]: 100 jobs at 20/s took {took:?}; at most {worst} starts \
+         in any {} ms",
+        window / 1000
+    );
+    assert!(worst <= 20, "{worst} starts within {window} µs under 20 per second");
+    assert!(took >= Duration::from_secs(4), "100 jobs at 20/s in {took:?}");
+    fleet.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_across_processes_on_postgres() {
+    limits_hold_across_processes(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_across_processes_on_mysql() {
+    limits_hold_across_processes(Backend::Mysql).await;
+}
