@@ -10,7 +10,7 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! migrations), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
+//! migrations), `partition` (partition keys), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
 //! Databases come from [`crate::testing::TestDb`].
 //!
@@ -38,12 +38,13 @@ mod enqueue;
 mod finalize;
 mod lease;
 mod maintenance;
+mod partition;
 pub mod proxy;
 mod reads;
 
 use super::driver::Listener;
 use crate::error::Error;
-use crate::job::{Job, JobFailure, JobId, JobState, NewJob};
+use crate::job::{Job, JobFailure, JobId, JobState, NewJob, MAX_PARTITION_LEN};
 use crate::lease::{LeaseToken, NodeId};
 use crate::testing::{exec_sql, TestDb};
 pub use bad_input::*;
@@ -55,6 +56,7 @@ pub use enqueue::*;
 pub use finalize::*;
 pub use lease::*;
 pub use maintenance::*;
+pub use partition::*;
 pub use reads::*;
 
 /// Everything a case needs.
@@ -209,6 +211,8 @@ macro_rules! conformance_tests {
             server_side_bounds_are_set_on_every_connection,
             claims_take_only_the_kinds_their_node_runs,
             jobs_no_live_node_can_run_are_named_with_why,
+            partition_keys_round_trip_on_every_enqueue_path,
+            bad_partition_keys_are_refused_and_nothing_stored,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {
