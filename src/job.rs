@@ -32,6 +32,8 @@ pub const MAX_QUEUE_LEN: usize = 128;
 pub const MAX_KIND_LEN: usize = 255;
 /// Longest unique key: **255** characters.
 pub const MAX_UNIQUE_KEY_LEN: usize = 255;
+/// Longest partition key: **255** bytes (UTF-8).
+pub const MAX_PARTITION_LEN: usize = 255;
 /// Largest `max_attempts` accepted: **10,000**.
 pub const MAX_MAX_ATTEMPTS: u32 = 10_000;
 /// Deepest JSON nesting accepted in a payload: **100** (JSON parsers, serde_json's
@@ -252,8 +254,11 @@ pub struct Job {
     pub queue: String,
     /// Selects the handler.
     pub kind: String,
-    /// Deduplication key, unique per kind among live rows.
+    /// Deduplication key, unique per kind among the jobs holding it (see [`UniqueScope`]).
     pub unique_key: Option<String>,
+    /// Partition key (a tenant, an account), if the job was given one.
+    #[serde(default)]
+    pub partition: Option<String>,
     /// Where it is in its life.
     pub state: JobState,
     /// Smaller runs first.
@@ -359,6 +364,8 @@ pub struct NewJob {
     pub priority: i16,
     /// Deduplication key (per kind, among live rows).
     pub unique_key: Option<String>,
+    /// Partition key (a tenant, an account id such as `"acct:42"`); default none.
+    pub partition: Option<String>,
     /// When it becomes claimable.
     pub run_at: RunAt,
     /// Attempts before it is dead; default [`DEFAULT_MAX_ATTEMPTS`].
@@ -376,6 +383,7 @@ impl NewJob {
             queue: DEFAULT_QUEUE.to_string(),
             priority: DEFAULT_PRIORITY,
             unique_key: None,
+            partition: None,
             run_at: RunAt::Now,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             timeout: DEFAULT_TIMEOUT,
@@ -426,6 +434,14 @@ impl NewJob {
         self
     }
 
+    /// Sets the partition key: a tenant or account the job belongs to (`"acct:42"`), stored
+    /// with the job and returned as [`Job::partition`]. Non-empty, at most
+    /// [`MAX_PARTITION_LEN`] bytes, printable, no surrounding whitespace.
+    pub fn partition(mut self, key: impl Into<String>) -> Self {
+        self.partition = Some(key.into());
+        self
+    }
+
     /// Makes it claimable only `delay` after it is enqueued.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.run_at = RunAt::After(delay);
@@ -459,6 +475,18 @@ impl NewJob {
         check_name("queue", &self.queue, MAX_QUEUE_LEN)?;
         if let Some(key) = &self.unique_key {
             check_name("unique_key", key, MAX_UNIQUE_KEY_LEN)?;
+        }
+        if let Some(p) = &self.partition {
+            if p.len() > MAX_PARTITION_LEN {
+                return Err(Error::invalid(
+                    "partition",
+                    format!(
+                        "is {} bytes long; expected at most {MAX_PARTITION_LEN} bytes",
+                        p.len()
+                    ),
+                ));
+            }
+            check_name("partition", p, MAX_PARTITION_LEN)?;
         }
         if self.max_attempts == 0 || self.max_attempts > MAX_MAX_ATTEMPTS {
             return Err(Error::invalid(
@@ -580,6 +608,7 @@ mod tests {
             queue: "mail".into(),
             kind: "send".into(),
             unique_key: Some("k".into()),
+            partition: Some("acct:42".into()),
             state: JobState::Succeeded,
             priority: 1,
             payload: json!({"to": "a@example.com"}),
@@ -685,6 +714,15 @@ mod tests {
             (NewJob::new("k", json!({})).queue(" q"), "queue"),
             (NewJob::new("k".repeat(256), json!({})), "kind"),
             (NewJob::new("k", json!({})).unique_key(""), "unique_key"),
+            (NewJob::new("k", json!({})).partition(""), "partition"),
+            (
+                NewJob::new("k", json!({})).partition("p".repeat(256)),
+                "partition",
+            ),
+            (
+                NewJob::new("k", json!({})).partition("é".repeat(128)),
+                "partition",
+            ),
             (NewJob::new("k", json!({})).max_attempts(0), "max_attempts"),
             (
                 NewJob::new("k", json!({})).timeout(Duration::ZERO),

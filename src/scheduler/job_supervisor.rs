@@ -443,6 +443,7 @@ mod tests {
             queue: "default".into(),
             kind: "double".into(),
             unique_key: None,
+            partition: None,
             state: JobState::Running,
             priority: 0,
             payload,

@@ -43,6 +43,7 @@ macro_rules! new_row {
             jobs::queue.eq(j.queue.clone()),
             jobs::kind.eq(j.kind.clone()),
             jobs::unique_key.eq(j.unique_key.clone()),
+            jobs::partition_key.eq(j.partition.clone()),
             jobs::state.eq(JobState::Pending.as_str()),
             jobs::priority.eq(i32::from(j.priority)),
             jobs::payload.eq(j.payload.clone()),
@@ -90,9 +91,20 @@ pub(crate) struct LastId {
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// Jobs as the JSON array the batch inserts unpack:
-/// `[queue, kind, priority, payload text, max_attempts, run_at or null, delay_us, timeout_ms]`.
+/// `[queue, kind, priority, payload text, max_attempts, run_at or null, delay_us, timeout_ms,
+/// partition or null]`.
 pub(crate) fn batch_json(jobs: &[&NewJob]) -> diesel::QueryResult<String> {
-    type Row<'a> = (&'a str, &'a str, i16, String, u32, Option<i64>, i64, i64);
+    type Row<'a> = (
+        &'a str,
+        &'a str,
+        i16,
+        String,
+        u32,
+        Option<i64>,
+        i64,
+        i64,
+        Option<&'a str>,
+    );
     let rows: Vec<Row<'_>> = jobs
         .iter()
         .map(|j| {
@@ -106,6 +118,7 @@ pub(crate) fn batch_json(jobs: &[&NewJob]) -> diesel::QueryResult<String> {
                 run_base,
                 run_plus,
                 dur_ms(j.timeout),
+                j.partition.as_deref(),
             )
         })
         .collect();

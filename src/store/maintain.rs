@@ -96,6 +96,7 @@ impl Store {
                                 now,
                                 jobs::started_at,
                                 jobs::refunds,
+                                jobs::partition_key,
                             ),
                         )),
                 )
@@ -131,6 +132,7 @@ impl Store {
                         archive::archived_at,
                         archive::started_at,
                         archive::refunds,
+                        archive::partition_key,
                     ),
                 ))
                 .execute(conn)

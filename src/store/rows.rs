@@ -49,6 +49,7 @@ pub(crate) struct JobRow {
     pub(crate) finished_at: Option<i64>,
     pub(crate) started_at: Option<i64>,
     pub(crate) refunds: i32,
+    pub(crate) partition_key: Option<String>,
 }
 
 /// An archived row, exactly as stored.
@@ -98,6 +99,7 @@ pub(crate) struct ArchivedJobColumns {
     pub(crate) finished_at: Option<i64>,
     pub(crate) started_at: Option<i64>,
     pub(crate) refunds: i32,
+    pub(crate) partition_key: Option<String>,
 }
 
 impl From<ArchivedJobColumns> for JobRow {
@@ -129,6 +131,7 @@ impl From<ArchivedJobColumns> for JobRow {
             finished_at: a.finished_at,
             started_at: a.started_at,
             refunds: a.refunds,
+            partition_key: a.partition_key,
         }
     }
 }
@@ -210,6 +213,7 @@ impl JobRow {
             queue: self.queue,
             kind: self.kind,
             unique_key: self.unique_key,
+            partition: self.partition_key,
             state,
             priority: i16::try_from(self.priority)
                 .map_err(|_| corrupt(id, format!("priority {} out of range", self.priority)))?,

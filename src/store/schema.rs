@@ -35,6 +35,7 @@ diesel::table! {
         finished_at -> Nullable<BigInt>,
         started_at -> Nullable<BigInt>,
         refunds -> Integer,
+        partition_key -> Nullable<Text>,
     }
 }
 
@@ -69,6 +70,7 @@ diesel::table! {
         archived_at -> BigInt,
         started_at -> Nullable<BigInt>,
         refunds -> Integer,
+        partition_key -> Nullable<Text>,
     }
 }
 

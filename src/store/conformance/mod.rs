@@ -10,7 +10,7 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! migrations), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
+//! migrations), `partition` (partition keys), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
 //! Databases come from [`crate::testing::TestDb`].
 //!
@@ -38,13 +38,14 @@ mod enqueue;
 mod finalize;
 mod lease;
 mod maintenance;
+mod partition;
 pub mod proxy;
 mod queues;
 mod reads;
 
 use super::driver::Listener;
 use crate::error::Error;
-use crate::job::{Job, JobFailure, JobId, JobState, NewJob};
+use crate::job::{Job, JobFailure, JobId, JobState, NewJob, MAX_PARTITION_LEN};
 use crate::lease::{LeaseToken, NodeId};
 use crate::testing::{exec_sql, TestDb};
 pub use bad_input::*;
@@ -57,6 +58,7 @@ pub use finalize::*;
 pub use lease::*;
 pub use maintenance::*;
 pub use queues::*;
+pub use partition::*;
 pub use reads::*;
 
 /// Everything a case needs.
@@ -216,6 +218,8 @@ macro_rules! conformance_tests {
             a_rate_limit_bounds_claims_in_every_window,
             partitions_at_their_limit_are_skipped_and_others_run,
             bad_queue_settings_get_clear_errors_and_change_nothing,
+            partition_keys_round_trip_on_every_enqueue_path,
+            bad_partition_keys_are_refused_and_nothing_stored,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

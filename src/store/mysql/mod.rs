@@ -290,6 +290,7 @@ async fn insert_one_mariadb(
         run_base,
         run_plus,
         timeout_ms: dur_ms(j.timeout),
+        partition_key: j.partition.clone(),
         now,
     }
     .get_result(&mut *conn)

@@ -128,8 +128,8 @@ impl QueryFragment<Mysql> for ClaimQueueIs {
 pub(crate) const INSERT_ONE_MARIADB: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, max_attempts, run_at,
-                           timeout_ms, created_at, updated_at)
-SELECT ?, ?, 'pending', ?, ?, '[]', ?, COALESCE(?, n.now) + ?, ?, n.now, n.now
+                           timeout_ms, partition_key, created_at, updated_at)
+SELECT ?, ?, 'pending', ?, ?, '[]', ?, COALESCE(?, n.now) + ?, ?, ?, n.now, n.now
 FROM (SELECT COALESCE(?, ",
     now_us!(),
     ")
@@ -148,19 +148,20 @@ prepared_statement!(Mysql
         run_base: Option<i64> => Nullable<BigInt>,
         run_plus: i64 => BigInt,
         timeout_ms: i64 => BigInt,
+        partition_key: Option<String> => Nullable<Text>,
         now: Option<i64> => Nullable<BigInt>,
     }
 );
 
 /// MariaDB 10.6+: inserts jobs without unique keys given as one JSON array of
-/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms]`, in
-/// array order (so their ids ascend in it).
+/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms,
+/// partition or null]`, in array order (so their ids ascend in it).
 pub(crate) const INSERT_MANY_MARIADB: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, errors, max_attempts, run_at,
-                           timeout_ms, created_at, updated_at)
+                           timeout_ms, partition_key, created_at, updated_at)
 SELECT t.queue, t.kind, 'pending', t.priority, t.payload, '[]', t.max_attempts,
-       COALESCE(t.run_base, n.now) + t.run_plus, t.timeout_ms, n.now, n.now
+       COALESCE(t.run_base, n.now) + t.run_plus, t.timeout_ms, t.partition_key, n.now, n.now
 FROM (SELECT COALESCE(?, ",
     now_us!(),
     ")
@@ -169,7 +170,8 @@ FROM (SELECT COALESCE(?, ",
          ord FOR ORDINALITY,
          queue LONGTEXT PATH '$[0]', kind LONGTEXT PATH '$[1]', priority INT PATH '$[2]',
          payload LONGTEXT PATH '$[3]', max_attempts INT PATH '$[4]',
-         run_base BIGINT PATH '$[5]', run_plus BIGINT PATH '$[6]', timeout_ms BIGINT PATH '$[7]'
+         run_base BIGINT PATH '$[5]', run_plus BIGINT PATH '$[6]', timeout_ms BIGINT PATH '$[7]',
+         partition_key VARCHAR(255) PATH '$[8]'
      )) AS t
 ORDER BY t.ord
 RETURNING id"
@@ -231,7 +233,7 @@ SET j.state = v.state, \
 mod tests {
     #[test]
     fn statements_have_their_placeholders() {
-        assert_eq!(super::INSERT_ONE_MARIADB.split('?').count(), 10);
+        assert_eq!(super::INSERT_ONE_MARIADB.split('?').count(), 11);
         assert_eq!(super::INSERT_MANY_MARIADB.split('?').count(), 3);
     }
 }

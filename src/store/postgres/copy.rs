@@ -47,10 +47,10 @@ const IDS_AND_NOW: &str = concat!(
 
 const COPY_JOBS: &str = "\
 COPY jobvisor_jobs (id, queue, kind, state, priority, payload, max_attempts, run_at, timeout_ms,
-                    created_at, updated_at)
+                    created_at, updated_at, partition_key)
 FROM STDIN (FORMAT binary)";
 
-const COLUMN_TYPES: [Type; 11] = [
+const COLUMN_TYPES: [Type; 12] = [
     Type::INT8,
     Type::TEXT,
     Type::TEXT,
@@ -62,6 +62,7 @@ const COLUMN_TYPES: [Type; 11] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
+    Type::TEXT,
 ];
 
 fn db_err(what: &str, e: &tokio_postgres::Error) -> Error {
@@ -162,7 +163,7 @@ async fn copy_batch(
         let priority = i32::from(j.priority);
         let max_attempts = i32::try_from(j.max_attempts).unwrap_or(i32::MAX);
         let timeout_ms = dur_ms(j.timeout);
-        let row: [&(dyn ToSql + Sync); 11] = [
+        let row: [&(dyn ToSql + Sync); 12] = [
             id,
             &j.queue,
             &j.kind,
@@ -174,6 +175,7 @@ async fn copy_batch(
             &timeout_ms,
             &now,
             &now,
+            &j.partition,
         ];
         writer
             .as_mut()

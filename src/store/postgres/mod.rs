@@ -289,6 +289,7 @@ pub(crate) async fn enqueue_pg(
     let mut timeout_ms = Vec::with_capacity(n);
     let mut run_at: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut delay_us: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut partition_key: Vec<Option<&str>> = Vec::with_capacity(n);
     for j in batch {
         queue.push(&j.queue);
         kind.push(&j.kind);
@@ -306,6 +307,7 @@ pub(crate) async fn enqueue_pg(
         };
         run_at.push(at);
         delay_us.push(delay);
+        partition_key.push(j.partition.as_deref());
     }
     #[derive(QueryableByName)]
     struct Inserted {
@@ -338,6 +340,7 @@ pub(crate) async fn enqueue_pg(
         timeout_ms,
         run_at,
         delay_us,
+        partition_key,
         now,
     }
     .load(&mut *conn)

@@ -206,14 +206,14 @@ prepared_statement!(
 pub(crate) const ENQUEUE_BATCH_PG: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, unique_key, state, priority, payload, max_attempts,
-                           run_at, timeout_ms, created_at, updated_at)
+                           run_at, timeout_ms, created_at, updated_at, partition_key)
 SELECT v.queue, v.kind, v.unique_key, 'pending', v.priority, v.payload::json, v.max_attempts,
-       COALESCE(v.run_at, n.now + v.delay_us), v.timeout_ms, n.now, n.now
+       COALESCE(v.run_at, n.now + v.delay_us), v.timeout_ms, n.now, n.now, v.partition_key
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::int[], $7::bigint[],
-            $8::bigint[], $9::bigint[])
+            $8::bigint[], $9::bigint[], $10::text[])
          WITH ORDINALITY AS v(queue, kind, unique_key, priority, payload, max_attempts,
-                              timeout_ms, run_at, delay_us, ord),
-     (SELECT COALESCE($10::bigint, ",
+                              timeout_ms, run_at, delay_us, partition_key, ord),
+     (SELECT COALESCE($11::bigint, ",
     now_us!(),
     ") AS now) AS n
 ORDER BY v.ord
@@ -233,6 +233,7 @@ prepared_statement!(
         timeout_ms: Vec<i64> => diesel::sql_types::Array<BigInt>,
         run_at: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
         delay_us: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        partition_key: Vec<Option<&'a str>> => diesel::sql_types::Array<Nullable<Text>>,
         now: Option<i64> => Nullable<BigInt>,
     }
 );
@@ -248,6 +249,6 @@ mod tests {
         assert_eq!(segments(FINALIZE_PG).len(), 9);
         assert_eq!(segments(CLAIM_PG).len(), 9);
         assert_eq!(segments(RENEW_PG).len(), 7);
-        assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 11);
+        assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 12);
     }
 }

@@ -166,14 +166,14 @@ prepared_statement!(Sqlite
 );
 
 /// SQLite: inserts jobs without unique keys given as one JSON array of
-/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms]`,
-/// in array order (so their ids ascend in it).
+/// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms,
+/// partition or null]`, in array order (so their ids ascend in it).
 pub(crate) const INSERT_MANY_SQLITE: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, max_attempts, run_at,
-                           timeout_ms, created_at, updated_at)
+                           timeout_ms, partition_key, created_at, updated_at)
 SELECT value ->> 0, value ->> 1, 'pending', value ->> 2, value ->> 3, value ->> 4,
-       COALESCE(value ->> 5, n.now) + (value ->> 6), value ->> 7, n.now, n.now
+       COALESCE(value ->> 5, n.now) + (value ->> 6), value ->> 7, value ->> 8, n.now, n.now
 FROM (SELECT COALESCE(?, ",
     now_us!(),
     ") AS now) AS n,
