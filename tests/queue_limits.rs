@@ -159,7 +159,10 @@ async fn limits_hold_across_processes(backend: Backend) {
     )
     .await;
     client
-        .set_queue_limits(QUEUE, QueueLimits::default().concurrency(5).per_partition(2))
+        .set_queue_limits(
+            QUEUE,
+            QueueLimits::default().concurrency(5).per_partition(2),
+        )
         .await
         .unwrap();
     wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
@@ -170,12 +173,18 @@ async fn limits_hold_across_processes(backend: Backend) {
         partition_of.insert(id.0, client.get(*id).await.unwrap().partition);
     }
     let overall = peak_overlap(execs.iter());
-    assert!(overall <= 5, "{overall} executions at once under a limit of 5");
+    assert!(
+        overall <= 5,
+        "{overall} executions at once under a limit of 5"
+    );
     let mut per_partition = 0;
     for p in 0..3 {
         let name = Some(format!("tenant-{p}"));
         let peak = peak_overlap(execs.iter().filter(|x| partition_of[&x.job_id] == name));
-        assert!(peak <= 2, "{peak} executions of tenant-{p} at once under a limit of 2");
+        assert!(
+            peak <= 2,
+            "{peak} executions of tenant-{p} at once under a limit of 2"
+        );
         per_partition = per_partition.max(peak);
     }
     let nodes_used: std::collections::HashSet<&str> =
@@ -196,7 +205,10 @@ async fn limits_hold_across_processes(backend: Backend) {
     let ids = enqueue(&client, (0..3000).map(|_| job(20)).collect()).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let asked = now_us();
-    client.pause_queue(QUEUE, "queue_limits test").await.unwrap();
+    client
+        .pause_queue(QUEUE, "queue_limits test")
+        .await
+        .unwrap();
     let paused = now_us();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let execs = side.executions().await.unwrap();
@@ -272,8 +284,14 @@ async fn limits_hold_across_processes(backend: Backend) {
          in any {} ms",
         window / 1000
     );
-    assert!(worst <= 20, "{worst} starts within {window} µs under 20 per second");
-    assert!(took >= Duration::from_secs(4), "100 jobs at 20/s in {took:?}");
+    assert!(
+        worst <= 20,
+        "{worst} starts within {window} µs under 20 per second"
+    );
+    assert!(
+        took >= Duration::from_secs(4),
+        "100 jobs at 20/s in {took:?}"
+    );
     fleet.stop();
 }
 

@@ -57,8 +57,8 @@ pub use enqueue::*;
 pub use finalize::*;
 pub use lease::*;
 pub use maintenance::*;
-pub use queues::*;
 pub use partition::*;
+pub use queues::*;
 pub use reads::*;
 
 /// Everything a case needs.

@@ -464,8 +464,7 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
         .queue_set_limits("t", QueueLimits::default().per_partition(2), t.at(0))
         .await
         .unwrap();
-    let held: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>> =
-        Arc::default();
+    let held: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>> = Arc::default();
     let mut tasks = Vec::new();
     for n in 0..8 {
         let (store, held) = (t.store.clone(), held.clone());
