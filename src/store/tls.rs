@@ -164,9 +164,15 @@ mod network {
             settings.root_cert = root_cert.map(Path::to_path_buf);
             return Ok((url.to_string(), settings));
         };
-        let mut kept = Vec::new();
+        // Kept parameters keep their text as written: re-encoding them would turn `%20` into
+        // `+`, which the drivers read literally (`options=-c%20search_path%3Dx`).
+        let mut kept: Vec<String> = Vec::new();
         let mut found = false;
-        for (k, v) in parsed.query_pairs() {
+        let query = parsed.query().unwrap_or("").to_string();
+        for raw in query.split('&').filter(|s| !s.is_empty()) {
+            let Some((k, v)) = url::form_urlencoded::parse(raw.as_bytes()).next() else {
+                continue;
+            };
             let key = k.as_ref();
             if MODE_KEYS.contains(&key) {
                 settings.mode = v.parse()?;
@@ -183,14 +189,14 @@ mod network {
                      require|verify-ca|verify-full and sslrootcert=<PEM file>"
                 ));
             } else {
-                kept.push((k.into_owned(), v.into_owned()));
+                kept.push(raw.to_string());
             }
         }
         if found {
             if kept.is_empty() {
                 parsed.set_query(None);
             } else {
-                parsed.query_pairs_mut().clear().extend_pairs(kept);
+                parsed.set_query(Some(&kept.join("&")));
             }
         }
         if let Some(m) = mode {
@@ -447,6 +453,16 @@ mod tests {
         let (url, s) = split_url("mysql://root@h/db?ssl-mode=REQUIRED", None, None).unwrap();
         assert_eq!(url, "mysql://root@h/db");
         assert_eq!(s.mode, TlsMode::Require);
+
+        // What stays keeps its encoding (a re-encoded `%20` would become a literal `+`).
+        let (url, s) = split_url(
+            "postgres://u@h/db?sslmode=disable&options=-c%20search_path%3Djv_1",
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(url, "postgres://u@h/db?options=-c%20search_path%3Djv_1");
+        assert_eq!(s.mode, TlsMode::Disable);
 
         // Nothing to take: the URL is passed on byte for byte.
         let plain = "postgres://u@h/db?connect_timeout=3";

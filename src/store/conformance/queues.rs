@@ -521,3 +521,45 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     }
     assert_eq!(total, 1000, "every job ran");
 }
+
+/// PostgreSQL: a resume or a changed limit notifies the queue on the jobs channel, so idle
+/// fetchers on every node claim at once; other backends have no listener.
+pub async fn a_resume_or_a_changed_limit_wakes_listeners(b: Backend) {
+    let t = Bundle::new(b).await;
+    let Some(mut l) = t.store.listen().await.unwrap() else {
+        assert_ne!(b, Backend::Postgres, "PostgreSQL must offer a listener");
+        return;
+    };
+    // The channel is database-wide: this case's queue has a name of its own.
+    let q = format!("q{}", uuid::Uuid::new_v4().simple());
+    let next = async |l: &mut Listener| loop {
+        let got = tokio::time::timeout(Duration::from_secs(10), l.next())
+            .await
+            .expect("a notification within 10 s")
+            .expect("listener open")
+            .unwrap();
+        if got == q {
+            return;
+        }
+    };
+    // A delayed job makes the queue known and wakes nobody.
+    t.enqueue(
+        NewJob::new("k", json!(0))
+            .queue(&q)
+            .delay(Duration::from_secs(3600)),
+        0,
+    )
+    .await;
+    t.store.queue_pause(&q, Some("me"), None).await.unwrap();
+    t.store.queue_pause(&q, None, None).await.unwrap();
+    next(&mut l).await;
+    t.store
+        .queue_set_limits(&q, QueueLimits::default().concurrency(3), None)
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits(&q, QueueLimits::default().concurrency(5), None)
+        .await
+        .unwrap();
+    next(&mut l).await;
+}
