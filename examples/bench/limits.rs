@@ -1,8 +1,10 @@
 //! The `limits` mode: the drain of `modes::drain` with queue limits set, each as a ratio to
 //! an unlimited drain measured in the same run, alternating so drift hits both alike:
 //! `drain-limit-global` (a global concurrency limit equal to the node's concurrency, so it
-//! binds: prefetched jobs count) and `drain-limit-partitions` (jobs spread over 100
-//! partitions, each limited to 1 running job).
+//! binds: prefetched jobs count, and every claim and finalization carries at most that many
+//! jobs), `drain-limit-loose` (a limit of 100,000, which never binds: the cost of the
+//! controlled claim alone) and `drain-limit-partitions` (jobs spread over 100 partitions,
+//! each limited to 1 running job).
 
 use jobvisor::testing::{EnqueueParams, StoreEngine as _, TestDb};
 use jobvisor::{Backend, Client, NewJob, QueueLimits};
@@ -15,6 +17,7 @@ use crate::modes::{drain_on, fill};
 pub(crate) enum Limit {
     None,
     Global,
+    Loose,
     Partitions,
 }
 
@@ -52,6 +55,13 @@ pub(crate) async fn drain_limited(
             fill(&store, n).await;
             client
                 .set_queue_limits("default", QueueLimits::default().concurrency(c))
+                .await
+                .expect("limit");
+        }
+        Limit::Loose => {
+            fill(&store, n).await;
+            client
+                .set_queue_limits("default", QueueLimits::default().concurrency(100_000))
                 .await
                 .expect("limit");
         }

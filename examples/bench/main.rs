@@ -15,8 +15,9 @@
 //!   handler's start (p50/p95/p99/max). `latency` enqueues through the node's own client
 //!   (in-process wake-up); `latency-remote` through a separate client, as another process
 //!   would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
-//! * `limits`: three drains in turn — unlimited, under a global concurrency limit equal to
-//!   C (`drain-limit-global`), and with the jobs in 100 partitions limited to 1 running job
+//! * `limits`: four drains in turn — unlimited, under a global concurrency limit equal to
+//!   C (`drain-limit-global`), under one of 100,000 that never binds (`drain-limit-loose`:
+//!   the controlled claim's own cost), and with the jobs in 100 partitions limited to 1 running job
 //!   each (`drain-limit-partitions`) — repeated `--rounds` times (default 3); each limited
 //!   drain's `ratio_to_unlimited` is to the median unlimited drain of those rounds.
 //! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
@@ -237,7 +238,7 @@ async fn main() {
         if want("limits") {
             let mut runs: Vec<(Limit, f64, Value)> = Vec::new();
             for _ in 0..args.rounds {
-                for limit in [Limit::None, Limit::Global, Limit::Partitions] {
+                for limit in [Limit::None, Limit::Global, Limit::Loose, Limit::Partitions] {
                     let (r, extra) = drain_limited(b, n, c, args.prefetch, limit).await;
                     eprintln!("  {limit:?}: {r:.0} jobs/s");
                     runs.push((limit, r, extra));
@@ -252,6 +253,7 @@ async fn main() {
             for (limit, bench) in [
                 (Limit::None, "drain-unlimited"),
                 (Limit::Global, "drain-limit-global"),
+                (Limit::Loose, "drain-limit-loose"),
                 (Limit::Partitions, "drain-limit-partitions"),
             ] {
                 let (med, lo, hi) = median(limit);
@@ -379,7 +381,7 @@ async fn main() {
         }
     }
     println!(
-        "\n{:<10} {:<18} {:>9} {:>12}  notes",
+        "\n{:<10} {:<24} {:>9} {:>12}  notes",
         "backend", "bench", "jobs", "jobs/s"
     );
     for r in &rows {
@@ -395,7 +397,7 @@ async fn main() {
             })
             .unwrap_or_default();
         println!(
-            "{:<10} {:<18} {:>9} {:>12}  {}",
+            "{:<10} {:<24} {:>9} {:>12}  {}",
             r.backend, r.bench, r.jobs, rate, notes
         );
     }
