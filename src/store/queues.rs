@@ -526,6 +526,7 @@ impl Store {
                 let running: i64 = jobs::table
                     .filter(jobs::queue.eq(&q))
                     .filter(jobs::state.eq(JobState::Running.as_str()))
+                    .filter(jobs::lease_expires_at.is_not_null())
                     .count()
                     .get_result(c)
                     .await?;
@@ -583,6 +584,7 @@ impl Store {
                 let full: Vec<PartitionCount> = jobs::table
                     .filter(jobs::queue.eq(&q))
                     .filter(jobs::state.eq(JobState::Running.as_str()))
+                    .filter(jobs::lease_expires_at.is_not_null())
                     .filter(jobs::partition_key.is_not_null())
                     .group_by(jobs::partition_key)
                     .select((jobs::partition_key, count_star()))
@@ -617,6 +619,7 @@ impl Store {
                     jobs::table
                         .filter(jobs::queue.eq(&q))
                         .filter(jobs::state.eq(JobState::Running.as_str()))
+                        .filter(jobs::lease_expires_at.is_not_null())
                         .filter(jobs::partition_key.eq_any(parts))
                         .group_by(jobs::partition_key)
                         .select((jobs::partition_key, count_star()))
