@@ -25,8 +25,8 @@ use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::batch::{
-    batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, FinalRow, LastId,
-    RenewedRow,
+    batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, take_over, FinalRow,
+    LastId, RenewedRow, KEYED_TRIES,
 };
 use super::connect::pool;
 use super::driver::{ClaimArgs, OpenError, RenewArgs};
@@ -308,15 +308,14 @@ async fn insert_many_mariadb(
     sorted_ids(rows, jobs.len())
 }
 
-/// MySQL, one job: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
-/// flag, so this is a plain insert and `LAST_INSERT_ID()`; a duplicate-key error (which does
-/// not abort a MySQL transaction) means "look up the existing row", read with a locking read
-/// so a row committed after this transaction's snapshot is seen.
-async fn enqueue_one_mysql(
+/// MySQL, one row: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
+/// flag, so this is a plain insert and `LAST_INSERT_ID()`. `None`: another job holds the key
+/// (a duplicate-key error, which does not abort a MySQL transaction).
+async fn insert_one_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     j: &NewJob,
     now: Option<i64>,
-) -> diesel::QueryResult<Option<Enqueued>> {
+) -> diesel::QueryResult<Option<i64>> {
     use diesel::result::{DatabaseErrorKind, Error as D};
     let res = diesel::insert_into(jobs::table)
         .values(new_row!(j, DbNow::new(now)))
@@ -327,30 +326,75 @@ async fn enqueue_one_mysql(
             let row: LastId = diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
                 .get_result(&mut *conn)
                 .await?;
-            Ok(Some(Enqueued {
-                id: JobId(row.id),
-                duplicate: false,
-            }))
+            Ok(Some(row.id))
         }
         Err(D::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if j.unique_key.is_some() => {
-            // A shared lock (compatible with the one the failed insert holds, unlike
-            // FOR UPDATE, which deadlocks concurrent losers) that reads the latest
-            // committed row. `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
-            let existing: Option<LastId> = diesel::sql_query(
-                "SELECT id FROM jobvisor_jobs WHERE kind = ? AND unique_key = ? LOCK IN SHARE MODE",
-            )
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The job holding a key, and whether its period has ended (1).
+#[derive(QueryableByName)]
+struct Holder {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    expired: Option<i64>,
+}
+
+/// MySQL, one job: inserted, or — when another job holds its key — that job as a duplicate,
+/// or inserted in its place if the holder's period has ended: the hold is released by a
+/// guarded, row-locking `UPDATE` and the job inserted in one transaction (a savepoint inside
+/// the caller's), so concurrent enqueuers serialize on the holder's row. The holder is read
+/// with a shared lock (compatible with the one the failed insert holds, unlike FOR UPDATE,
+/// which deadlocks concurrent losers), so the latest committed row is seen. `None` when the
+/// key kept changing hands (the caller tries again).
+async fn enqueue_one_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    for _ in 0..KEYED_TRIES {
+        if let Some(id) = insert_one_mysql(conn, j, now).await? {
+            return Ok(Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }));
+        }
+        // `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
+        let holder: Option<Holder> = diesel::sql_query(sql::HOLDER_MYSQL)
+            .bind::<Nullable<BigInt>, _>(now)
             .bind::<Text, _>(&j.kind)
             .bind::<Nullable<Text>, _>(&j.unique_key)
             .get_result(&mut *conn)
             .await
             .optional()?;
-            Ok(existing.map(|r| Enqueued {
-                id: JobId(r.id),
+        let Some(h) = holder else {
+            continue; // released meanwhile: insert again
+        };
+        if h.expired != Some(1) {
+            return Ok(Some(Enqueued {
+                id: JobId(h.id),
                 duplicate: true,
-            }))
+            }));
         }
-        Err(e) => Err(e),
+        let got = diesel_async::AsyncConnection::transaction(&mut *conn, async |c| {
+            if take_over!(c, h.id, now) == 0 {
+                return Ok::<_, diesel::result::Error>(None);
+            }
+            insert_one_mysql(c, j, now).await
+        })
+        .await?;
+        if let Some(id) = got {
+            return Ok(Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }));
+        }
     }
+    Ok(None)
 }
 
 /// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one multi-table
