@@ -221,6 +221,7 @@ macro_rules! conformance_tests {
             concurrent_enqueues_of_one_key_hold_it_once_per_scope,
             concurrent_enqueues_after_a_period_take_it_over_once,
             bad_unique_scopes_are_refused,
+            keyed_jobs_from_before_scopes_keep_their_key_after_the_migration,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

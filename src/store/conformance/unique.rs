@@ -405,3 +405,66 @@ pub async fn bad_unique_scopes_are_refused(b: Backend) {
         assert!(!dup);
     }
 }
+
+/// The scopes migration on a database with keyed jobs in it: every live keyed job holds its
+/// key until archived, as before; reverting it keeps one job per key (the holders).
+pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b: Backend) {
+    let t = Bundle::new(b).await;
+    let old = t
+        .enqueue(keyed("old", Some(UniqueScope::WhileActive), 1), 0)
+        .await;
+    // A released key and its new holder: two rows with one key.
+    let first = t
+        .enqueue(keyed("twice", Some(UniqueScope::WhileActive), 2), 0)
+        .await;
+    t.cancel(first, 1).await;
+    let second = t
+        .enqueue(keyed("twice", Some(UniqueScope::WhileActive), 3), 2)
+        .await;
+    let keyless = t.enqueue(NewJob::new("u", json!(4)), 0).await;
+
+    // Back to the schema before scopes, then forward again.
+    let down = match b {
+        Backend::Postgres => {
+            include_str!("../../../migrations/postgres/2026-11-24-000007_unique_scopes/down.sql")
+        }
+        Backend::Mysql => {
+            include_str!("../../../migrations/mysql/2026-11-24-000007_unique_scopes/down.sql")
+        }
+        Backend::Sqlite => {
+            include_str!("../../../migrations/sqlite/2026-11-24-000007_unique_scopes/down.sql")
+        }
+    };
+    let version = t.store.schema_version_applied().await.unwrap().unwrap();
+    assert!(version.ends_with("000007"), "{version}");
+    exec_sql(&t.store, down).await.unwrap();
+    exec_sql(
+        &t.store,
+        &format!("DELETE FROM __diesel_schema_migrations WHERE version = '{version}'"),
+    )
+    .await
+    .unwrap();
+    let store = t.db.store().await;
+    assert_eq!(store.schema_version_applied().await.unwrap(), Some(version));
+
+    let get = async |id: JobId| store.job_get(id).await.unwrap().unwrap();
+    for (id, key) in [(old, "old"), (second, "twice")] {
+        let j = get(id).await;
+        assert_eq!(j.unique_key.as_deref(), Some(key));
+        assert_eq!(j.unique_scope, Some(UniqueScope::UntilArchived));
+        assert!(j.unique_held && j.unique_until.is_none());
+        let e = store
+            .job_enqueue(keyed(key, Some(UniqueScope::WhileActive), 9), t.at(3))
+            .await
+            .unwrap();
+        assert_eq!((e.id, e.duplicate), (id, true), "{key}");
+    }
+    let j = get(keyless).await;
+    assert!(j.unique_scope.is_none() && !j.unique_held);
+    let j = get(first).await;
+    assert_eq!(
+        j.unique_key, None,
+        "reverting kept the key with its holder only"
+    );
+    assert!(j.unique_scope.is_none() && !j.unique_held);
+}
