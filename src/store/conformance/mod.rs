@@ -222,6 +222,7 @@ macro_rules! conformance_tests {
             concurrent_enqueues_after_a_period_take_it_over_once,
             bad_unique_scopes_are_refused,
             keyed_jobs_from_before_scopes_keep_their_key_after_the_migration,
+            period_take_overs_follow_the_callers_transaction,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

@@ -468,3 +468,51 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     );
     assert!(j.unique_scope.is_none() && !j.unique_held);
 }
+
+/// On the caller's connection (the transactional outbox), the take-over of an expired
+/// period commits or rolls back with the caller's transaction: rolled back, the old job
+/// still holds the key.
+pub async fn period_take_overs_follow_the_callers_transaction(b: Backend) {
+    let t = Bundle::new(b).await;
+    let per = Some(UniqueScope::For(MINUTE));
+    let (a, _) = t.try_enqueue(keyed("o", per, 1), 0).await;
+    let p = |tag: i64| EnqueueParams::one(keyed("o", per, tag)).at(t.at(60));
+    macro_rules! both {
+        ($conn:expr) => {{
+            let conn = $conn;
+            let store = t.store.clone();
+            let rolled: Result<(), Error> = conn
+                .transaction(async |c| {
+                    let got = store.job_enqueue_in(c, p(2)).await?;
+                    assert!(!got[0].duplicate, "the period is over: taken over");
+                    Err(Error::invalid("test", "roll back"))
+                })
+                .await;
+            assert!(rolled.is_err());
+            assert!(
+                t.get(a).await.unique_held,
+                "rolled back: the old job holds it"
+            );
+            let got: Vec<Enqueued> = conn
+                .transaction(async |c| store.job_enqueue_in(c, p(3)).await)
+                .await
+                .unwrap();
+            got[0]
+        }};
+    }
+    let e = match b {
+        Backend::Postgres => both!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Mysql => both!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Sqlite => {
+            let path = t.db.url.trim_start_matches("sqlite://").to_string();
+            both!(&mut SqliteConn::establish(&path).await.unwrap())
+        }
+    };
+    assert!(!e.duplicate && e.id != a);
+    assert!(!t.get(a).await.unique_held);
+    assert!(t.get(e.id).await.unique_held);
+    assert_eq!(t.get(e.id).await.payload, json!(3));
+    assert_eq!(t.try_enqueue(keyed("o", per, 4), 61).await, (e.id, true));
+    let (all, held) = t.with_key("o").await;
+    assert_eq!((all.len(), held), (2, 1), "the rolled-back job left no row");
+}
