@@ -223,6 +223,7 @@ macro_rules! conformance_tests {
             bad_unique_scopes_are_refused,
             keyed_jobs_from_before_scopes_keep_their_key_after_the_migration,
             period_take_overs_follow_the_callers_transaction,
+            concurrent_batches_after_a_period_take_it_over_once,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

@@ -516,3 +516,39 @@ pub async fn period_take_overs_follow_the_callers_transaction(b: Backend) {
     let (all, held) = t.with_key("o").await;
     assert_eq!((all.len(), held), (2, 1), "the rolled-back job left no row");
 }
+
+/// Like [`concurrent_enqueues_after_a_period_take_it_over_once`], through batches (one
+/// transaction each on MySQL and SQLite, with a keyless job before the keyed one).
+pub async fn concurrent_batches_after_a_period_take_it_over_once(b: Backend) {
+    let t = Bundle::new(b).await;
+    let scope = Some(UniqueScope::For(MINUTE));
+    let (mut holder, _) = t.try_enqueue(keyed("bt", scope, -1), 0).await;
+    for round in 1..=3 {
+        let at = 60 * round;
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = t.store.clone();
+            let batch = vec![NewJob::new("u", json!(i)), keyed("bt", scope, i)];
+            let p = EnqueueParams::many(batch).at(t.at(at));
+            tasks.push(tokio::spawn(async move {
+                store.job_enqueue_many(p).await.unwrap()
+            }));
+        }
+        let (mut ids, mut fresh) = (HashSet::new(), HashSet::new());
+        for task in tasks {
+            let got = task.await.unwrap();
+            assert!(!got[0].duplicate);
+            ids.insert(got[1].id);
+            if !got[1].duplicate {
+                fresh.insert(got[1].id);
+            }
+        }
+        assert_eq!(ids.len(), 1, "round {round}: all 16 got the same id");
+        assert_eq!(fresh.len(), 1, "round {round}: exactly one took over");
+        let new = *fresh.iter().next().unwrap();
+        assert_ne!(new, holder);
+        let (_, held) = t.with_key("bt").await;
+        assert_eq!(held, 1, "round {round}");
+        holder = new;
+    }
+}

@@ -109,10 +109,10 @@ impl MysqlDriver {
         Ok(if batch.len() == 1 {
             // One insert is atomic by itself, and LAST_INSERT_ID belongs to the connection:
             // no transaction, two round trips fewer.
-            enqueue_mysql(&mut c, batch, now, returning).await?
+            enqueue_mysql(&mut c, batch, now, returning, false).await?
         } else {
             diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                enqueue_mysql(c, batch, now, returning).await
+                enqueue_mysql(c, batch, now, returning, true).await
             })
             .await?
         })
@@ -238,12 +238,14 @@ pub(crate) fn run_migrations(
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
 /// one `INSERT … SELECT FROM JSON_TABLE(…) RETURNING id`; otherwise, and for keyed jobs, one
-/// insert per job (see [`enqueue_one_mysql`]).
+/// insert per job (see [`enqueue_one_mysql`]). `in_tx`: `conn` is inside a transaction (the
+/// batch's, or the caller's on the outbox path).
 pub(crate) async fn enqueue_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     batch: &[&NewJob],
     now: Option<i64>,
     returning: bool,
+    in_tx: bool,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     let mut out = Vec::with_capacity(batch.len());
     let mut i = 0;
@@ -263,7 +265,7 @@ pub(crate) async fn enqueue_mysql(
                 insert_many_mariadb(conn, &batch[i..i + run], now).await?,
             ));
         } else {
-            out.push(enqueue_one_mysql(conn, batch[i], now).await?);
+            out.push(enqueue_one_mysql(conn, batch[i], now, in_tx).await?);
         }
         i += run.max(1);
     }
@@ -346,15 +348,19 @@ struct Holder {
 
 /// MySQL, one job: inserted, or — when another job holds its key — that job as a duplicate,
 /// or inserted in its place if the holder's period has ended: the hold is released by a
-/// guarded, row-locking `UPDATE` and the job inserted in one transaction (a savepoint inside
-/// the caller's), so concurrent enqueuers serialize on the holder's row. The holder is read
-/// with a shared lock (compatible with the one the failed insert holds, unlike FOR UPDATE,
-/// which deadlocks concurrent losers), so the latest committed row is seen. `None` when the
-/// key kept changing hands (the caller tries again).
+/// guarded, row-locking `UPDATE` and the job inserted in one transaction — the enclosing
+/// one when `in_tx`, else one of its own — so concurrent enqueuers serialize on the holder's
+/// row. (Not a savepoint inside the enclosing transaction: InnoDB rolls back a deadlock
+/// victim's whole transaction, savepoints included, and the rollback to the savepoint would
+/// then fail and hide the deadlock, which is transient, behind an error that is not.) The
+/// holder is read with a shared lock (compatible with the one the failed insert holds, unlike
+/// FOR UPDATE, which deadlocks concurrent losers), so the latest committed row is seen.
+/// `None` when the key kept changing hands (the caller tries again).
 async fn enqueue_one_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     j: &NewJob,
     now: Option<i64>,
+    in_tx: bool,
 ) -> diesel::QueryResult<Option<Enqueued>> {
     for _ in 0..KEYED_TRIES {
         if let Some(id) = insert_one_mysql(conn, j, now).await? {
@@ -380,13 +386,14 @@ async fn enqueue_one_mysql(
                 duplicate: true,
             }));
         }
-        let got = diesel_async::AsyncConnection::transaction(&mut *conn, async |c| {
-            if take_over!(c, h.id, now) == 0 {
-                return Ok::<_, diesel::result::Error>(None);
-            }
-            insert_one_mysql(c, j, now).await
-        })
-        .await?;
+        let got = if in_tx {
+            take_over_mysql(conn, h.id, j, now).await?
+        } else {
+            diesel_async::AsyncConnection::transaction(&mut *conn, async |c| {
+                take_over_mysql(c, h.id, j, now).await
+            })
+            .await?
+        };
         if let Some(id) = got {
             return Ok(Some(Enqueued {
                 id: JobId(id),
@@ -395,6 +402,20 @@ async fn enqueue_one_mysql(
         }
     }
     Ok(None)
+}
+
+/// Releases the expired hold of job `holder` and inserts `j` in its place; `None` if another
+/// enqueuer took the hold over first.
+async fn take_over_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    holder: i64,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<i64>> {
+    if take_over!(conn, holder, now) == 0 {
+        return Ok(None);
+    }
+    insert_one_mysql(conn, j, now).await
 }
 
 /// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one multi-table
