@@ -379,8 +379,9 @@ pub enum UniqueScope {
     WhileActive,
     /// Held for this long from enqueue, whatever becomes of the job (at most one job per key
     /// per period: a throttle). Once the period has passed, the next enqueue of the key takes
-    /// it over, even from a job still pending or running. A finished job stays in the live
-    /// table until its period ends. From [`MIN_UNIQUE_PERIOD`] (1 ms) to
+    /// it over, even from a job still pending or running; a job whose key was taken over
+    /// does not get it back (a manual retry runs it without the key). A finished job stays
+    /// in the live table until its period ends. From [`MIN_UNIQUE_PERIOD`] (1 ms) to
     /// [`MAX_UNIQUE_PERIOD`] (366 days); written as milliseconds in JSON (`{"for": 60000}`).
     For(#[serde(with = "duration_ms")] Duration),
 }
