@@ -271,6 +271,25 @@ pub async fn period_keys_are_held_for_their_period(b: Backend) {
     assert!(!t.get(b1).await.unique_held);
     let (_, held) = t.with_key("p").await;
     assert_eq!(held, 1);
+    // A job whose key was taken over does not get it back on a manual retry.
+    t.cancel(b1, 121).await;
+    let retried = t
+        .store
+        .job_retry(RetryParams {
+            id: b1,
+            expected_version: None,
+            now: t.at(122),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(retried, Guarded::Applied(ref j) if !j.unique_held),
+        "{retried:?}"
+    );
+    assert_eq!(
+        t.try_enqueue(keyed("p", per, 9), 123).await,
+        (got[1].id, true)
+    );
 
     // The archiver keeps a finished job whose period is running.
     let hour = Some(UniqueScope::For(Duration::from_secs(3600)));
