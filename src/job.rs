@@ -34,6 +34,10 @@ pub const MAX_KIND_LEN: usize = 255;
 pub const MAX_UNIQUE_KEY_LEN: usize = 255;
 /// Longest partition key: **255** bytes (UTF-8).
 pub const MAX_PARTITION_LEN: usize = 255;
+/// Shortest period of [`UniqueScope::For`]: **1 ms**.
+pub const MIN_UNIQUE_PERIOD: Duration = Duration::from_millis(1);
+/// Longest period of [`UniqueScope::For`]: **366 days**.
+pub const MAX_UNIQUE_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Largest `max_attempts` accepted: **10,000**.
 pub const MAX_MAX_ATTEMPTS: u32 = 10_000;
 /// Deepest JSON nesting accepted in a payload: **100** (JSON parsers, serde_json's
@@ -256,6 +260,17 @@ pub struct Job {
     pub kind: String,
     /// Deduplication key, unique per kind among the jobs holding it (see [`UniqueScope`]).
     pub unique_key: Option<String>,
+    /// How long its unique key is held (`None` without a key).
+    #[serde(default)]
+    pub unique_scope: Option<UniqueScope>,
+    /// When the hold of a [`UniqueScope::For`] key ends (`None` for other scopes).
+    #[serde(default)]
+    pub unique_until: Option<DateTime<Utc>>,
+    /// Whether it holds its unique key now: false without a key, once a
+    /// [`UniqueScope::WhileActive`] job has finished, once a [`UniqueScope::For`] key was
+    /// taken over after its period, and for archived jobs.
+    #[serde(default)]
+    pub unique_held: bool,
     /// Partition key (a tenant, an account), if the job was given one.
     #[serde(default)]
     pub partition: Option<String>,
@@ -324,6 +339,64 @@ mod duration_ms {
     }
 }
 
+/// How long a job's [`unique_key`](NewJob::unique_key) keeps other jobs of the same kind
+/// and key out. Default: **[`UniqueScope::UntilArchived`]**.
+///
+/// While a job *holds* its key, enqueueing another job of the same kind and key inserts
+/// nothing and returns the holder's id as a duplicate (`Enqueued::duplicate`). Holding is
+/// enforced by a unique index, so it holds under any number of concurrent enqueuers on any
+/// number of nodes.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use jobvisor::{NewJob, UniqueScope};
+///
+/// assert_eq!(UniqueScope::default(), UniqueScope::UntilArchived);
+///
+/// // At most one reindex of an account queued or running at a time; once it has finished,
+/// // the next change queues a new one.
+/// let reindex = NewJob::new("reindex", serde_json::json!({"account": 42}))
+///     .unique_key("account:42")
+///     .unique_scope(UniqueScope::WhileActive);
+///
+/// // At most one digest e-mail per user per hour (a throttle), whatever became of the last.
+/// let digest = NewJob::new("digest", serde_json::json!({"user": 7}))
+///     .unique_key("user:7")
+///     .unique_scope(UniqueScope::For(Duration::from_secs(3600)));
+/// # let _ = (reindex, digest);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UniqueScope {
+    /// Held from enqueue until the job is archived (moved to the archive table after its
+    /// retention): a finished job still holds its key. The default.
+    #[default]
+    UntilArchived,
+    /// Held while the job is pending, running or retrying: released when it succeeds, dies
+    /// or is cancelled, so a new job with the same key can then be enqueued. A manual retry
+    /// takes the key again if no other job holds it, and otherwise runs without it.
+    WhileActive,
+    /// Held for this long from enqueue, whatever becomes of the job (at most one job per key
+    /// per period: a throttle). Once the period has passed, the next enqueue of the key takes
+    /// it over, even from a job still pending or running; a job whose key was taken over
+    /// does not get it back (a manual retry runs it without the key). A finished job stays
+    /// in the live table until its period ends. From [`MIN_UNIQUE_PERIOD`] (1 ms) to
+    /// [`MAX_UNIQUE_PERIOD`] (366 days); written as milliseconds in JSON (`{"for": 60000}`).
+    For(#[serde(with = "duration_ms")] Duration),
+}
+
+impl UniqueScope {
+    /// The name stored in the `unique_scope` column.
+    pub(crate) const fn stored(self) -> &'static str {
+        match self {
+            UniqueScope::UntilArchived => "until_archived",
+            UniqueScope::WhileActive => "while_active",
+            UniqueScope::For(_) => "for",
+        }
+    }
+}
+
 /// When a new job becomes claimable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RunAt {
@@ -362,8 +435,11 @@ pub struct NewJob {
     pub queue: String,
     /// Smaller runs first; default [`DEFAULT_PRIORITY`].
     pub priority: i16,
-    /// Deduplication key (per kind, among live rows).
+    /// Deduplication key (per kind, among the jobs holding it).
     pub unique_key: Option<String>,
+    /// How long the unique key is held; `None`: [`UniqueScope::UntilArchived`]. Needs a
+    /// `unique_key`.
+    pub unique_scope: Option<UniqueScope>,
     /// Partition key (a tenant, an account id such as `"acct:42"`); default none.
     pub partition: Option<String>,
     /// When it becomes claimable.
@@ -383,6 +459,7 @@ impl NewJob {
             queue: DEFAULT_QUEUE.to_string(),
             priority: DEFAULT_PRIORITY,
             unique_key: None,
+            unique_scope: None,
             partition: None,
             run_at: RunAt::Now,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
@@ -428,9 +505,18 @@ impl NewJob {
         self
     }
 
-    /// Sets the deduplication key.
+    /// Sets the deduplication key: while a job of the same kind holds it, enqueueing this one
+    /// returns that job's id as a duplicate instead. How long a job holds its key:
+    /// [`NewJob::unique_scope`] (default [`UniqueScope::UntilArchived`]).
     pub fn unique_key(mut self, key: impl Into<String>) -> Self {
         self.unique_key = Some(key.into());
+        self
+    }
+
+    /// Sets how long the unique key is held (default [`UniqueScope::UntilArchived`]); needs a
+    /// [`unique_key`](NewJob::unique_key).
+    pub fn unique_scope(mut self, scope: UniqueScope) -> Self {
+        self.unique_scope = Some(scope);
         self
     }
 
@@ -475,6 +561,29 @@ impl NewJob {
         check_name("queue", &self.queue, MAX_QUEUE_LEN)?;
         if let Some(key) = &self.unique_key {
             check_name("unique_key", key, MAX_UNIQUE_KEY_LEN)?;
+        }
+        match (self.unique_scope, &self.unique_key) {
+            (Some(scope), None) => {
+                return Err(Error::invalid(
+                    "unique_scope",
+                    format!(
+                        "{scope:?} is given without a unique_key; expected a unique_key as well \
+                         (the scope says how long the key is held)"
+                    ),
+                ));
+            }
+            (Some(UniqueScope::For(d)), Some(_))
+                if d < MIN_UNIQUE_PERIOD || d > MAX_UNIQUE_PERIOD =>
+            {
+                return Err(Error::invalid(
+                    "unique_scope",
+                    format!(
+                        "period {d:?} is out of range; expected at least {MIN_UNIQUE_PERIOD:?} \
+                         and at most {MAX_UNIQUE_PERIOD:?} (366 days)"
+                    ),
+                ));
+            }
+            _ => {}
         }
         if let Some(p) = &self.partition {
             if p.len() > MAX_PARTITION_LEN {
@@ -608,6 +717,9 @@ mod tests {
             queue: "mail".into(),
             kind: "send".into(),
             unique_key: Some("k".into()),
+            unique_scope: Some(UniqueScope::For(Duration::from_secs(60))),
+            unique_until: Some(at(60)),
+            unique_held: true,
             partition: Some("acct:42".into()),
             state: JobState::Succeeded,
             priority: 1,
@@ -645,6 +757,7 @@ mod tests {
         assert_eq!(v["state"], json!("succeeded"));
         assert_eq!(v["timeout_ms"], json!(1500));
         assert_eq!(v["lease"]["owner"], json!("node-a"));
+        assert_eq!(v["unique_scope"], json!({"for": 60000}));
         assert_eq!(v["finished_at"], json!("2027-01-15T08:00:03Z"));
         let back: Job = serde_json::from_value(v).unwrap();
         assert_eq!(back, job);
@@ -715,6 +828,22 @@ mod tests {
             (NewJob::new("k".repeat(256), json!({})), "kind"),
             (NewJob::new("k", json!({})).unique_key(""), "unique_key"),
             (NewJob::new("k", json!({})).partition(""), "partition"),
+            (
+                NewJob::new("k", json!({})).unique_scope(UniqueScope::WhileActive),
+                "unique_scope",
+            ),
+            (
+                NewJob::new("k", json!({}))
+                    .unique_key("u")
+                    .unique_scope(UniqueScope::For(Duration::ZERO)),
+                "unique_scope",
+            ),
+            (
+                NewJob::new("k", json!({}))
+                    .unique_key("u")
+                    .unique_scope(UniqueScope::For(MAX_UNIQUE_PERIOD + Duration::from_secs(1))),
+                "unique_scope",
+            ),
             (
                 NewJob::new("k", json!({})).partition("p".repeat(256)),
                 "partition",

@@ -68,7 +68,7 @@ pub use client::Client;
 pub use config::{QueueConfig, SchedulerConfig};
 pub use error::{Error, Result, StoreError};
 pub use handler::{handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult};
-pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt};
+pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use lease::{LeaseToken, NodeId};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 pub use store::{

@@ -33,6 +33,7 @@ macro_rules! new_row {
         use $crate::store::schema::jobvisor_jobs as jobs;
         let j: &NewJob = $job;
         let now: DbNow = $now;
+        let (scope, period_us) = $crate::store::batch::unique_parts(j);
         let run_at = match j.run_at {
             RunAt::Now => now,
             RunAt::After(d) => now.plus(dur_us(d)),
@@ -44,6 +45,12 @@ macro_rules! new_row {
             jobs::kind.eq(j.kind.clone()),
             jobs::unique_key.eq(j.unique_key.clone()),
             jobs::partition_key.eq(j.partition.clone()),
+            jobs::unique_hold.eq(j.unique_key.clone()),
+            jobs::unique_scope.eq(scope),
+            jobs::unique_until.eq($crate::store::expr::DbNowPlus {
+                bound: now.bound,
+                plus_us: period_us,
+            }),
             jobs::state.eq(JobState::Pending.as_str()),
             jobs::priority.eq(i32::from(j.priority)),
             jobs::payload.eq(j.payload.clone()),
@@ -57,28 +64,69 @@ macro_rules! new_row {
     }};
 }
 
-/// The live job holding `$job`'s (kind, unique_key), as a duplicate; `None` if it vanished
+/// A keyed job's hold columns: its scope's stored name and, for a period, the period in
+/// µs (`unique_until = now + period`); `(None, None)` without a key.
+pub(crate) fn unique_parts(j: &crate::job::NewJob) -> (Option<&'static str>, Option<i64>) {
+    use crate::job::UniqueScope;
+    if j.unique_key.is_none() {
+        return (None, None);
+    }
+    let scope = j.unique_scope.unwrap_or_default();
+    let period = match scope {
+        UniqueScope::For(d) => Some(dur_us(d)),
+        UniqueScope::UntilArchived | UniqueScope::WhileActive => None,
+    };
+    (Some(scope.stored()), period)
+}
+
+/// Tries to insert a keyed job that lost to a holder, up to this many times: the holder
+/// may release its key (finish, be archived, be taken over) between the insert and the
+/// look-up, and the insert is then tried again.
+pub(crate) const KEYED_TRIES: usize = 4;
+
+/// The live job holding `$job`'s (kind, unique_key) — `Some((id, expired))`, where
+/// `expired` says its [`For`](crate::job::UniqueScope::For) period has ended (the hold can be
+/// taken over) — or `None` if no job holds it (any more).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-/// (archived) since the insert skipped it, in which case the caller inserts again.
-macro_rules! existing {
-    ($conn:expr, $job:expr) => {{
-        use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
+macro_rules! holder {
+    ($conn:expr, $job:expr, $now:expr) => {{
+        use diesel::{ExpressionMethods, NullableExpressionMethods, OptionalExtension, QueryDsl};
         use diesel_async::RunQueryDsl;
-        use $crate::job::{JobId, NewJob};
+        use $crate::job::NewJob;
+        use $crate::store::expr::DbNow;
         use $crate::store::schema::jobvisor_jobs as jobs;
-        use $crate::store::Enqueued;
         let j: &NewJob = $job;
         jobs::table
-            .select(jobs::id)
+            .select((jobs::id, jobs::unique_until.le(DbNow::new($now).nullable())))
             .filter(jobs::kind.eq(&j.kind))
-            .filter(jobs::unique_key.eq(&j.unique_key))
-            .first::<i64>(&mut *$conn)
+            .filter(jobs::unique_hold.eq(&j.unique_key))
+            .first::<(i64, Option<bool>)>(&mut *$conn)
             .await
             .optional()?
-            .map(|id| Enqueued {
-                id: JobId(id),
-                duplicate: true,
-            })
+            .map(|(id, expired)| (id, expired == Some(true)))
+    }};
+}
+
+/// Releases the hold of job `$id` if its period has ended: a guarded, row-locking `UPDATE`.
+/// Concurrent enqueuers of the key serialize on the row; the first clears the hold (and
+/// inserts its job in the same transaction), the others then find it cleared and change
+/// nothing (0). Returns the number of rows changed.
+macro_rules! take_over {
+    ($conn:expr, $id:expr, $now:expr) => {{
+        use diesel::{ExpressionMethods, NullableExpressionMethods, QueryDsl};
+        use diesel_async::RunQueryDsl;
+        use $crate::store::expr::DbNow;
+        use $crate::store::schema::jobvisor_jobs as jobs;
+        let id: i64 = $id;
+        diesel::update(
+            jobs::table
+                .filter(jobs::id.eq(id))
+                .filter(jobs::unique_hold.is_not_null())
+                .filter(jobs::unique_until.le(DbNow::new($now).nullable())),
+        )
+        .set(jobs::unique_hold.eq(None::<String>))
+        .execute(&mut *$conn)
+        .await?
     }};
 }
 
@@ -246,5 +294,6 @@ impl From<&Finalize> for FinalRow {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) use existing;
+pub(crate) use holder;
 pub(crate) use new_row;
+pub(crate) use take_over;

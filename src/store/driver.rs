@@ -17,11 +17,15 @@
 //!
 //! * [`enqueue`](Driver::enqueue) — inserts each job of `batch` as `pending`, `attempts` 0,
 //!   `version` 1, `errors` `[]`, `run_at` from its [`RunAt`](crate::job::RunAt),
-//!   `created_at = updated_at = now`; a job whose (kind, unique key) is already live is not
-//!   inserted. Result, in input order: `Some` new id, `Some` existing id with
-//!   `duplicate: true` (also for a repeat of a key within the batch), or `None` when the
-//!   live duplicate vanished (archived) before it could be read — the caller tries that job
-//!   again. Atomic per batch.
+//!   `created_at = updated_at = now`, `partition_key`, and for a keyed job `unique_hold =
+//!   unique_key`, `unique_scope`, `unique_until = now + period` (scope `for`). A job whose
+//!   (kind, unique key) another job holds is not inserted — unless the holder's period has
+//!   ended (`unique_until <= now`): then, in one transaction, a guarded row-locking `UPDATE`
+//!   clears the holder's `unique_hold` and the job is inserted (ARCHITECTURE.md, *Unique
+//!   scopes*). Result, in input order: `Some` new id, `Some` holder's id with
+//!   `duplicate: true` (also for a repeat of a key within the batch), or `None` when the key
+//!   kept changing hands (holders released or archived) before it could be resolved — the
+//!   caller tries that job again. Atomic per batch.
 //! * [`claim`](Driver::claim) — guard: `queue` matches, state `pending`/`retrying`,
 //!   `run_at <= now`, `kind` one of `kinds` when given (the node's handlers: a rolling deploy
 //!   never burns an attempt on a node without the kind), skipping rows another claimer holds; up to `limit` in (priority,
@@ -37,7 +41,9 @@
 //!   Writes the outcome's state (a retry with its attempts used up becomes `dead`),
 //!   `result`, `last_error` (cleared on success), appends the error to `errors`, `attempts −
 //!   1` for a requeue, `run_at = now + delay` when there is a delay, `finished_at` for a
-//!   terminal state, clears the lease columns and `timeout_at`, `version + 1`, `updated_at`.
+//!   terminal state, clears the lease columns and `timeout_at`, `version + 1`, `updated_at`;
+//!   and `unique_hold = NULL` when the state reached is terminal and the key's scope is
+//!   `while_active`.
 //!   Returns the state each applied row reached; a missing row is a lost lease.
 //! * [`vacuum_live`](Driver::vacuum_live) and [`listen`](Driver::listen) — PostgreSQL only;
 //!   nothing (or no listener) elsewhere.

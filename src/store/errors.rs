@@ -44,9 +44,12 @@ pub(crate) fn classify(e: diesel::result::Error) -> StoreError {
 /// Messages by which the three drivers report conditions worth retrying.
 fn is_transient_text(msg: &str) -> bool {
     const SIGNS: &[&str] = &[
-        "deadlock",                 // PG 40P01, MySQL 1213
-        "Deadlock found",           // MySQL 1213
-        "Lock wait timeout",        // MySQL 1205
+        "deadlock",          // PG 40P01, MySQL 1213
+        "Deadlock found",    // MySQL 1213
+        "Lock wait timeout", // MySQL 1205
+        // MariaDB 1467: an `INSERT … SELECT` chosen as a deadlock victim while waiting for
+        // the table's auto-increment lock is reported so (InnoDB rolled the transaction back).
+        "Failed to read auto-increment value",
         "could not serialize",      // PG 40001
         "database is locked",       // SQLITE_BUSY
         "database table is locked", // SQLITE_LOCKED
@@ -208,6 +211,9 @@ mod tests {
     fn transient_errors_are_recognised() {
         assert!(is_transient_text("deadlock detected"));
         assert!(is_transient_text("database is locked"));
+        assert!(is_transient_text(
+            "Failed to read auto-increment value from storage engine"
+        ));
         assert!(!is_transient_text("syntax error at or near"));
     }
 }

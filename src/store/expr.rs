@@ -4,6 +4,10 @@
 //!   else the database's clock — plus an offset. Every stored time and every comparison goes
 //!   through it, so production nodes never compare their own clocks.
 //! * [`JsonAppend`]: append one JSON value to a JSON array column (the `errors` history).
+//! * [`DbNowPlus`]: "now" plus an optional offset (`NULL` without one): the end of a
+//!   unique-key period.
+//! * [`ReleaseHold`], [`RetakeHold`]: a `while_active` job releasing its unique key as it
+//!   ends, or taking it again on a manual retry.
 //!
 //! * [`StateIn`], [`SkipLocked`], `prepared_statement!`, `job_columns!`.
 //!
@@ -71,6 +75,96 @@ where
         out.push_sql(") + ");
         out.push_bind_param::<BigInt, _>(&self.plus_us)?;
         out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// "Now" plus an optional offset: `NULL` when the offset is `None` (the end of a
+/// [`UniqueScope::For`](crate::job::UniqueScope::For) hold, absent for other jobs).
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbNowPlus {
+    /// The test clock's instant, or `None` for the database clock.
+    pub(crate) bound: Option<i64>,
+    /// Added to now; `None` makes the whole expression `NULL`.
+    pub(crate) plus_us: Option<i64>,
+}
+
+impl Expression for DbNowPlus {
+    type SqlType = Nullable<BigInt>;
+}
+
+impl<QS> AppearsOnTable<QS> for DbNowPlus {}
+impl<QS> SelectableExpression<QS> for DbNowPlus {}
+impl<GB> ValidGrouping<GB> for DbNowPlus {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for DbNowPlus
+where
+    DB: Backend + ClockSql + diesel::sql_types::HasSqlType<BigInt>,
+    Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.bound)?;
+        out.push_sql(", ");
+        out.push_sql(DB::NOW_US);
+        out.push_sql(") + ");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.plus_us)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// `unique_hold` released (`NULL`) when the write ends the job (the flag, bound as a
+/// parameter, so the statement text stays one) and its scope is `while_active`, else
+/// unchanged: the one column expression the terminal transitions written here (cancel,
+/// reclaim) add to their `SET`; the batched finalizations spell it in their own SQL.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct ReleaseHold(pub(crate) bool);
+
+impl Expression for ReleaseHold {
+    type SqlType = Nullable<diesel::sql_types::Text>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for ReleaseHold {}
+impl SelectableExpression<jobvisor_jobs::table> for ReleaseHold {}
+impl<GB> ValidGrouping<GB> for ReleaseHold {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for ReleaseHold
+where
+    DB: Backend + diesel::sql_types::HasSqlType<Bool>,
+    bool: diesel::serialize::ToSql<Bool, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("CASE WHEN ");
+        out.push_bind_param::<Bool, _>(&self.0)?;
+        out.push_sql(" AND unique_scope = 'while_active' THEN NULL ELSE unique_hold END");
+        Ok(())
+    }
+}
+
+/// `unique_hold` taken again (set to the key) for a `while_active` row, else unchanged: a
+/// manual retry's attempt to hold its key again; the unique index refuses it while another
+/// job holds the key.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct RetakeHold;
+
+impl Expression for RetakeHold {
+    type SqlType = Nullable<diesel::sql_types::Text>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for RetakeHold {}
+impl SelectableExpression<jobvisor_jobs::table> for RetakeHold {}
+impl<GB> ValidGrouping<GB> for RetakeHold {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB: Backend> QueryFragment<DB> for RetakeHold {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql(
+            "CASE WHEN unique_scope = 'while_active' THEN unique_key ELSE unique_hold END",
+        );
         Ok(())
     }
 }
@@ -266,7 +360,7 @@ macro_rules! job_columns {
         "id, queue, kind, unique_key, state, priority, payload, result, last_error, errors, \
          attempts, max_attempts, run_at, timeout_ms, timeout_at, lease_owner, lease_expires_at, \
          heartbeat_at, version, cancel_requested_at, created_at, updated_at, first_started_at, \
-         finished_at, started_at, refunds, partition_key"
+         finished_at, started_at, refunds, partition_key, unique_hold, unique_until, unique_scope"
     };
 }
 

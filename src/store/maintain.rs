@@ -11,7 +11,9 @@ use serde_json::Value;
 
 use super::batch::bound;
 use super::driver::{with_tx, with_write};
-use super::expr::{DbNow, JsonAppend, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL};
+use super::expr::{
+    DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,
+};
 use super::rows::{dur_us, from_us};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
 use super::timeout::Op;
@@ -20,15 +22,16 @@ use super::{
     Reclaimed, RetryParams, Store,
 };
 use crate::error::{Error, Result, StoreError};
-use crate::job::{Job, JobFailure, JobId, JobState};
+use crate::job::{Job, JobFailure, JobId, JobState, UniqueScope};
 
 /// Times a version-guarded write is retried after losing a race before giving up.
 const RACE_TRIES: usize = 5;
 
 impl Store {
     /// Moves terminal jobs finished more than `older_than` ago to the archive (dead ones only
-    /// once they finished more than `dead_older_than` ago as well), at most `limit` of them,
-    /// insert and delete in one transaction. Returns how many moved.
+    /// once they finished more than `dead_older_than` ago as well; a job holding its key for
+    /// a period only once the period has ended), at most `limit` of them, insert and delete
+    /// in one transaction. Returns how many moved.
     ///
     /// # Errors
     /// [`Error::Database`].
@@ -50,6 +53,12 @@ impl Store {
                         jobs::state
                             .ne(JobState::Dead.as_str())
                             .or(jobs::finished_at.lt(dead_cutoff.nullable())),
+                    )
+                    // A job holding its key for a period stays until the period ends.
+                    .filter(
+                        jobs::unique_until
+                            .is_null()
+                            .or(jobs::unique_until.le(now.nullable())),
                     )
                     .order(jobs::finished_at.asc())
                     .limit(limit),
@@ -97,6 +106,8 @@ impl Store {
                                 jobs::started_at,
                                 jobs::refunds,
                                 jobs::partition_key,
+                                jobs::unique_until,
+                                jobs::unique_scope,
                             ),
                         )),
                 )
@@ -133,6 +144,8 @@ impl Store {
                         archive::started_at,
                         archive::refunds,
                         archive::partition_key,
+                        archive::unique_until,
+                        archive::unique_scope,
                     ),
                 ))
                 .execute(conn)
@@ -237,6 +250,7 @@ impl Store {
                         jobs::finished_at.eq(now.nullable()),
                         jobs::updated_at.eq(now),
                         jobs::version.eq(jobs::version + 1),
+                        jobs::unique_hold.eq(ReleaseHold(true)),
                     ))
                     .execute(conn)
                     .await?
@@ -265,8 +279,11 @@ impl Store {
     }
 
     /// Manually retries a dead or cancelled job: back to `pending`, due now, with one more
-    /// attempt allowed if its attempts were used up. Guarded by `version`: if the job changed
-    /// since it was read (or since `expected_version`), the answer is [`Guarded::Stale`].
+    /// attempt allowed if its attempts were used up. A job whose key was held `while_active`
+    /// (and so released when it ended) takes it again if no other job holds it; otherwise it
+    /// is retried without holding it, and the key stays with the job that holds it. Guarded
+    /// by `version`: if the job changed since it was read (or since `expected_version`), the
+    /// answer is [`Guarded::Stale`].
     ///
     /// # Errors
     /// [`Error::NotFound`], [`Error::InvalidTransition`] from any other state,
@@ -296,26 +313,50 @@ impl Store {
         let version = job.version;
         let max_attempts =
             i32::try_from(job.max_attempts.max(job.attempts + 1)).unwrap_or(i32::MAX);
-        let n: usize = with_write!(self, |conn| {
-            diesel::update(
-                jobs::table
-                    .filter(jobs::id.eq(id))
-                    .filter(jobs::version.eq(version))
-                    .filter(RETRYABLE_BY_HAND),
-            )
-            .set((
-                jobs::state.eq(JobState::Pending.as_str()),
-                jobs::run_at.eq(now),
-                jobs::max_attempts.eq(max_attempts),
-                jobs::result.eq(None::<serde_json::Value>),
-                jobs::finished_at.eq(None::<i64>),
-                jobs::cancel_requested_at.eq(None::<i64>),
-                jobs::updated_at.eq(now),
-                jobs::version.eq(jobs::version + 1),
-            ))
-            .execute(conn)
-            .await?
-        });
+        // A `while_active` job takes its key again if no other job holds it; if one does, the
+        // unique index refuses, and the job is retried without the key (never taken from the
+        // job holding it).
+        macro_rules! retry_set {
+            ($hold:expr) => {
+                diesel::update(
+                    jobs::table
+                        .filter(jobs::id.eq(id))
+                        .filter(jobs::version.eq(version))
+                        .filter(RETRYABLE_BY_HAND),
+                )
+                .set((
+                    jobs::state.eq(JobState::Pending.as_str()),
+                    jobs::run_at.eq(now),
+                    jobs::max_attempts.eq(max_attempts),
+                    jobs::result.eq(None::<serde_json::Value>),
+                    jobs::finished_at.eq(None::<i64>),
+                    jobs::cancel_requested_at.eq(None::<i64>),
+                    jobs::updated_at.eq(now),
+                    jobs::version.eq(jobs::version + 1),
+                    jobs::unique_hold.eq($hold),
+                ))
+            };
+        }
+        let retake = job.unique_scope == Some(UniqueScope::WhileActive) && !job.unique_held;
+        let mut applied = None;
+        if retake {
+            let res: diesel::QueryResult<usize> =
+                with_write!(self, |conn| retry_set!(RetakeHold).execute(conn).await);
+            match res {
+                Ok(n) => applied = Some(n),
+                Err(diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::UniqueViolation,
+                    _,
+                )) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let n: usize = match applied {
+            Some(n) => n,
+            None => with_write!(self, |conn| retry_set!(jobs::unique_hold)
+                .execute(conn)
+                .await?),
+        };
         if n == 0 {
             return Ok(Guarded::Stale);
         }
@@ -461,6 +502,7 @@ impl Store {
                         jobs::lease_expires_at.eq(None::<i64>),
                         jobs::heartbeat_at.eq(None::<i64>),
                         jobs::timeout_at.eq(None::<i64>),
+                        jobs::unique_hold.eq(ReleaseHold(dead)),
                     ),
                 ))
                 .execute(conn)

@@ -50,8 +50,9 @@ impl Store {
     /// among equals). PostgreSQL: one `INSERT … SELECT FROM unnest(…)`, or for 1,000 jobs or
     /// more without unique keys one `COPY` on the store's bulk connection; SQLite and MySQL:
     /// one transaction of multi-row inserts (MariaDB, SQLite) or one insert per job (MySQL),
-    /// keyed jobs one by one. A job whose (kind, unique_key) is already live comes back with
-    /// `duplicate: true` and the existing id; so does a repeat of a key within the batch.
+    /// keyed jobs one by one. A job whose (kind, unique_key) another job holds (see
+    /// [`UniqueScope`](crate::UniqueScope)) comes back with `duplicate: true` and the holder's
+    /// id; so does a repeat of a key within the batch.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] naming the first bad job and field; nothing is written.
@@ -81,8 +82,9 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut result: Vec<Option<Enqueued>> = vec![None; jobs.len()];
-        // A duplicate whose existing row vanished (archived) between the insert and the
-        // look-up is inserted again; this converges in one more round in practice.
+        // A duplicate whose holder released its key (finished, archived, taken over) between
+        // the insert and the look-up is inserted again; this converges in one more round in
+        // practice.
         for _ in 0..TRANSIENT_TRIES {
             let todo: Vec<usize> = (0..jobs.len()).filter(|i| result[*i].is_none()).collect();
             if todo.is_empty() {

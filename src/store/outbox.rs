@@ -94,7 +94,9 @@ impl OutboxConnection for AsyncMysqlConnection {
         insert_returning: bool,
     ) -> Result<Vec<Option<Enqueued>>> {
         let jobs: Vec<&NewJob> = jobs.iter().collect();
-        Ok(enqueue_mysql(self, &jobs, now, insert_returning).await?)
+        // The caller's transaction (outside one, each statement commits by itself: a
+        // take-over's release and insert then commit one after the other, still one holder).
+        Ok(enqueue_mysql(self, &jobs, now, insert_returning, true).await?)
     }
 }
 

@@ -40,10 +40,10 @@ impl<T> Guarded<T> {
 /// Result of enqueueing one job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Enqueued {
-    /// The new job's id, or the existing job's id for a duplicate.
+    /// The new job's id, or for a duplicate the id of the job holding the key.
     pub id: JobId,
-    /// True when a live job with the same (kind, unique_key) already existed: nothing new was
-    /// written.
+    /// True when another job held the same (kind, unique_key) (see
+    /// [`UniqueScope`](crate::UniqueScope)): nothing new was written.
     pub duplicate: bool,
 }
 

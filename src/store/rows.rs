@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::schema::{jobvisor_jobs, jobvisor_jobs_archive};
 use crate::error::{Error, Result};
-use crate::job::{Job, JobFailure, JobId, JobState, LeaseInfo};
+use crate::job::{Job, JobFailure, JobId, JobState, LeaseInfo, UniqueScope};
 use crate::lease::NodeId;
 
 /// A live row, exactly as stored.
@@ -50,6 +50,9 @@ pub(crate) struct JobRow {
     pub(crate) started_at: Option<i64>,
     pub(crate) refunds: i32,
     pub(crate) partition_key: Option<String>,
+    pub(crate) unique_hold: Option<String>,
+    pub(crate) unique_until: Option<i64>,
+    pub(crate) unique_scope: Option<String>,
 }
 
 /// An archived row, exactly as stored.
@@ -100,6 +103,8 @@ pub(crate) struct ArchivedJobColumns {
     pub(crate) started_at: Option<i64>,
     pub(crate) refunds: i32,
     pub(crate) partition_key: Option<String>,
+    pub(crate) unique_until: Option<i64>,
+    pub(crate) unique_scope: Option<String>,
 }
 
 impl From<ArchivedJobColumns> for JobRow {
@@ -132,6 +137,10 @@ impl From<ArchivedJobColumns> for JobRow {
             started_at: a.started_at,
             refunds: a.refunds,
             partition_key: a.partition_key,
+            // An archived job holds nothing.
+            unique_hold: None,
+            unique_until: a.unique_until,
+            unique_scope: a.unique_scope,
         }
     }
 }
@@ -208,11 +217,27 @@ impl JobRow {
             }),
             _ => None,
         };
+        let unique_scope = match self.unique_scope.as_deref() {
+            None if self.unique_key.is_some() => Some(UniqueScope::UntilArchived),
+            None => None,
+            Some("until_archived") => Some(UniqueScope::UntilArchived),
+            Some("while_active") => Some(UniqueScope::WhileActive),
+            Some("for") => {
+                let us = self.unique_until.unwrap_or(self.created_at) - self.created_at;
+                Some(UniqueScope::For(Duration::from_micros(
+                    u64::try_from(us).unwrap_or(0),
+                )))
+            }
+            Some(other) => return Err(corrupt(id, format!("unknown unique_scope {other:?}"))),
+        };
         Ok(Job {
             id: JobId(id),
             queue: self.queue,
             kind: self.kind,
             unique_key: self.unique_key,
+            unique_scope,
+            unique_until: self.unique_until.map(from_us),
+            unique_held: self.unique_hold.is_some(),
             partition: self.partition_key,
             state,
             priority: i16::try_from(self.priority)

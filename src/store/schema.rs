@@ -36,6 +36,9 @@ diesel::table! {
         started_at -> Nullable<BigInt>,
         refunds -> Integer,
         partition_key -> Nullable<Text>,
+        unique_hold -> Nullable<Text>,
+        unique_until -> Nullable<BigInt>,
+        unique_scope -> Nullable<Text>,
     }
 }
 
@@ -71,6 +74,8 @@ diesel::table! {
         started_at -> Nullable<BigInt>,
         refunds -> Integer,
         partition_key -> Nullable<Text>,
+        unique_until -> Nullable<BigInt>,
+        unique_scope -> Nullable<Text>,
     }
 }
 

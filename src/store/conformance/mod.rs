@@ -10,7 +10,7 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! migrations), `partition` (partition keys), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
+//! migrations), `partition` (partition keys), `unique` (unique-key scopes), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
 //! Databases come from [`crate::testing::TestDb`].
 //!
@@ -42,6 +42,7 @@ mod partition;
 pub mod proxy;
 mod queues;
 mod reads;
+mod unique;
 
 use super::driver::Listener;
 use crate::error::Error;
@@ -60,6 +61,7 @@ pub use maintenance::*;
 pub use partition::*;
 pub use queues::*;
 pub use reads::*;
+pub use unique::*;
 
 /// Everything a case needs.
 #[derive(Debug)]
@@ -221,6 +223,15 @@ macro_rules! conformance_tests {
             bad_queue_settings_get_clear_errors_and_change_nothing,
             partition_keys_round_trip_on_every_enqueue_path,
             bad_partition_keys_are_refused_and_nothing_stored,
+            while_active_keys_are_held_until_the_job_finishes,
+            until_archived_keys_are_held_until_the_job_is_archived,
+            period_keys_are_held_for_their_period,
+            concurrent_enqueues_of_one_key_hold_it_once_per_scope,
+            concurrent_enqueues_after_a_period_take_it_over_once,
+            bad_unique_scopes_are_refused,
+            keyed_jobs_from_before_scopes_keep_their_key_after_the_migration,
+            period_take_overs_follow_the_callers_transaction,
+            concurrent_batches_after_a_period_take_it_over_once,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

@@ -25,8 +25,8 @@ use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::batch::{
-    batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, FinalRow, LastId,
-    RenewedRow,
+    batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, take_over, FinalRow,
+    LastId, RenewedRow, KEYED_TRIES,
 };
 use super::connect::pool;
 use super::driver::{ClaimArgs, OpenError, RenewArgs};
@@ -109,10 +109,10 @@ impl MysqlDriver {
         Ok(if batch.len() == 1 {
             // One insert is atomic by itself, and LAST_INSERT_ID belongs to the connection:
             // no transaction, two round trips fewer.
-            enqueue_mysql(&mut c, batch, now, returning).await?
+            enqueue_mysql(&mut c, batch, now, returning, false).await?
         } else {
             diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                enqueue_mysql(c, batch, now, returning).await
+                enqueue_mysql(c, batch, now, returning, true).await
             })
             .await?
         })
@@ -241,12 +241,14 @@ pub(crate) fn run_migrations(
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
 /// one `INSERT … SELECT FROM JSON_TABLE(…) RETURNING id`; otherwise, and for keyed jobs, one
-/// insert per job (see [`enqueue_one_mysql`]).
+/// insert per job (see [`enqueue_one_mysql`]). `in_tx`: `conn` is inside a transaction (the
+/// batch's, or the caller's on the outbox path).
 pub(crate) async fn enqueue_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     batch: &[&NewJob],
     now: Option<i64>,
     returning: bool,
+    in_tx: bool,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     let mut out = Vec::with_capacity(batch.len());
     let mut i = 0;
@@ -266,7 +268,7 @@ pub(crate) async fn enqueue_mysql(
                 insert_many_mariadb(conn, &batch[i..i + run], now).await?,
             ));
         } else {
-            out.push(enqueue_one_mysql(conn, batch[i], now).await?);
+            out.push(enqueue_one_mysql(conn, batch[i], now, in_tx).await?);
         }
         i += run.max(1);
     }
@@ -311,15 +313,14 @@ async fn insert_many_mariadb(
     sorted_ids(rows, jobs.len())
 }
 
-/// MySQL, one job: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
-/// flag, so this is a plain insert and `LAST_INSERT_ID()`; a duplicate-key error (which does
-/// not abort a MySQL transaction) means "look up the existing row", read with a locking read
-/// so a row committed after this transaction's snapshot is seen.
-async fn enqueue_one_mysql(
+/// MySQL, one row: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
+/// flag, so this is a plain insert and `LAST_INSERT_ID()`. `None`: another job holds the key
+/// (a duplicate-key error, which does not abort a MySQL transaction).
+async fn insert_one_mysql(
     conn: &mut diesel_async::AsyncMysqlConnection,
     j: &NewJob,
     now: Option<i64>,
-) -> diesel::QueryResult<Option<Enqueued>> {
+) -> diesel::QueryResult<Option<i64>> {
     use diesel::result::{DatabaseErrorKind, Error as D};
     let res = diesel::insert_into(jobs::table)
         .values(new_row!(j, DbNow::new(now)))
@@ -330,30 +331,94 @@ async fn enqueue_one_mysql(
             let row: LastId = diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
                 .get_result(&mut *conn)
                 .await?;
-            Ok(Some(Enqueued {
-                id: JobId(row.id),
-                duplicate: false,
-            }))
+            Ok(Some(row.id))
         }
         Err(D::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if j.unique_key.is_some() => {
-            // A shared lock (compatible with the one the failed insert holds, unlike
-            // FOR UPDATE, which deadlocks concurrent losers) that reads the latest
-            // committed row. `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
-            let existing: Option<LastId> = diesel::sql_query(
-                "SELECT id FROM jobvisor_jobs WHERE kind = ? AND unique_key = ? LOCK IN SHARE MODE",
-            )
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The job holding a key, and whether its period has ended (1).
+#[derive(QueryableByName)]
+struct Holder {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    expired: Option<i64>,
+}
+
+/// MySQL, one job: inserted, or — when another job holds its key — that job as a duplicate,
+/// or inserted in its place if the holder's period has ended: the hold is released by a
+/// guarded, row-locking `UPDATE` and the job inserted in one transaction — the enclosing
+/// one when `in_tx`, else one of its own — so concurrent enqueuers serialize on the holder's
+/// row. (Not a savepoint inside the enclosing transaction: InnoDB rolls back a deadlock
+/// victim's whole transaction, savepoints included, and the rollback to the savepoint would
+/// then fail and hide the deadlock, which is transient, behind an error that is not.) The
+/// holder is read with a shared lock (compatible with the one the failed insert holds, unlike
+/// FOR UPDATE, which deadlocks concurrent losers), so the latest committed row is seen.
+/// `None` when the key kept changing hands (the caller tries again).
+async fn enqueue_one_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    j: &NewJob,
+    now: Option<i64>,
+    in_tx: bool,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    for _ in 0..KEYED_TRIES {
+        if let Some(id) = insert_one_mysql(conn, j, now).await? {
+            return Ok(Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }));
+        }
+        // `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
+        let holder: Option<Holder> = diesel::sql_query(sql::HOLDER_MYSQL)
+            .bind::<Nullable<BigInt>, _>(now)
             .bind::<Text, _>(&j.kind)
             .bind::<Nullable<Text>, _>(&j.unique_key)
             .get_result(&mut *conn)
             .await
             .optional()?;
-            Ok(existing.map(|r| Enqueued {
-                id: JobId(r.id),
+        let Some(h) = holder else {
+            continue; // released meanwhile: insert again
+        };
+        if h.expired != Some(1) {
+            return Ok(Some(Enqueued {
+                id: JobId(h.id),
                 duplicate: true,
-            }))
+            }));
         }
-        Err(e) => Err(e),
+        let got = if in_tx {
+            take_over_mysql(conn, h.id, j, now).await?
+        } else {
+            diesel_async::AsyncConnection::transaction(&mut *conn, async |c| {
+                take_over_mysql(c, h.id, j, now).await
+            })
+            .await?
+        };
+        if let Some(id) = got {
+            return Ok(Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }));
+        }
     }
+    Ok(None)
+}
+
+/// Releases the expired hold of job `holder` and inserts `j` in its place; `None` if another
+/// enqueuer took the hold over first.
+async fn take_over_mysql(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    holder: i64,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<i64>> {
+    if take_over!(conn, holder, now) == 0 {
+        return Ok(None);
+    }
+    insert_one_mysql(conn, j, now).await
 }
 
 /// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one multi-table

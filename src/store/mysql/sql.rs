@@ -185,6 +185,15 @@ prepared_statement!(Mysql
     }
 );
 
+/// The job holding a (kind, key), and whether its period has ended (1), read with a shared
+/// lock (see [`enqueue_one_mysql`](super::enqueue_one_mysql)).
+pub(crate) const HOLDER_MYSQL: &str = concat!(
+    "SELECT id, CAST(unique_until <= COALESCE(CAST(? AS SIGNED), ",
+    now_us!(),
+    ") AS SIGNED) AS expired \
+     FROM jobvisor_jobs WHERE kind = ? AND unique_hold = ? LOCK IN SHARE MODE"
+);
+
 /// The tail of the renew statement after its `UNION ALL` batch (see
 /// [`renew`](super::renew)).
 pub(crate) const RENEW_TAIL: &str = concat!(
@@ -205,7 +214,8 @@ SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
 );
 
 /// The tail of the finalize statement after its `UNION ALL` batch (see
-/// [`finalize`](super::finalize)).
+/// [`finalize`](super::finalize)). A job whose key is held `while_active` releases it in the
+/// same statement that ends it.
 pub(crate) const FINALIZE_TAIL: &str = concat!(
     ") AS v \
     ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
@@ -226,6 +236,8 @@ SET j.state = v.state, \
     j.finished_at = CASE WHEN v.finished = 1 THEN n.now ELSE NULL END, \
     j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_at = NULL, \
     j.heartbeat_at = NULL, j.timeout_at = NULL, j.version = j.version + 1, \
+    j.unique_hold = CASE WHEN v.finished = 1 AND j.unique_scope = 'while_active' THEN NULL \
+                         ELSE j.unique_hold END, \
     j.updated_at = n.now"
 );
 

@@ -21,7 +21,9 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-use super::batch::{existing, new_row, FinalRow, Finalized, RenewedRow};
+use super::batch::{
+    holder, new_row, take_over, unique_parts, FinalRow, Finalized, RenewedRow, KEYED_TRIES,
+};
 use super::connect::pool;
 use super::driver::{ClaimArgs, OpenError, RenewArgs};
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
@@ -200,30 +202,79 @@ pub(crate) fn run_migrations(
     Ok(())
 }
 
-/// PostgreSQL, one job: a single-row `INSERT … ON CONFLICT DO NOTHING RETURNING id` — a
+/// PostgreSQL, one row: a single-row `INSERT … ON CONFLICT DO NOTHING RETURNING id` — a
 /// single row, not a batch of one, because diesel never caches a batch insert's prepared
-/// statement (its length varies) and would parse and plan it on every call.
+/// statement (its length varies) and would parse and plan it on every call. `None`: another
+/// job holds the key.
+async fn insert_one_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    job: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<i64>> {
+    diesel::insert_into(jobs::table)
+        .values(new_row!(job, DbNow::new(now)))
+        .on_conflict((jobs::kind, jobs::unique_hold))
+        .filter_target(jobs::unique_hold.is_not_null())
+        .do_nothing()
+        .returning(jobs::id)
+        .get_result(&mut *conn)
+        .await
+        .optional()
+}
+
+/// PostgreSQL, one job: inserted, or — when another job holds its key — that job as a
+/// duplicate, or inserted in its place if the holder's period has ended. `None` when the key
+/// kept changing hands (the caller tries again).
 async fn enqueue_one_pg(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<Enqueued>> {
-    let id: Option<i64> = diesel::insert_into(jobs::table)
-        .values(new_row!(job, DbNow::new(now)))
-        .on_conflict((jobs::kind, jobs::unique_key))
-        .filter_target(jobs::unique_key.is_not_null())
-        .do_nothing()
-        .returning(jobs::id)
-        .get_result(&mut *conn)
-        .await
-        .optional()?;
-    Ok(match id {
-        Some(id) => Some(Enqueued {
+    for _ in 0..KEYED_TRIES {
+        if let Some(id) = insert_one_pg(conn, job, now).await? {
+            return Ok(Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }));
+        }
+        if let Some(e) = resolve_conflict_pg(conn, job, now).await? {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
+}
+
+/// After a keyed insert met a holder: the holder as a duplicate, or — if its period has
+/// ended — the hold taken over (a guarded, row-locking `UPDATE`) and this job inserted, in
+/// one transaction (a savepoint inside the caller's). `None`: nobody holds the key any more,
+/// or another enqueuer took it over first; the caller inserts again.
+async fn resolve_conflict_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    job: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    use diesel_async::AsyncConnection;
+    match holder!(conn, job, now) {
+        None => Ok(None),
+        Some((id, false)) => Ok(Some(Enqueued {
             id: JobId(id),
-            duplicate: false,
-        }),
-        None => existing!(conn, job),
-    })
+            duplicate: true,
+        })),
+        Some((id, true)) => {
+            let got = conn
+                .transaction(async |c| {
+                    if take_over!(c, id, now) == 0 {
+                        return Ok::<_, diesel::result::Error>(None);
+                    }
+                    insert_one_pg(c, job, now).await
+                })
+                .await?;
+            Ok(got.map(|id| Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }))
+        }
+    }
 }
 
 /// Pairs RETURNING rows (a subsequence of the input, in input order) with the input jobs.
@@ -266,8 +317,9 @@ fn match_inserted(
 }
 
 /// PostgreSQL: one job through the query builder (a cached prepared statement); a batch as
-/// one `INSERT … SELECT FROM unnest(…)` — ten array binds whatever its size, so no bind
-/// limit, and rows inserted (and returned) in input order.
+/// one `INSERT … SELECT FROM unnest(…)` — thirteen array binds whatever its size, so no bind
+/// limit, and rows inserted (and returned) in input order. Jobs whose key another job holds
+/// are then resolved one by one ([`resolve_conflict_pg`]).
 pub(crate) async fn enqueue_pg(
     conn: &mut diesel_async::AsyncPgConnection,
     batch: &[&NewJob],
@@ -290,6 +342,8 @@ pub(crate) async fn enqueue_pg(
     let mut run_at: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut delay_us: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut partition_key: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut unique_scope: Vec<Option<&'static str>> = Vec::with_capacity(n);
+    let mut period_us: Vec<Option<i64>> = Vec::with_capacity(n);
     for j in batch {
         queue.push(&j.queue);
         kind.push(&j.kind);
@@ -308,6 +362,9 @@ pub(crate) async fn enqueue_pg(
         run_at.push(at);
         delay_us.push(delay);
         partition_key.push(j.partition.as_deref());
+        let (scope, period) = unique_parts(j);
+        unique_scope.push(scope);
+        period_us.push(period);
     }
     #[derive(QueryableByName)]
     struct Inserted {
@@ -341,6 +398,8 @@ pub(crate) async fn enqueue_pg(
         run_at,
         delay_us,
         partition_key,
+        unique_scope,
+        period_us,
         now,
     }
     .load(&mut *conn)
@@ -352,7 +411,10 @@ pub(crate) async fn enqueue_pg(
     let mut out = match_inserted(batch, inserted);
     for (i, slot) in out.iter_mut().enumerate() {
         if slot.is_none() {
-            *slot = existing!(conn, batch[i]);
+            *slot = match resolve_conflict_pg(conn, batch[i], now).await? {
+                Some(e) => Some(e),
+                None => enqueue_one_pg(conn, batch[i], now).await?,
+            };
         }
     }
     Ok(out)

@@ -27,8 +27,8 @@ use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::batch::{
-    batch_json, existing, keyless_run, new_ids, new_row, sorted_ids, FinalRow, Finalized, LastId,
-    RenewedRow,
+    batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
+    LastId, RenewedRow, KEYED_TRIES,
 };
 use super::connect::pool;
 use super::driver::{ClaimArgs, RenewArgs};
@@ -300,25 +300,66 @@ pub(crate) async fn enqueue_sqlite(
             i += run;
             continue;
         }
-        let j = batch[i];
-        let id: Option<i64> = diesel::insert_into(jobs::table)
-            .values(new_row!(j, DbNow::new(now)))
-            .on_conflict((jobs::kind, jobs::unique_key))
-            .do_nothing()
-            .returning(jobs::id)
-            .get_result(&mut *conn)
-            .await
-            .optional()?;
-        out.push(match id {
-            Some(id) => Some(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }),
-            None => existing!(conn, j),
-        });
+        out.push(enqueue_one_sqlite(conn, batch[i], now).await?);
         i += 1;
     }
     Ok(out)
+}
+
+/// SQLite, one row: `INSERT … ON CONFLICT DO NOTHING RETURNING id`; `None`: another job
+/// holds the key.
+async fn insert_one_sqlite(
+    conn: &mut SqliteConn,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<i64>> {
+    diesel::insert_into(jobs::table)
+        .values(new_row!(j, DbNow::new(now)))
+        .on_conflict((jobs::kind, jobs::unique_hold))
+        .do_nothing()
+        .returning(jobs::id)
+        .get_result(&mut *conn)
+        .await
+        .optional()
+}
+
+/// SQLite, one job: inserted, or — when another job holds its key — that job as a
+/// duplicate, or inserted in its place if the holder's period has ended (its hold released
+/// by a guarded `UPDATE`; the caller's transaction — the writer's `BEGIN IMMEDIATE` — makes
+/// the two one step, and the only one). `None` when the key kept changing hands.
+async fn enqueue_one_sqlite(
+    conn: &mut SqliteConn,
+    j: &NewJob,
+    now: Option<i64>,
+) -> diesel::QueryResult<Option<Enqueued>> {
+    for _ in 0..KEYED_TRIES {
+        if let Some(id) = insert_one_sqlite(conn, j, now).await? {
+            return Ok(Some(Enqueued {
+                id: JobId(id),
+                duplicate: false,
+            }));
+        }
+        match holder!(conn, j, now) {
+            None => continue,
+            Some((id, false)) => {
+                return Ok(Some(Enqueued {
+                    id: JobId(id),
+                    duplicate: true,
+                }))
+            }
+            Some((id, true)) => {
+                if take_over!(conn, id, now) == 1 {
+                    if let Some(id) = insert_one_sqlite(conn, j, now).await? {
+                        return Ok(Some(Enqueued {
+                            id: JobId(id),
+                            duplicate: false,
+                        }));
+                    }
+                }
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// SQLite: the whole batch in one cached `UPDATE … FROM json_each(…)` statement — one call

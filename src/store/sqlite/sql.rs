@@ -128,7 +128,8 @@ prepared_statement!(Sqlite
 );
 
 /// SQLite: finalizes a batch given as one JSON array of
-/// `[id, token, state, result, error, delay_us, refund]`, each row guarded by its token.
+/// `[id, token, state, result, error, delay_us, refund]`, each row guarded by its token; a
+/// job whose key is held `while_active` releases it in the same statement that ends it.
 pub(crate) const FINALIZE_SQLITE: &str = concat!(
     "\
 WITH n(now) AS (SELECT COALESCE(?, ", now_us!(), ")), \
@@ -150,7 +151,12 @@ UPDATE jobvisor_jobs SET \
                          OR (v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts) \
                        THEN n.now ELSE NULL END, \
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL, \
-    timeout_at = NULL, version = jobvisor_jobs.version + 1, updated_at = n.now \
+    timeout_at = NULL, version = jobvisor_jobs.version + 1, updated_at = n.now, \
+    unique_hold = CASE WHEN jobvisor_jobs.unique_scope = 'while_active' \
+                        AND (v.state IN ('succeeded', 'dead', 'cancelled') \
+                             OR (v.state = 'retrying' \
+                                 AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts)) \
+                       THEN NULL ELSE jobvisor_jobs.unique_hold END \
 FROM v, n \
 WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
   AND jobvisor_jobs.state = 'running' \
