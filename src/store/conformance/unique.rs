@@ -454,17 +454,34 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/sqlite/2026-11-24-000007_unique_scopes/down.sql")
         }
     };
-    let version = t.store.schema_version_applied().await.unwrap().unwrap();
-    assert!(version.ends_with("000007"), "{version}");
+    // Later migrations are reverted first (newest first), then everything runs again.
+    let later = match b {
+        Backend::Postgres => {
+            include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql")
+        }
+        Backend::Mysql => {
+            include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql")
+        }
+        Backend::Sqlite => {
+            include_str!("../../../migrations/sqlite/2026-11-25-000008_queues/down.sql")
+        }
+    };
+    let latest = t.store.schema_version_applied().await.unwrap().unwrap();
+    assert_eq!(
+        latest, "20261125000008",
+        "a newer migration: revert it here too, before the queues one"
+    );
+    exec_sql(&t.store, later).await.unwrap();
     exec_sql(&t.store, down).await.unwrap();
     exec_sql(
         &t.store,
-        &format!("DELETE FROM __diesel_schema_migrations WHERE version = '{version}'"),
+        "DELETE FROM __diesel_schema_migrations \
+         WHERE version IN ('20261124000007', '20261125000008')",
     )
     .await
     .unwrap();
     let store = t.db.store().await;
-    assert_eq!(store.schema_version_applied().await.unwrap(), Some(version));
+    assert_eq!(store.schema_version_applied().await.unwrap(), Some(latest));
 
     let get = async |id: JobId| store.job_get(id).await.unwrap().unwrap();
     for (id, key) in [(old, "old"), (second, "twice")] {
