@@ -257,7 +257,7 @@ mod tests {
     fn statements_split_at_their_placeholders_in_order() {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
         assert_eq!(segments(FINALIZE_PG).len(), 9);
-        assert_eq!(segments(CLAIM_PG).len(), 9);
+        assert_eq!(segments(CLAIM_PG).len(), 10);
         assert_eq!(segments(RENEW_PG).len(), 7);
         assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 14);
     }
