@@ -57,6 +57,32 @@ fn node(
     .keep(db.clone())
 }
 
+/// Two nodes `a` and `b` on one fresh database and clock, running `kinds[0]` and `kinds[1]`
+/// with `counted` handlers behind one gate (closed) and one gauge.
+struct Pair {
+    a: Simulation,
+    b: Simulation,
+    gate: Arc<Semaphore>,
+    gauge: Arc<Gauge>,
+}
+
+impl Pair {
+    async fn start(backend: Backend, kinds: [&str; 2]) -> Pair {
+        let db = Arc::new(TestDb::create(backend).await);
+        let clock = ManualClock::at_fixed_start();
+        let gate = Arc::new(Semaphore::new(0));
+        let gauge = Arc::new(Gauge::default());
+        let mut nodes = Vec::new();
+        for (name, kind) in ["a", "b"].into_iter().zip(kinds) {
+            let handler = counted(gate.clone(), gauge.clone());
+            nodes.push(node(&db, db.store().await, &clock, name, kind, handler));
+        }
+        let b = nodes.pop().unwrap();
+        let a = nodes.pop().unwrap();
+        Pair { a, b, gate, gauge }
+    }
+}
+
 async fn enqueue(sim: &Simulation, kind: &str, n: usize) -> Vec<JobId> {
     sim.client
         .enqueue_many(
@@ -84,26 +110,7 @@ async fn until(done: impl Fn() -> bool) {
 
 #[actix::test]
 async fn a_pause_stops_claims_on_every_node_and_a_resume_restarts_them() {
-    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
-    let clock = ManualClock::at_fixed_start();
-    let gate = Arc::new(Semaphore::new(0));
-    let gauge = Arc::new(Gauge::default());
-    let a = node(
-        &db,
-        db.store().await,
-        &clock,
-        "a",
-        "w",
-        counted(gate.clone(), gauge.clone()),
-    );
-    let b = node(
-        &db,
-        db.store().await,
-        &clock,
-        "b",
-        "w",
-        counted(gate.clone(), gauge.clone()),
-    );
+    let Pair { a, b, gate, .. } = Pair::start(Backend::Sqlite, ["w", "w"]).await;
     let ids = enqueue(&a, "w", 30).await;
     a.fetch("q").await; // half its budget, then the other half by itself
     until(|| a.handle.stats().claimed == 10).await;
@@ -184,28 +191,9 @@ async fn a_rate_limited_fetcher_sleeps_until_its_window_frees_then_claims_by_its
 
 async fn a_global_limit_hands_its_slots_between_nodes(backend: Backend) {
     const LIMIT: i64 = 4;
-    let db = Arc::new(TestDb::create(backend).await);
-    let clock = ManualClock::at_fixed_start();
-    let gate = Arc::new(Semaphore::new(0));
-    let gauge = Arc::new(Gauge::default());
     // a runs kind x, b kind w, on one queue limited to 4 running jobs: whatever a holds, b
     // cannot have; every slot a frees is b's to take.
-    let a = node(
-        &db,
-        db.store().await,
-        &clock,
-        "a",
-        "x",
-        counted(gate.clone(), gauge.clone()),
-    );
-    let b = node(
-        &db,
-        db.store().await,
-        &clock,
-        "b",
-        "w",
-        counted(gate.clone(), gauge.clone()),
-    );
+    let Pair { a, b, gate, gauge } = Pair::start(backend, ["x", "w"]).await;
     let mut ids = enqueue(&a, "x", 4).await;
     ids.extend(enqueue(&a, "w", 20).await);
     a.client

@@ -40,6 +40,60 @@ async fn running_in(t: &Bundle, queue: &str) -> u64 {
         .sum()
 }
 
+/// Eight claimers over `queue`, claimer n taking only kind `k{n % 4}` (so they look at
+/// disjoint jobs and only the queue's counts keep them under a limit together), `per_claim`
+/// at a time, until 50 claims in a row come back empty. Each claim is shown to `hold` with
+/// `+1` while its jobs are held, then with `-1` — before they are finalized, so what `hold`
+/// counts never exceeds what the database counts. Answers how many jobs were claimed.
+async fn claim_in_parallel<F>(t: &Bundle, queue: &str, per_claim: u32, hold: F) -> usize
+where
+    F: Fn(&[ClaimedJob], i64) + Send + Sync + 'static,
+{
+    let hold = Arc::new(hold);
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let (store, hold, queue) = (t.store.clone(), hold.clone(), queue.to_string());
+        let now = t.at(1);
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0;
+            let mut idle = 0;
+            while idle < 50 {
+                let got = store
+                    .job_claim(ClaimParams {
+                        kinds: Some(vec![format!("k{}", n % 4)]),
+                        ..params(&queue, &format!("claimer-{n}"), per_claim, now)
+                    })
+                    .await
+                    .unwrap();
+                if got.is_empty() {
+                    idle += 1;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                idle = 0;
+                hold(&got, 1);
+                tokio::task::yield_now().await;
+                hold(&got, -1);
+                mine += got.len();
+                let items = got
+                    .into_iter()
+                    .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
+                    .collect();
+                store
+                    .job_finalize_many(FinalizeParams { items, now })
+                    .await
+                    .unwrap();
+            }
+            mine
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    total
+}
+
 pub async fn a_paused_queue_is_never_claimed_and_the_pause_is_shared_and_stored(b: Backend) {
     let t = Bundle::new(b).await;
     enqueue_n(&t, "mail", 10).await;
@@ -142,55 +196,16 @@ pub async fn a_concurrency_limit_is_never_exceeded_by_concurrent_claimers(b: Bac
         .queue_set_limits("q", QueueLimits::default().concurrency(5), t.at(0))
         .await
         .unwrap();
-    // Jobs claimed and not yet released by the claimers. A claimer releases its jobs (here)
-    // before it finalizes them (in the database), so this never counts more than the
-    // database does: above LIMIT only if the claims over-admitted.
     let held = Arc::new(AtomicI64::new(0));
     let peak = Arc::new(AtomicI64::new(0));
-    let mut tasks = Vec::new();
-    for n in 0..8 {
-        let (store, held, peak) = (t.store.clone(), held.clone(), peak.clone());
-        let now = t.at(1);
-        tasks.push(tokio::spawn(async move {
-            let mut mine = 0;
-            let mut idle = 0;
-            while idle < 50 {
-                let got = store
-                    .job_claim(ClaimParams {
-                        kinds: Some(vec![format!("k{}", n % 4)]),
-                        ..params("q", &format!("claimer-{n}"), 3, now)
-                    })
-                    .await
-                    .unwrap();
-                if got.is_empty() {
-                    idle += 1;
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-                idle = 0;
-                let k = i64::try_from(got.len()).unwrap();
-                let h = held.fetch_add(k, Ordering::SeqCst) + k;
-                peak.fetch_max(h, Ordering::SeqCst);
-                assert!(h <= LIMIT, "{h} jobs held under a limit of {LIMIT}");
-                tokio::task::yield_now().await;
-                held.fetch_sub(k, Ordering::SeqCst);
-                let items = got
-                    .into_iter()
-                    .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
-                    .collect();
-                store
-                    .job_finalize_many(FinalizeParams { items, now })
-                    .await
-                    .unwrap();
-                mine += k;
-            }
-            mine
-        }));
-    }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await.unwrap();
-    }
+    let (h, p) = (held.clone(), peak.clone());
+    let total = claim_in_parallel(&t, "q", 3, move |got, sign| {
+        let k = sign * i64::try_from(got.len()).unwrap();
+        let now = h.fetch_add(k, Ordering::SeqCst) + k;
+        p.fetch_max(now, Ordering::SeqCst);
+        assert!(now <= LIMIT, "{now} jobs held under a limit of {LIMIT}");
+    })
+    .await;
     assert_eq!(total, 1000, "every job ran");
     assert!(peak.load(Ordering::SeqCst) >= 2, "claimers overlapped");
     // Lowering the limit below what runs stops claims until the count is below it.
@@ -464,61 +479,17 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
         .queue_set_limits("t", QueueLimits::default().per_partition(2), t.at(0))
         .await
         .unwrap();
-    let held: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>> = Arc::default();
-    let mut tasks = Vec::new();
-    for n in 0..8 {
-        let (store, held) = (t.store.clone(), held.clone());
-        let now = t.at(1);
-        tasks.push(tokio::spawn(async move {
-            let mut mine = 0;
-            let mut idle = 0;
-            while idle < 50 {
-                let got = store
-                    .job_claim(ClaimParams {
-                        kinds: Some(vec![format!("k{}", n % 4)]),
-                        ..params("t", &format!("claimer-{n}"), 5, now)
-                    })
-                    .await
-                    .unwrap();
-                if got.is_empty() {
-                    idle += 1;
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-                idle = 0;
-                {
-                    let mut h = held.lock().unwrap();
-                    for c in &got {
-                        let p = c.job.partition.clone().unwrap();
-                        let e = h.entry(p.clone()).or_insert(0);
-                        *e += 1;
-                        assert!(*e <= 2, "{e} jobs of {p} held under a limit of 2");
-                    }
-                }
-                tokio::task::yield_now().await;
-                {
-                    let mut h = held.lock().unwrap();
-                    for c in &got {
-                        *h.get_mut(c.job.partition.as_ref().unwrap()).unwrap() -= 1;
-                    }
-                }
-                mine += got.len();
-                let items = got
-                    .into_iter()
-                    .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
-                    .collect();
-                store
-                    .job_finalize_many(FinalizeParams { items, now })
-                    .await
-                    .unwrap();
-            }
-            mine
-        }));
-    }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await.unwrap();
-    }
+    let held: std::sync::Mutex<std::collections::HashMap<String, i64>> = Default::default();
+    let total = claim_in_parallel(&t, "t", 5, move |got, sign| {
+        let mut h = held.lock().unwrap();
+        for c in got {
+            let p = c.job.partition.clone().unwrap();
+            let e = h.entry(p.clone()).or_insert(0);
+            *e += sign;
+            assert!(*e <= 2, "{e} jobs of {p} held under a limit of 2");
+        }
+    })
+    .await;
     assert_eq!(total, 1000, "every job ran");
 }
 
