@@ -125,6 +125,52 @@ async fn commands_do_what_they_say(backend: Backend) {
         v["next_after"], v["jobs"][1]["id"],
         "a full page says where to go on"
     );
+    // Payload text, searched within a window of jobs.
+    let v = json_of(
+        jobvisor(&url).args(["list", "--payload-contains", "\"to\":1", "--json"]),
+        0,
+    );
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["jobs"][0]["id"], mail[1].0);
+    assert_eq!(
+        (v["scanned"].clone(), v["scan_window_ended"].clone()),
+        (json!(4), json!(false))
+    );
+    let v = json_of(
+        jobvisor(&url).args([
+            "list",
+            "--payload-contains",
+            "\"to\":1",
+            "--scan",
+            "1",
+            "--json",
+        ]),
+        0,
+    );
+    assert_eq!(
+        v["jobs"],
+        json!([]),
+        "the one job looked at does not match: {v}"
+    );
+    assert_eq!(v["scan_window_ended"], true);
+    assert_eq!(v["next_after"], mail[0].0, "go on after the job looked at");
+    let v = json_of(
+        jobvisor(&url).args([
+            "list",
+            "--payload-contains",
+            "\"to\":1",
+            "--after",
+            &mail[0].0.to_string(),
+            "--json",
+        ]),
+        0,
+    );
+    assert_eq!(v["jobs"][0]["id"], mail[1].0);
+    let err = stderr_of(
+        jobvisor(&url).args(["list", "--payload-contains", "x", "--scan", "0"]),
+        2,
+    );
+    assert!(err.contains("--scan"), "{err}");
     let v = json_of(
         jobvisor(&url).args(["list", "--older-than", "1h", "--json"]),
         0,
@@ -250,6 +296,19 @@ async fn commands_do_what_they_say(backend: Backend) {
     );
     let info = client.queue("q").await.unwrap().unwrap();
     assert_eq!(info.limits.per_partition, Some(2));
+    let v = json_of(jobvisor(&url).args(["status", "--json"]), 0);
+    let q = &v["queues"][0];
+    assert_eq!(
+        (q["paused"].clone(), q["settings"]["concurrency"].clone()),
+        (json!(true), json!(4)),
+        "{v}"
+    );
+    let text = jobvisor(&url).arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("paused, concurrency 4, 2 per partition"),
+        "{text}"
+    );
     let text = jobvisor(&url).arg("queues").output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("paused") && text.contains("alice"), "{text}");

@@ -137,6 +137,14 @@ pub(crate) struct Filter {
     /// Only the job with this unique key.
     #[arg(long)]
     pub(crate) unique_key: Option<String>,
+    /// Only jobs whose payload, as JSON text, contains this (e.g. '"user_id":42'); searched
+    /// within the --scan window.
+    #[arg(long)]
+    pub(crate) payload_contains: Option<String>,
+    /// With --payload-contains: look at this many jobs at most (those matching the other
+    /// filters, by ascending id), then stop and say where to go on.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) scan: u32,
 }
 
 impl Filter {
@@ -147,6 +155,7 @@ impl Filter {
             && self.older_than.is_none()
             && self.newer_than.is_none()
             && self.unique_key.is_none()
+            && self.payload_contains.is_none()
     }
 }
 

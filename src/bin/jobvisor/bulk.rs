@@ -9,10 +9,10 @@ use jobvisor::{CancelOutcome, Client, Guarded, Job, JobId, JobState, ListParams}
 use serde_json::json;
 
 use crate::args::Bulk;
-use crate::{exit, list_params, render, show, Failure};
+use crate::args::Filter;
+use crate::{exit, list_params, render, search, show, Failure};
 
 /// Page size while collecting the matching jobs.
-const PAGE: u32 = 1000;
 
 /// What to do to each job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub(crate) async fn run(
                     ),
                 });
             }
-            matching(client, &list_params(&b.filter, now)).await?
+            matching(client, &b.filter, &list_params(&b.filter, now)).await?
         }
     };
     let (eligible, skipped): (Vec<Job>, Vec<Job>) = targets
@@ -154,24 +154,23 @@ pub(crate) async fn run(
 }
 
 /// Every job matching `p`, a page at a time.
-async fn matching(client: &Client, p: &ListParams) -> Result<Vec<Job>, Failure> {
-    let mut out = Vec::new();
-    let mut after = None;
-    loop {
-        let page = client
-            .list(ListParams {
-                after,
-                limit: PAGE,
-                ..p.clone()
-            })
-            .await?;
-        let full = page.len() == PAGE as usize;
-        after = page.last().map(|j| j.id);
-        out.extend(page);
-        if !full {
-            return Ok(out);
-        }
+async fn matching(client: &Client, f: &Filter, p: &ListParams) -> Result<Vec<Job>, Failure> {
+    let found = search::find(
+        client,
+        p,
+        f.payload_contains.as_deref(),
+        f.scan as usize,
+        usize::MAX,
+    )
+    .await?;
+    if let Some(id) = found.window_ended_at {
+        eprintln!(
+            "jobvisor: the payload search looked at {} jobs (--scan) and stopped; jobs after \
+             id {} were not searched",
+            found.scanned, id.0
+        );
     }
+    Ok(found.jobs)
 }
 
 /// Applies the change to one job: `Some(outcome)` when it took, `None` when the job changed

@@ -12,6 +12,7 @@ mod args;
 mod bulk;
 mod queues;
 mod render;
+mod search;
 
 use std::process::ExitCode;
 
@@ -168,10 +169,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let counts = client.counts().await?;
             let lags = client.queue_lags().await?;
             let nodes = client.nodes().await?;
+            let controls = client.queues().await?;
             show(
                 json,
-                render::status_json(now, &counts, &lags, &nodes),
-                || render::status_text(now, &counts, &lags, &nodes),
+                render::status_json(now, &counts, &lags, &nodes, &controls),
+                || render::status_text(now, &counts, &lags, &nodes, &controls),
             );
         }
         Command::Nodes => {
@@ -186,19 +188,43 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             after,
             archived,
         } => {
-            let jobs = client
-                .list(ListParams {
-                    after: after.map(JobId),
-                    limit,
-                    archived,
-                    ..list_params(&filter, now)
-                })
-                .await?;
-            let v = serde_json::json!({
+            let params = ListParams {
+                after: after.map(JobId),
+                archived,
+                ..list_params(&filter, now)
+            };
+            let found = search::find(
+                &client,
+                &params,
+                filter.payload_contains.as_deref(),
+                filter.scan as usize,
+                limit as usize,
+            )
+            .await?;
+            let jobs = &found.jobs;
+            let next_after = match found.window_ended_at {
+                Some(id) => Some(id.0),
+                None if jobs.len() == limit as usize => jobs.last().map(|j| j.id.0),
+                None => None,
+            };
+            let mut v = serde_json::json!({
                 "jobs": jobs.iter().map(render::job_json).collect::<Vec<_>>(),
-                "next_after": if jobs.len() == limit as usize { jobs.last().map(|j| j.id.0) } else { None },
+                "next_after": next_after,
             });
-            show(json, v, || render::jobs_table(&jobs));
+            if filter.payload_contains.is_some() {
+                v["scanned"] = serde_json::json!(found.scanned);
+                v["scan_window_ended"] = serde_json::json!(found.window_ended_at.is_some());
+            }
+            show(json, v, || {
+                let mut out = render::jobs_table(jobs);
+                if let Some(id) = found.window_ended_at {
+                    out.push_str(&format!(
+                        "searched {} jobs (--scan); more after id {}: --after {}\n",
+                        found.scanned, id.0, id.0
+                    ));
+                }
+                out
+            });
         }
         Command::Get { id } => {
             let job = client.get(JobId(id)).await?;

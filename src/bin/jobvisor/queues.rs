@@ -15,7 +15,8 @@ pub(crate) struct LimitChange {
     pub(crate) rate: Option<Option<(u32, Duration)>>,
 }
 
-fn queue_json(q: &QueueInfo) -> Value {
+/// A queue's settings as JSON (also in `status`).
+pub(crate) fn queue_json(q: &QueueInfo) -> Value {
     json!({
         "name": q.name,
         "paused": q.is_paused(),
@@ -58,6 +59,24 @@ fn queue_line(q: &QueueInfo) -> String {
         limit_text(q.limits.per_partition),
         rate_text(q.limits.rate),
     )
+}
+
+/// A queue's settings in a few words, for `status`: `paused`, then each limit.
+pub(crate) fn control_text(q: &QueueInfo) -> String {
+    let mut parts = Vec::new();
+    if q.is_paused() {
+        parts.push("paused".to_string());
+    }
+    if let Some(n) = q.limits.concurrency {
+        parts.push(format!("concurrency {n}"));
+    }
+    if let Some(n) = q.limits.per_partition {
+        parts.push(format!("{n} per partition"));
+    }
+    if let Some(r) = q.limits.rate {
+        parts.push(format!("rate {}", rate_text(Some(r))));
+    }
+    parts.join(", ")
 }
 
 fn header() -> String {

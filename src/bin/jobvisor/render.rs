@@ -3,7 +3,7 @@
 //! the command line's interface: they change only with a major version.
 
 use chrono::{DateTime, Utc};
-use jobvisor::{Job, JobFailure, NodeInfo, QueueLag, StateCount};
+use jobvisor::{Job, JobFailure, NodeInfo, QueueInfo, QueueLag, StateCount};
 use serde_json::{json, Value};
 
 /// A timestamp as RFC 3339 (microseconds, `Z`).
@@ -154,9 +154,11 @@ pub(crate) fn status_json(
     counts: &[StateCount],
     lags: &[QueueLag],
     nodes: &[NodeInfo],
+    controls: &[QueueInfo],
 ) -> Value {
     let mut queues: Vec<String> = counts.iter().map(|c| c.queue.clone()).collect();
     queues.extend(lags.iter().map(|l| l.queue.clone()));
+    queues.extend(controls.iter().map(|c| c.name.clone()));
     queues.sort_unstable();
     queues.dedup();
     let queues: Vec<Value> = queues
@@ -167,8 +169,11 @@ pub(crate) fn status_json(
                 states.insert(c.state.as_str().to_string(), json!(c.count));
             }
             let lag = lags.iter().find(|l| &l.queue == q);
+            let control = controls.iter().find(|c| &c.name == q);
             json!({
                 "queue": q,
+                "paused": control.is_some_and(QueueInfo::is_paused),
+                "settings": control.map(crate::queues::queue_json),
                 "states": states,
                 "due": lag.map_or(0, |l| l.due),
                 "oldest_due_at": ts_opt(lag.map(|l| l.oldest_due)),
@@ -189,11 +194,21 @@ pub(crate) fn status_text(
     counts: &[StateCount],
     lags: &[QueueLag],
     nodes: &[NodeInfo],
+    controls: &[QueueInfo],
 ) -> String {
-    let v = status_json(now, counts, lags, nodes);
+    let v = status_json(now, counts, lags, nodes, controls);
     let mut out = format!(
-        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}\n",
-        "queue", "pending", "running", "retrying", "succeeded", "dead", "cancelled", "due", "lag"
+        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
+        "queue",
+        "pending",
+        "running",
+        "retrying",
+        "succeeded",
+        "dead",
+        "cancelled",
+        "due",
+        "lag",
+        "control"
     );
     for q in v["queues"].as_array().into_iter().flatten() {
         let n = |s: &str| q["states"][s].as_u64().unwrap_or(0);
@@ -201,8 +216,12 @@ pub(crate) fn status_text(
             .iter()
             .find(|l| q["queue"] == l.queue.as_str())
             .map_or_else(|| "-".to_string(), |l| age(now, l.oldest_due));
+        let control = controls
+            .iter()
+            .find(|c| q["queue"] == c.name.as_str())
+            .map_or_else(|| "-".to_string(), crate::queues::control_text);
         out.push_str(&format!(
-            "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}\n",
+            "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
             q["queue"].as_str().unwrap_or(""),
             n("pending"),
             n("running"),
@@ -211,7 +230,8 @@ pub(crate) fn status_text(
             n("dead"),
             n("cancelled"),
             q["due"].as_u64().unwrap_or(0),
-            lag
+            lag,
+            control
         ));
     }
     out.push('\n');
