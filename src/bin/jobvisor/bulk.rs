@@ -12,7 +12,6 @@ use crate::args::Bulk;
 use crate::args::Filter;
 use crate::{exit, list_params, render, search, show, Failure};
 
-
 /// What to do to each job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Change {
