@@ -145,6 +145,7 @@ impl Store {
     /// # Errors
     /// [`Error::Database`]; [`Error::Corrupt`] if a claimed row cannot be read (the claim
     /// itself stands, and the sweeper reclaims it when its lease expires).
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))] // tests: crate::testing
     pub(crate) async fn job_claim(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
         Ok(self.job_claim_waiting(p).await?.0)
     }
