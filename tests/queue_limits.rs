@@ -141,9 +141,10 @@ async fn limits_hold_across_processes(backend: Backend) {
     let side = SideDb::open(&db.url, 4).unwrap();
     side.create_tables().await.unwrap();
     let client = Client::new(store);
-    let mut fleet = Fleet::start(&db.url);
 
-    // 1. Global and per-partition limits.
+    // 1. Global and per-partition limits, set before any node runs (a limit does not stop
+    //    jobs already running: set after the nodes started, PostgreSQL's notification of
+    //    the insert could let them claim the first jobs unlimited).
     let ids = enqueue(
         &client,
         (0..300_u64)
@@ -165,6 +166,7 @@ async fn limits_hold_across_processes(backend: Backend) {
         )
         .await
         .unwrap();
+    let mut fleet = Fleet::start(&db.url);
     wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
     let execs = side.executions().await.unwrap();
     assert_eq!(execs.len(), 300, "each job ran once");
