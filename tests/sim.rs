@@ -257,16 +257,23 @@ async fn cancelling_a_running_job_signals_its_handler_and_ends_it_cancelled() {
 #[actix::test]
 async fn graceful_shutdown_gives_back_the_lease_of_a_job_still_running() {
     let gate = Arc::new(Semaphore::new(0));
-    let quick_gate = Arc::new(Semaphore::new(1));
+    let quick_gate = Arc::new(Semaphore::new(0));
     let sim = Simulation::sqlite(|b| {
         b.handler("stuck", gated(gate.clone(), "never"))
-            .handler("quick", gated(quick_gate, "done"))
+            .handler("quick", gated(quick_gate.clone(), "done"))
     })
     .await;
     let stuck = enqueue(&sim, NewJob::new("stuck", json!({}))).await;
     let quick = enqueue(&sim, NewJob::new("quick", json!({}))).await;
     assert_eq!(sim.fetch("default").await, 2);
-    let report = sim.handle.shutdown_within(Duration::from_millis(500)).await;
+    // The quick job finishes while shutdown waits (not before it began: its gate opens only
+    // once the wait is under way).
+    let handle = sim.handle.clone();
+    let shutdown =
+        actix::spawn(async move { handle.shutdown_within(Duration::from_secs(1)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    quick_gate.add_permits(1);
+    let report = shutdown.await.unwrap();
     assert_eq!((report.finished, report.released), (1, 1));
     let job = sim.client.get(stuck).await.unwrap();
     assert_eq!(
