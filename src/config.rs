@@ -189,6 +189,12 @@ pub struct SchedulerConfig {
     /// How often the node looks for such jobs (default 1 min,
     /// [`DEFAULT_UNSERVED_CHECK_EVERY`]); each check repeats the report while they wait.
     pub unserved_check_every: Duration,
+    /// How often the node refreshes the database-wide gauges — jobs by queue and state, due
+    /// jobs, queue lag, node heartbeats (default 15 s,
+    /// [`DEFAULT_GAUGE_INTERVAL`](crate::metrics::DEFAULT_GAUGE_INTERVAL); `None`: not
+    /// refreshed). The counts run once per database per interval, by whichever node takes
+    /// the turn; see [`DatabaseGauges`](crate::metrics::DatabaseGauges).
+    pub gauges_every: Option<Duration>,
 }
 
 impl Default for SchedulerConfig {
@@ -212,6 +218,7 @@ impl Default for SchedulerConfig {
             node_heartbeat_every: DEFAULT_NODE_HEARTBEAT_EVERY,
             unserved_after: DEFAULT_UNSERVED_AFTER,
             unserved_check_every: DEFAULT_UNSERVED_CHECK_EVERY,
+            gauges_every: Some(crate::metrics::DEFAULT_GAUGE_INTERVAL),
         }
     }
 }
@@ -267,6 +274,8 @@ impl SchedulerConfig {
         unserved_after: Duration,
         /// Sets how often unserved jobs are looked for.
         unserved_check_every: Duration,
+        /// Sets how often the database-wide gauges are refreshed (`None`: never).
+        gauges_every: Option<Duration>,
     }
 
     /// Checks every field.
@@ -290,6 +299,19 @@ impl SchedulerConfig {
                     reason: "must be more than 0".into(),
                 });
             }
+        }
+        if let Some(d) = self
+            .gauges_every
+            .filter(|d| *d < crate::metrics::MIN_GAUGE_INTERVAL)
+        {
+            return Err(Error::Config {
+                field: "gauges_every",
+                reason: format!(
+                    "{d:?} is under the minimum of {:?}; expected seconds or more (the counts \
+                     read the whole jobs table)",
+                    crate::metrics::MIN_GAUGE_INTERVAL
+                ),
+            });
         }
         if self.renew_every * 3 > self.lease {
             return Err(Error::Config {

@@ -58,6 +58,7 @@ pub mod error;
 pub mod handler;
 pub mod job;
 pub mod lease;
+pub mod metrics;
 pub mod scheduler;
 pub mod store;
 #[cfg(feature = "test-util")]

@@ -341,6 +341,25 @@ async fn commands_do_what_they_say(backend: Backend) {
     assert_eq!(v["settings"], Value::Null, "{v}");
     assert_eq!(client.queues().await.unwrap(), vec![]);
 
+    // The database-wide gauges, printed once: what the table holds.
+    let out = jobvisor(&url).args(["metrics", "--once"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = String::from_utf8_lossy(&out.stdout);
+    let counts = client.counts().await.unwrap();
+    assert!(!counts.is_empty());
+    for c in counts {
+        let line = format!(
+            "jobvisor_jobs{{queue=\"{}\",state=\"{}\"}} {}",
+            c.queue, c.state, c.count
+        );
+        assert!(page.contains(&line), "{line} not in:\n{page}");
+    }
+    assert!(page.contains("jobvisor_gauges_refresh_seconds"), "{page}");
+
     // Refusals that change nothing.
     let err = stderr_of(jobvisor(&url).args(["retry"]), 2);
     assert!(err.contains("refusing"), "{err}");
@@ -387,6 +406,22 @@ fn bad_arguments_and_unreachable_databases_are_clear_and_keep_secrets() {
     assert!(err.contains("unknown unit"), "{err}");
     let err = stderr_of(jobvisor("sqlite://x.db").args(["get", "abc"]), 2);
     assert!(err.contains("abc"), "{err}");
+    let err = stderr_of(
+        jobvisor("sqlite://x.db").args(["metrics", "--listen", "localhost"]),
+        2,
+    );
+    assert!(
+        err.contains("localhost") && err.contains("--listen"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("m.db").display());
+    jobvisor(&db).arg("migrate").assert().success();
+    let err = stderr_of(
+        jobvisor(&db).args(["metrics", "--once", "--every", "0s"]),
+        2,
+    );
+    assert!(err.contains("every") && err.contains("minimum"), "{err}");
 
     let out = Command::cargo_bin("jobvisor")
         .unwrap()
@@ -395,4 +430,49 @@ fn bad_arguments_and_unreachable_databases_are_clear_and_keep_secrets() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("jobvisor"));
+}
+
+#[tokio::test]
+async fn metrics_listen_serves_the_gauges_over_http() {
+    let db = TestDb::create(Backend::Sqlite).await;
+    let url = db.url.clone();
+    let client = Client::new(db.store().await);
+    client
+        .enqueue(NewJob::new("k", json!(1)).queue("served"))
+        .await
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("jobvisor"))
+        .env("DATABASE_URL", &url)
+        .args([
+            "metrics",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--every",
+            "1s",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let want = "jobvisor_jobs{queue=\"served\",state=\"pending\"} 1";
+    let mut last = String::new();
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            last.clear();
+            let _ = s.read_to_string(&mut last);
+            if last.contains(want) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(last.contains(want), "{want} not served:\n{last}");
 }

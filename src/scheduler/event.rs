@@ -1,5 +1,6 @@
 //! One stream of facts about jobs and actors. Each fact is emitted once, here: it is logged
-//! with `tracing` and broadcast to subscribers (metrics, tests, the quickstart's progress).
+//! with `tracing`, counted in [`crate::metrics`] where it is a counter, and broadcast to
+//! subscribers (tests, the quickstart's progress).
 
 use std::time::{Duration, Instant};
 
@@ -193,9 +194,11 @@ impl EventBus {
                 }
             },
             Event::LeaseLost { id, kind } => {
+                crate::metrics::count_kind(crate::metrics::LEASES_LOST, kind);
                 tracing::warn!(job.id = id.0, job.kind = %kind, "lease lost; handler stopped, result discarded")
             }
             Event::SelfFenced { id, kind } => {
+                crate::metrics::count_kind(crate::metrics::JOBS_FENCED, kind);
                 tracing::warn!(job.id = id.0, job.kind = %kind, "lease could not be renewed in time; handler stopped, job given back once it has")
             }
             Event::Dropped { id, kind } => {
@@ -215,6 +218,7 @@ impl EventBus {
                 tracing::warn!(late_by_ms = late_by.as_millis() as u64, "timers fired late (process frozen or starved); revalidating leases before starting handlers")
             }
             Event::TimedOut { id, kind } => {
+                crate::metrics::count_kind(crate::metrics::JOBS_TIMED_OUT, kind);
                 tracing::warn!(job.id = id.0, job.kind = %kind, "timed out")
             }
             Event::CancelSignalled { id, kind } => {
@@ -226,6 +230,7 @@ impl EventBus {
                 reason,
                 state,
             } => {
+                crate::metrics::reclaimed(kind, reason.code());
                 tracing::warn!(job.id = id.0, job.kind = %kind, reason = reason.code(), state = %state, "reclaimed")
             }
             Event::LeasesRenewed { renewed, lost } => {

@@ -186,10 +186,15 @@ impl Handler<FetchNow> for Fetcher {
             lease: shared.config.lease,
             now: shared.clock.bound_now(),
         };
+        let queue = self.queue.clone();
         let fut = async move {
             let t0 = Instant::now();
             let res = shared.store.job_claim_waiting(params).await;
-            tracing::trace!(limit, took_us = t0.elapsed().as_micros() as u64, "claim");
+            let took = t0.elapsed();
+            tracing::trace!(limit, took_us = took.as_micros() as u64, "claim");
+            if let Ok((jobs, _)) = &res {
+                crate::metrics::claimed(&queue, jobs.len(), took);
+            }
             res
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
@@ -244,6 +249,7 @@ impl Fetcher {
         }
         let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
         self.busy = self.busy.saturating_add(n);
+        crate::metrics::in_flight(&self.queue, self.busy);
         self.shared.stats.add_claimed(u64::from(n));
         let mut leases = Vec::with_capacity(jobs.len());
         for claimed in jobs {
@@ -254,10 +260,11 @@ impl Fetcher {
                 attempt: claimed.job.attempts,
             });
             let attempt = Arc::new(Attempt::new(claimed_at + self.shared.config.lease));
-            let (id, kind, timeout) = (
+            let (id, kind, timeout, created_at) = (
                 claimed.job.id,
                 claimed.job.kind.clone(),
                 claimed.job.timeout,
+                claimed.job.created_at,
             );
             let supervisor = JobSupervisor::new(
                 self.shared.clone(),
@@ -275,6 +282,7 @@ impl Fetcher {
                 kind,
                 supervisor: supervisor.recipient(),
                 claimed_at,
+                created_at,
                 timeout,
                 attempt,
             });
@@ -300,6 +308,7 @@ impl Handler<SlotFreed> for Fetcher {
 
     fn handle(&mut self, m: SlotFreed, ctx: &mut Context<Self>) {
         self.busy = self.busy.saturating_sub(m.freed);
+        crate::metrics::in_flight(&self.queue, self.busy);
         self.window.on_freed(m.longest_wait);
         // Refill in worthwhile batches: once half the prefetch is free, or at once when the
         // workers could otherwise run out of jobs. A claim per freed job would cost a round

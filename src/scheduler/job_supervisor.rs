@@ -261,6 +261,11 @@ impl Actor for JobSupervisor {
             self.shared.clone(),
         );
         let (id, attempt) = (self.job.id, self.job.attempts);
+        let (queue, kind, due) = (
+            self.job.queue.clone(),
+            self.job.kind.clone(),
+            self.job.run_at,
+        );
         let margin = fence_margin(shared.config.lease);
         let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
         let task = self.shared.handler_rt.spawn(
@@ -271,9 +276,15 @@ impl Actor for JobSupervisor {
                 if !gate.try_start(shared.clock.monotonic(), margin) {
                     return None;
                 }
-                job_ctx.deadline = shared.clock.now() + timeout;
+                let now = shared.clock.now();
+                job_ctx.deadline = now + timeout;
                 shared.events.emit(Event::Started { id, attempt });
-                Some(reg.handler.call(job_ctx).await)
+                let pickup = (now - due).to_std().unwrap_or(Duration::ZERO);
+                crate::metrics::started(&queue, &kind, pickup);
+                let t0 = std::time::Instant::now();
+                let res = reg.handler.call(job_ctx).await;
+                crate::metrics::handler_ran(&queue, &kind, t0.elapsed());
+                Some(res)
             }
             .instrument(span),
         );

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use chrono::{DateTime, Utc};
 
 use super::attempt::{fence_margin, us, Attempt, Revoked};
 use super::fetcher::SlotFreed;
@@ -57,6 +58,8 @@ type Key = (JobId, LeaseToken);
 struct Lease {
     queue: String,
     kind: String,
+    /// When the job was enqueued (its end-to-end time is measured from it).
+    created_at: DateTime<Utc>,
     supervisor: Recipient<StopJob>,
     /// The start gate shared with the supervisor: the lease estimate (`valid_until`, the
     /// send time of the claim or of the last applied renewal plus the lease) and the start.
@@ -105,6 +108,12 @@ struct Pending {
     kind: String,
     attempt: u32,
     code: Option<String>,
+    /// Given back to run again at once (never started, shutdown), not a handler's outcome.
+    released: bool,
+    /// When this manager received it (the ack latency counts from here).
+    received: Instant,
+    /// When its job was enqueued.
+    created_at: Option<DateTime<Utc>>,
 }
 
 /// Owns the node's leases; see the module docs.
@@ -189,6 +198,9 @@ impl LeaseManager {
             kind: l.kind.clone(),
             attempt: 0,
             code: None,
+            released: true,
+            received: Instant::now(),
+            created_at: Some(l.created_at),
         });
         self.flush(ctx);
     }
@@ -231,7 +243,9 @@ impl LeaseManager {
             let t0 = Instant::now();
             let n = params.items.len();
             let res = store.job_finalize_many(params).await;
-            tracing::trace!(n, took_us = t0.elapsed().as_micros() as u64, "finalize");
+            let took = t0.elapsed();
+            tracing::trace!(n, took_us = took.as_micros() as u64, "finalize");
+            crate::metrics::finalize_statement(took);
             res
         };
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
@@ -242,6 +256,7 @@ impl LeaseManager {
                     act.flush_not_before = None;
                     // Per queue: slots freed, and the longest a job waited for a worker.
                     let mut freed: HashMap<String, (u32, Duration)> = HashMap::new();
+                    let now = act.shared.clock.now();
                     for (p, (_, outcome)) in batch.into_iter().zip(results) {
                         let id = p.item.id;
                         // Only this attempt's lease: a newer claim of the same job stays.
@@ -254,6 +269,18 @@ impl LeaseManager {
                         match outcome {
                             Guarded::Applied(state) => {
                                 act.shared.stats.add_finished(1);
+                                crate::metrics::finished(
+                                    &crate::metrics::Finished {
+                                        queue: &p.queue,
+                                        kind: &p.kind,
+                                        state,
+                                        attempt: p.attempt,
+                                        released: p.released,
+                                    },
+                                    p.created_at,
+                                    now,
+                                    p.received.elapsed(),
+                                );
                                 act.shared.events.emit(Event::Finished {
                                     id,
                                     kind: p.kind,
@@ -357,6 +384,8 @@ pub(crate) struct TrackLease {
     pub(crate) supervisor: Recipient<StopJob>,
     /// When the claim was sent (the node's monotonic clock).
     pub(crate) claimed_at: Duration,
+    /// When the job was enqueued.
+    pub(crate) created_at: DateTime<Utc>,
     /// The job's timeout per attempt.
     pub(crate) timeout: Duration,
     /// The start gate shared with its supervisor.
@@ -378,6 +407,7 @@ impl Handler<TrackLeases> for LeaseManager {
                 Lease {
                     queue: m.queue,
                     kind: m.kind,
+                    created_at: m.created_at,
                     supervisor: m.supervisor,
                     attempt: m.attempt,
                     claimed_at: us(m.claimed_at),
@@ -419,6 +449,7 @@ impl Handler<JobFinished> for LeaseManager {
 
     fn handle(&mut self, m: JobFinished, ctx: &mut Context<Self>) {
         let key = (m.id, m.token);
+        let created_at = self.leases.get(&key).map(|l| l.created_at);
         if let Some(l) = self.leases.get_mut(&key) {
             if l.finishing {
                 // Already given back by this manager (never started): nothing more to write.
@@ -433,6 +464,10 @@ impl Handler<JobFinished> for LeaseManager {
             }
         }
         let (id, token) = key;
+        // Back to pending at once without a handler's say: unstarted, or given back at
+        // shutdown (a handler's zero-delay snooze is counted with them).
+        let released =
+            !m.started || matches!(&m.outcome, Finalization::Requeue { delay } if delay.is_zero());
         let code = match &m.outcome {
             Finalization::Retry { error, .. }
             | Finalization::Dead { error }
@@ -445,10 +480,13 @@ impl Handler<JobFinished> for LeaseManager {
                 token,
                 outcome: m.outcome,
             },
+            released,
             queue: m.queue,
             kind: m.kind,
             attempt: m.attempt,
             code,
+            received: Instant::now(),
+            created_at,
         });
         self.flush(ctx);
     }
@@ -528,7 +566,12 @@ impl Handler<RenewLeases> for LeaseManager {
             now: self.shared.clock.bound_now(),
         };
         let store = self.shared.store.clone();
-        let fut = async move { store.job_renew_leases(params).await };
+        let fut = async move {
+            let t0 = Instant::now();
+            let res = store.job_renew_leases(params).await;
+            crate::metrics::renew_statement(t0.elapsed());
+            res
+        };
         Box::pin(fut.into_actor(self).map(move |res, act, ctx| {
             act.renewing = false;
             let results = match res {
@@ -844,6 +887,9 @@ mod tests {
             kind: "k".into(),
             attempt: 1,
             code: None,
+            released: false,
+            received: Instant::now(),
+            created_at: None,
         }
     }
 

@@ -27,6 +27,7 @@ mod builder;
 mod event;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod fetcher;
+mod gauges;
 mod handle;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod job_supervisor;

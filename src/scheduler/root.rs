@@ -10,6 +10,7 @@ use actix::prelude::*;
 use super::archiver::{ArchiveNow, Archiver};
 use super::event::Event;
 use super::fetcher::{FetchNow, Fetcher, StopClaiming, Wake};
+use super::gauges::gauge_loop;
 use super::lease_manager::{
     CheckDeadlines, GetLeaseManagerStatus, LeaseManager, ReleaseAll, RenewLeases,
 };
@@ -145,6 +146,10 @@ impl Actor for Scheduler {
             .collect();
         let listener = listen_loop(self.shared.clone(), wakers);
         self.timers.push(ctx.spawn(fut::wrap_future(listener)));
+        if let Some(every) = cfg.gauges_every {
+            let gauges = gauge_loop(self.shared.clone(), every);
+            self.timers.push(ctx.spawn(fut::wrap_future(gauges)));
+        }
     }
 }
 

@@ -180,6 +180,19 @@ impl Driver {
         }
     }
 
+    /// The main pool's connections and checkout statistics (the renewal lane is not
+    /// counted: it is the node's own, one or two connections).
+    pub(crate) fn pool_state(&self) -> bb8::State {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.pool_state(),
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.pool_state(),
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(d) => d.pool_state(),
+        }
+    }
+
     /// Enqueues a validated batch (see the module doc).
     pub(crate) async fn enqueue(
         &self,

@@ -10,8 +10,9 @@
 //! # Layout, in layers (each imports only those below it)
 //! 1. The engine's entry points on [`Store`]: `ops` (enqueue, claim, renew, finalize:
 //!    validation, bounds, retries, matching results — once for every backend), `maintain`
-//!    (reclaim, archive, prune, cancel, manual retry) and `read` (get, list, counts), both
-//!    written once with diesel's query builder; `outbox` (enqueue in the caller's
+//!    (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts) and
+//!    `gauges` (the database-wide gauges, one node's turn per interval), written once with
+//!    diesel's query builder; `outbox` (enqueue in the caller's
 //!    transaction); `migrate` (embedded migrations, the schema check); `connect` (URL →
 //!    backend, open).
 //! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
@@ -33,6 +34,7 @@ mod connect;
 pub(crate) mod driver;
 mod errors;
 mod expr;
+mod gauges;
 mod maintain;
 mod migrate;
 #[cfg(feature = "mysql")]
@@ -67,6 +69,7 @@ pub mod conformance;
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use connect::with_query;
 pub(crate) use driver::Listener;
+pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
 pub use nodes::{NodeInfo, Unserved, UnservedReason};
 pub use options::{
     Backend, StoreOptions, TcpKeepalive, DEFAULT_BUSY_TIMEOUT, DEFAULT_CONNECT_ATTEMPT_TIMEOUT,
@@ -90,6 +93,11 @@ pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub use tls::TlsMode;
 
 impl Store {
+    /// The main pool's connections and checkout statistics (for the pool metrics).
+    pub(crate) fn pool_state(&self) -> bb8::State {
+        self.inner.driver.pool_state()
+    }
+
     /// Opens a listener for wake-ups, on PostgreSQL; `None` on backends without one.
     ///
     /// Its connection is opened like the pool's (see [`StoreOptions`]): TCP keepalives and

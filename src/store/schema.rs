@@ -117,6 +117,17 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// The database-wide gauges, computed by one node per interval (see `store::gauges`).
+    jobvisor_gauges (id) {
+        id -> Integer,
+        computed_at -> BigInt,
+        computed_by -> Nullable<Text>,
+        took_us -> BigInt,
+        snapshot -> Text,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     jobvisor_jobs,
     jobvisor_nodes,

@@ -109,6 +109,19 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_rate)]
         rate: Option<Lift<(u32, Duration)>>,
     },
+    /// Serve the database-wide gauges (jobs by queue and state, due jobs, queue lag, node
+    /// heartbeats) for Prometheus at http://LISTEN/metrics, or print them once.
+    Metrics {
+        /// Where to serve `/metrics`.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        listen: std::net::SocketAddr,
+        /// How often the gauges are refreshed (at least 1s).
+        #[arg(long, value_parser = parse_age, default_value = "15s")]
+        every: Duration,
+        /// Refresh once, print the page to standard output and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.

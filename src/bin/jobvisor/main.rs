@@ -10,6 +10,7 @@
 
 mod args;
 mod bulk;
+mod exporter;
 mod queues;
 mod render;
 mod search;
@@ -162,6 +163,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         };
     }
     let store = Store::connect(url).await?;
+    if let Command::Metrics {
+        listen,
+        every,
+        once,
+    } = cli.command
+    {
+        return if once {
+            exporter::once(store, every).await
+        } else {
+            exporter::serve(store, listen, every).await
+        };
+    }
     let client = Client::new(store);
     let now = chrono::Utc::now();
     match cli.command {
@@ -263,7 +276,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             };
             queues::limit(&client, &queue, change, json).await?;
         }
-        Command::Migrate { .. } | Command::Completions { .. } => {}
+        Command::Migrate { .. } | Command::Completions { .. } | Command::Metrics { .. } => {}
     }
     Ok(())
 }

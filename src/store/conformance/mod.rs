@@ -10,7 +10,8 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! migrations), `partition` (partition keys), `unique` (unique-key scopes), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
+//! migrations), `partition` (partition keys), `unique` (unique-key scopes), `gauges` (the database-wide
+//! gauges' turns and counts), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
 //! Databases come from [`crate::testing::TestDb`].
 //!
@@ -36,6 +37,7 @@ mod cut;
 mod deploy;
 mod enqueue;
 mod finalize;
+mod gauges;
 mod lease;
 mod maintenance;
 mod partition;
@@ -56,6 +58,7 @@ pub use cut::*;
 pub use deploy::*;
 pub use enqueue::*;
 pub use finalize::*;
+pub use gauges::*;
 pub use lease::*;
 pub use maintenance::*;
 pub use partition::*;
@@ -232,6 +235,7 @@ macro_rules! conformance_tests {
             keyed_jobs_from_before_scopes_keep_their_key_after_the_migration,
             period_take_overs_follow_the_callers_transaction,
             concurrent_batches_after_a_period_take_it_over_once,
+            gauges_are_computed_once_per_interval_and_match_the_table,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

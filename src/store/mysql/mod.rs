@@ -63,6 +63,11 @@ pub(crate) struct MysqlDriver {
 }
 
 impl MysqlDriver {
+    /// The main pool's state (see [`Driver::pool_state`](super::driver::Driver::pool_state)).
+    pub(crate) fn pool_state(&self) -> bb8::State {
+        self.pool.state()
+    }
+
     /// Reads the server's version on a first connection (which also reports the real reason
     /// a server cannot be reached: `Err(reason)`), then opens the pools.
     pub(crate) async fn open(

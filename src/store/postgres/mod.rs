@@ -60,6 +60,11 @@ pub(crate) struct PgDriver {
 }
 
 impl PgDriver {
+    /// The main pool's state (see [`Driver::pool_state`](super::driver::Driver::pool_state)).
+    pub(crate) fn pool_state(&self) -> bb8::State {
+        self.pool.state()
+    }
+
     /// Opens the pools on `url`; a first connection reports the real reason a server cannot
     /// be reached (`Err(reason)`, password scrubbed).
     pub(crate) async fn open(

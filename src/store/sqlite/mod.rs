@@ -80,6 +80,11 @@ impl std::ops::DerefMut for Writer<'_> {
 }
 
 impl SqliteDriver {
+    /// The main pool's state (see [`Driver::pool_state`](super::driver::Driver::pool_state)).
+    pub(crate) fn pool_state(&self) -> bb8::State {
+        self.pool.state()
+    }
+
     /// Opens the file (created if missing, WAL mode) and the pools; the first open reports a
     /// bad file with its real cause (`Err(reason)`). `lock_bound`: the store's statement bound.
     pub(crate) async fn open(

@@ -1,0 +1,242 @@
+//! Metrics, through the [`metrics`](https://docs.rs/metrics) facade: jobvisor records, the
+//! embedding service chooses the exporter (with the `prometheus` feature,
+//! [`install_prometheus`] sets one up; with `actix-web`, [`actix_web_service`] serves it).
+//! With no recorder installed every call below is a no-op.
+//!
+//! # What is recorded
+//! The names and labels are stable: dashboards and alerts may rely on them. Durations are in
+//! seconds. `queue` and `kind` are the job's; `outcome` is one of `succeeded`, `retried`,
+//! `dead`, `cancelled`, `snoozed` (the handler asked to run later) or `released` (given back
+//! to run again at once: never started because its lease may be gone, or shutdown).
+//!
+//! Recorded by each node, for the jobs it runs:
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `jobvisor_jobs_claimed_total` | counter | queue | jobs claimed |
+//! | `jobvisor_jobs_finished_total` | counter | queue, kind, outcome | finalizations written |
+//! | `jobvisor_leases_lost_total` | counter | kind | results refused: the lease was gone |
+//! | `jobvisor_jobs_fenced_total` | counter | kind | handlers stopped because the lease could not be renewed in time |
+//! | `jobvisor_jobs_timed_out_total` | counter | kind | handlers stopped at their timeout |
+//! | `jobvisor_jobs_reclaimed_total` | counter | kind, reason | jobs of any node reclaimed by this node's sweeper (`reason`: `lease_expired`, `timeout`) |
+//! | `jobvisor_pickup_latency_seconds` | histogram | queue, kind | due (`run_at`) → handler started |
+//! | `jobvisor_handler_duration_seconds` | histogram | queue, kind | handler start → return |
+//! | `jobvisor_finalize_latency_seconds` | histogram | queue | handler return → its outcome confirmed written (the ack) |
+//! | `jobvisor_end_to_end_seconds` | histogram | queue, kind | enqueued → written `succeeded`, `dead` or `cancelled` |
+//! | `jobvisor_job_attempts` | histogram | queue, kind | attempts a job used, when it ends `succeeded` or `dead` |
+//! | `jobvisor_claim_statement_seconds` | histogram | queue | one claim round trip |
+//! | `jobvisor_finalize_statement_seconds` | histogram | | one finalization batch round trip |
+//! | `jobvisor_renew_statement_seconds` | histogram | | one lease renewal round trip |
+//! | `jobvisor_jobs_in_flight` | gauge | queue | jobs this node holds: running, prefetched, being written |
+//! | `jobvisor_pool_connections` | gauge | state (`in_use`, `idle`) | the store's main pool |
+//! | `jobvisor_pool_max_connections` | gauge | | its size |
+//! | `jobvisor_pool_waited_total` | counter | | checkouts that had to wait for a connection |
+//! | `jobvisor_pool_timed_out_total` | counter | | checkouts that gave up waiting |
+//!
+//! Recorded from the database, the same values on every node (see [`DatabaseGauges`]: the
+//! counts run once per database per interval, whatever the number of nodes; aggregate them
+//! with `max`, not `sum`):
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `jobvisor_jobs` | gauge | queue, state | live jobs (not yet archived) |
+//! | `jobvisor_jobs_due` | gauge | queue, priority | waiting jobs whose `run_at` has passed: ready to run |
+//! | `jobvisor_queue_lag_seconds` | gauge | queue | how long the oldest due job has waited (0: none waiting) |
+//! | `jobvisor_node_heartbeat_age_seconds` | gauge | node | since each registered node last reported (0 once it has left) |
+//! | `jobvisor_gauges_age_seconds` | gauge | | how old these database gauges are |
+//! | `jobvisor_gauges_refresh_seconds` | gauge | | how long their last computation took |
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::job::JobState;
+
+mod gauges;
+#[cfg(feature = "prometheus")]
+mod prometheus;
+#[cfg(feature = "actix-web")]
+mod service;
+
+pub use gauges::{DatabaseGauges, DEFAULT_GAUGE_INTERVAL, MIN_GAUGE_INTERVAL};
+#[cfg(feature = "prometheus")]
+pub use prometheus::{install_prometheus, prometheus_builder, PrometheusHandle, DURATION_BUCKETS};
+#[cfg(feature = "actix-web")]
+pub use service::actix_web_service;
+
+/// Jobs claimed, by queue.
+pub const JOBS_CLAIMED: &str = "jobvisor_jobs_claimed_total";
+/// Finalizations written, by queue, kind and outcome.
+pub const JOBS_FINISHED: &str = "jobvisor_jobs_finished_total";
+/// Results refused because the lease was gone, by kind.
+pub const LEASES_LOST: &str = "jobvisor_leases_lost_total";
+/// Handlers stopped because their lease could not be renewed in time, by kind.
+pub const JOBS_FENCED: &str = "jobvisor_jobs_fenced_total";
+/// Handlers stopped at their timeout, by kind.
+pub const JOBS_TIMED_OUT: &str = "jobvisor_jobs_timed_out_total";
+/// Jobs reclaimed by this node's sweeper, by kind and reason.
+pub const JOBS_RECLAIMED: &str = "jobvisor_jobs_reclaimed_total";
+/// Due → started, by queue and kind.
+pub const PICKUP_LATENCY: &str = "jobvisor_pickup_latency_seconds";
+/// Handler run time, by queue and kind.
+pub const HANDLER_DURATION: &str = "jobvisor_handler_duration_seconds";
+/// Handler return → outcome written, by queue.
+pub const FINALIZE_LATENCY: &str = "jobvisor_finalize_latency_seconds";
+/// Enqueued → ended, by queue and kind.
+pub const END_TO_END: &str = "jobvisor_end_to_end_seconds";
+/// Attempts used by jobs that ended, by queue and kind.
+pub const JOB_ATTEMPTS: &str = "jobvisor_job_attempts";
+/// One claim statement, by queue.
+pub const CLAIM_STATEMENT: &str = "jobvisor_claim_statement_seconds";
+/// One finalization statement.
+pub const FINALIZE_STATEMENT: &str = "jobvisor_finalize_statement_seconds";
+/// One renewal statement.
+pub const RENEW_STATEMENT: &str = "jobvisor_renew_statement_seconds";
+/// Jobs held by this node, by queue.
+pub const JOBS_IN_FLIGHT: &str = "jobvisor_jobs_in_flight";
+/// The main pool's connections, by state (`in_use`, `idle`).
+pub const POOL_CONNECTIONS: &str = "jobvisor_pool_connections";
+/// The main pool's size.
+pub const POOL_MAX_CONNECTIONS: &str = "jobvisor_pool_max_connections";
+/// Pool checkouts that waited.
+pub const POOL_WAITED: &str = "jobvisor_pool_waited_total";
+/// Pool checkouts that timed out.
+pub const POOL_TIMED_OUT: &str = "jobvisor_pool_timed_out_total";
+/// Live jobs by queue and state (database-wide).
+pub const JOBS: &str = "jobvisor_jobs";
+/// Due waiting jobs by queue and priority (database-wide).
+pub const JOBS_DUE: &str = "jobvisor_jobs_due";
+/// Age of each queue's oldest due job (database-wide).
+pub const QUEUE_LAG: &str = "jobvisor_queue_lag_seconds";
+/// Time since each node's last heartbeat (database-wide).
+pub const NODE_HEARTBEAT_AGE: &str = "jobvisor_node_heartbeat_age_seconds";
+/// Age of the database gauges.
+pub const GAUGES_AGE: &str = "jobvisor_gauges_age_seconds";
+/// How long the database gauges took to compute.
+pub const GAUGES_REFRESH: &str = "jobvisor_gauges_refresh_seconds";
+
+/// The `outcome` label of a written state (`released`: given back to run again at once).
+pub(crate) fn outcome(state: JobState, released: bool) -> &'static str {
+    match state {
+        JobState::Succeeded => "succeeded",
+        JobState::Retrying => "retried",
+        JobState::Dead => "dead",
+        JobState::Cancelled => "cancelled",
+        JobState::Pending if released => "released",
+        JobState::Pending | JobState::Running => "snoozed",
+    }
+}
+
+/// A claim came back with `n` jobs after `took`.
+pub(crate) fn claimed(queue: &str, n: usize, took: Duration) {
+    metrics::histogram!(CLAIM_STATEMENT, "queue" => queue.to_owned()).record(took);
+    if n > 0 {
+        metrics::counter!(JOBS_CLAIMED, "queue" => queue.to_owned()).increment(n as u64);
+    }
+}
+
+/// A handler started, `pickup` after its job became due.
+pub(crate) fn started(queue: &str, kind: &str, pickup: Duration) {
+    metrics::histogram!(PICKUP_LATENCY, "queue" => queue.to_owned(), "kind" => kind.to_owned())
+        .record(pickup);
+}
+
+/// A handler returned after `took`.
+pub(crate) fn handler_ran(queue: &str, kind: &str, took: Duration) {
+    metrics::histogram!(HANDLER_DURATION, "queue" => queue.to_owned(), "kind" => kind.to_owned())
+        .record(took);
+}
+
+/// One finalization was confirmed written: `state` reached by `attempt`, `waited` after the
+/// handler returned; `created_at`/`now` give the end-to-end time of a job that ended.
+pub(crate) fn finished(
+    f: &Finished<'_>,
+    created_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    waited: Duration,
+) {
+    let (queue, kind) = (f.queue.to_owned(), f.kind.to_owned());
+    metrics::counter!(JOBS_FINISHED, "queue" => queue.clone(), "kind" => kind.clone(),
+        "outcome" => outcome(f.state, f.released))
+    .increment(1);
+    if f.released {
+        return;
+    }
+    metrics::histogram!(FINALIZE_LATENCY, "queue" => queue.clone()).record(waited);
+    if matches!(
+        f.state,
+        JobState::Succeeded | JobState::Dead | JobState::Cancelled
+    ) {
+        if let Some(created) = created_at {
+            let e2e = (now - created).to_std().unwrap_or(Duration::ZERO);
+            metrics::histogram!(END_TO_END, "queue" => queue.clone(), "kind" => kind.clone())
+                .record(e2e);
+        }
+    }
+    if matches!(f.state, JobState::Succeeded | JobState::Dead) {
+        metrics::histogram!(JOB_ATTEMPTS, "queue" => queue, "kind" => kind)
+            .record(f64::from(f.attempt));
+    }
+}
+
+/// What a confirmed finalization wrote, for [`finished`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Finished<'a> {
+    pub(crate) queue: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) state: JobState,
+    pub(crate) attempt: u32,
+    /// Given back to run again at once (never started, shutdown), not a handler's outcome.
+    pub(crate) released: bool,
+}
+
+/// A finalization statement took `took`.
+pub(crate) fn finalize_statement(took: Duration) {
+    metrics::histogram!(FINALIZE_STATEMENT).record(took);
+}
+
+/// A renewal statement took `took`.
+pub(crate) fn renew_statement(took: Duration) {
+    metrics::histogram!(RENEW_STATEMENT).record(took);
+}
+
+/// This node holds `n` jobs of `queue`.
+pub(crate) fn in_flight(queue: &str, n: u32) {
+    metrics::gauge!(JOBS_IN_FLIGHT, "queue" => queue.to_owned()).set(f64::from(n));
+}
+
+/// Counts one event of a job of `kind` under `name` (lease lost, fenced, timed out).
+pub(crate) fn count_kind(name: &'static str, kind: &str) {
+    metrics::counter!(name, "kind" => kind.to_owned()).increment(1);
+}
+
+/// The sweeper reclaimed a job.
+pub(crate) fn reclaimed(kind: &str, reason: &'static str) {
+    metrics::counter!(JOBS_RECLAIMED, "kind" => kind.to_owned(), "reason" => reason).increment(1);
+}
+
+/// The store's pool, sampled.
+pub(crate) fn pool(state: &bb8::State, max: u32) {
+    let idle = state.idle_connections;
+    let in_use = state.connections.saturating_sub(idle);
+    metrics::gauge!(POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
+    metrics::gauge!(POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
+    metrics::gauge!(POOL_MAX_CONNECTIONS).set(f64::from(max));
+    metrics::counter!(POOL_WAITED).absolute(state.statistics.get_waited);
+    metrics::counter!(POOL_TIMED_OUT).absolute(state.statistics.get_timed_out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_name_every_written_state() {
+        assert_eq!(outcome(JobState::Succeeded, false), "succeeded");
+        assert_eq!(outcome(JobState::Retrying, false), "retried");
+        assert_eq!(outcome(JobState::Dead, false), "dead");
+        assert_eq!(outcome(JobState::Cancelled, false), "cancelled");
+        assert_eq!(outcome(JobState::Pending, false), "snoozed");
+        assert_eq!(outcome(JobState::Pending, true), "released");
+    }
+}

@@ -1,0 +1,127 @@
+//! Conformance cases. The database-wide gauges: one turn per interval whoever asks, and what
+//! a turn computes matches the table.
+
+use super::*;
+
+/// Eight nodes ask for the turn at once: exactly one gets it; nobody gets it again within
+/// the interval; someone does once it has passed. What the winner computes and saves is what
+/// everyone reads: jobs by queue and state, due jobs by queue and priority with the oldest
+/// due time (a delayed job is not due), and the nodes' heartbeats.
+pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backend) {
+    let t = Bundle::new(b).await;
+    let every = Duration::from_secs(15);
+    let fresh = t.store.gauges_read().await.unwrap();
+    assert_eq!(
+        (fresh.computed_at, fresh.snapshot),
+        (0, None),
+        "no turn yet"
+    );
+
+    // Queue a: 2 due at priority 1 (the oldest due at t0+1), 1 due at priority 5, 1 not yet
+    // due; one of them claimed. Queue b: 1 succeeded.
+    t.enqueue(NewJob::new("k", json!(1)).queue("ga").priority(1), 1)
+        .await;
+    t.enqueue(NewJob::new("k", json!(2)).queue("ga").priority(1), 3)
+        .await;
+    t.enqueue(NewJob::new("k", json!(3)).queue("ga").priority(5), 4)
+        .await;
+    t.enqueue(
+        NewJob::new("k", json!(4))
+            .queue("ga")
+            .delay(Duration::from_secs(3600)),
+        4,
+    )
+    .await;
+    let b1 = t.enqueue(NewJob::new("k", json!(5)).queue("gb"), 2).await;
+    let c = t.claim("gb", "n1", 1, 5).await;
+    assert_eq!(c[0].job.id, b1);
+    t.finalize(Finalize::succeeded(b1, c[0].token.clone(), json!(null)), 6)
+        .await;
+    let running = t.claim("ga", "n1", 1, 7).await;
+    assert_eq!(running.len(), 1);
+    let node = NodeId::new("gauge-node").unwrap();
+    t.store
+        .node_heartbeat(&node, &["ga".into()], &["k".into()], None, t.at(8))
+        .await
+        .unwrap();
+
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let store = t.store.clone();
+        let now = t.at(10);
+        tasks.push(tokio::spawn(async move {
+            store
+                .gauges_take_turn(&format!("n{n}"), every, now)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut won = 0;
+    for task in tasks {
+        won += usize::from(task.await.unwrap());
+    }
+    assert_eq!(
+        won, 1,
+        "exactly one of eight concurrent askers takes the turn"
+    );
+    for at in [10, 15, 24] {
+        assert!(
+            !t.store
+                .gauges_take_turn("late", every, t.at(at))
+                .await
+                .unwrap(),
+            "nobody takes a turn within the interval (t0+{at})"
+        );
+    }
+
+    let snap = t.store.gauges_compute(t.at(10)).await.unwrap();
+    let at10 = t.at(10).unwrap().timestamp_micros();
+    let us = |s: i64| t.at(s).unwrap().timestamp_micros();
+    assert_eq!(snap.at, at10);
+    assert_eq!(
+        snap.jobs,
+        vec![
+            ("ga".to_string(), "pending".to_string(), 3),
+            ("ga".to_string(), "running".to_string(), 1),
+            ("gb".to_string(), "succeeded".to_string(), 1),
+        ]
+    );
+    // The claim took the oldest at priority 1 (t0+1): left due are t0+3 at 1 and t0+4 at 5.
+    assert_eq!(
+        snap.due,
+        vec![
+            ("ga".to_string(), 1, 1, us(3)),
+            ("ga".to_string(), 5, 1, us(4))
+        ]
+    );
+    assert_eq!(snap.nodes, vec![("gauge-node".to_string(), us(8))]);
+    t.store
+        .gauges_save(&snap, Duration::from_millis(7))
+        .await
+        .unwrap();
+    let read = t.store.gauges_read().await.unwrap();
+    assert_eq!(read.computed_at, at10);
+    assert!(read.computed_by.as_deref().unwrap().starts_with('n'));
+    assert_eq!(read.took, Duration::from_millis(7));
+    assert_eq!(read.snapshot.as_ref(), Some(&snap));
+
+    // The interval passed: the next turn goes to one asker, and a save by the earlier turn's
+    // owner, late, does not overwrite what the newer one saved.
+    assert!(t
+        .store
+        .gauges_take_turn("n9", every, t.at(25))
+        .await
+        .unwrap());
+    let newer = t.store.gauges_compute(t.at(25)).await.unwrap();
+    t.store
+        .gauges_save(&newer, Duration::from_millis(1))
+        .await
+        .unwrap();
+    t.store
+        .gauges_save(&snap, Duration::from_millis(9))
+        .await
+        .unwrap();
+    let read = t.store.gauges_read().await.unwrap();
+    assert_eq!(read.computed_by.as_deref(), Some("n9"));
+    assert_eq!(read.snapshot.unwrap().at, us(25));
+}

@@ -1,0 +1,197 @@
+//! The database-wide gauges (`jobvisor_gauges`): live jobs by queue and state, due jobs by
+//! queue and priority with the oldest one's due time, and the nodes' last heartbeats.
+//!
+//! The counts read the whole jobs table, so they are computed **once per database per
+//! interval**, not once per node or per scrape: a node takes the turn with one guarded
+//! `UPDATE` (it succeeds only when the last turn is at least an interval old, so of the
+//! nodes that try in the same instant exactly one wins), runs the grouped reads, and stores
+//! the result in the row as JSON. Every node reads that one row and exports it, so any node
+//! can be scraped and a scrape costs the database nothing. A node that wins a turn and dies
+//! before storing leaves the previous snapshot in place; the next interval's turn goes to
+//! whoever asks first.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::dsl::{count_star, min};
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use serde::{Deserialize, Serialize};
+
+use super::batch::bound;
+use super::driver::{with_conn, with_write};
+use super::expr::DbNow;
+use super::rows::dur_us;
+use super::schema::{jobvisor_gauges as gauges, jobvisor_jobs as jobs};
+use super::Store;
+use crate::error::{Error, Result, StoreError};
+use crate::job::JobState;
+
+/// What one turn computed. Times are epoch microseconds (UTC) on the database's clock (or the
+/// test clock given to the turn).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GaugeSnapshot {
+    /// When the turn was taken: "now" for the lag and heartbeat ages below.
+    pub(crate) at: i64,
+    /// `(queue, state, live jobs)`, states with no jobs absent.
+    pub(crate) jobs: Vec<(String, String, u64)>,
+    /// `(queue, priority, due jobs, oldest due time)` of the waiting (pending or retrying)
+    /// jobs whose `run_at` has passed.
+    pub(crate) due: Vec<(String, i32, u64, i64)>,
+    /// `(node, last heartbeat)` of every registered node.
+    pub(crate) nodes: Vec<(String, i64)>,
+}
+
+/// The stored row: the snapshot, who computed it and how long the reads took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredGauges {
+    /// When the last turn was taken (0: never).
+    pub(crate) computed_at: i64,
+    /// The node that took it.
+    pub(crate) computed_by: Option<String>,
+    /// How long its reads took.
+    pub(crate) took: Duration,
+    /// What it computed (`None` while the first turn is being computed).
+    pub(crate) snapshot: Option<GaugeSnapshot>,
+}
+
+impl Store {
+    /// Takes the gauges' turn for `node` if the last one is at least `every` old. `true`: this
+    /// caller computes the snapshot now (then [`Store::gauges_compute`] and
+    /// [`Store::gauges_save`]). `now`: a test clock, or `None` for the database's.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn gauges_take_turn(
+        &self,
+        node: &str,
+        every: Duration,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<bool> {
+        let now = DbNow::new(bound(now));
+        let before = now.plus(-dur_us(every));
+        let node = node.to_string();
+        let n: usize = with_write!(self, |conn| {
+            diesel::update(
+                gauges::table
+                    .filter(gauges::id.eq(1))
+                    .filter(gauges::computed_at.le(before)),
+            )
+            .set((gauges::computed_at.eq(now), gauges::computed_by.eq(&node)))
+            .execute(conn)
+            .await?
+        });
+        Ok(n == 1)
+    }
+
+    /// Runs the grouped reads of a turn taken by `node` (see the module docs).
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::Database`] if the row is gone.
+    pub(crate) async fn gauges_compute(&self, now: Option<DateTime<Utc>>) -> Result<GaugeSnapshot> {
+        let at: i64 = with_conn!(self, |conn| {
+            gauges::table
+                .filter(gauges::id.eq(1))
+                .select(gauges::computed_at)
+                .first(conn)
+                .await?
+        });
+        let counts = self.job_counts().await?;
+        let due_at = DbNow::new(bound(now));
+        let waiting = [JobState::Pending.as_str(), JobState::Retrying.as_str()];
+        let due: Vec<(String, i32, i64, Option<i64>)> = with_conn!(self, |conn| {
+            jobs::table
+                .filter(jobs::state.eq_any(waiting))
+                .filter(jobs::run_at.le(due_at))
+                .group_by((jobs::queue, jobs::priority))
+                .select((jobs::queue, jobs::priority, count_star(), min(jobs::run_at)))
+                .order((jobs::queue.asc(), jobs::priority.asc()))
+                .load(conn)
+                .await?
+        });
+        let nodes = self.nodes_list().await?;
+        Ok(GaugeSnapshot {
+            at,
+            jobs: counts
+                .into_iter()
+                .map(|c| (c.queue, c.state.as_str().to_string(), c.count))
+                .collect(),
+            due: due
+                .into_iter()
+                .map(|(q, p, n, oldest)| {
+                    (q, p, u64::try_from(n).unwrap_or(0), oldest.unwrap_or(at))
+                })
+                .collect(),
+            nodes: nodes
+                .into_iter()
+                .map(|n| (n.node, super::rows::to_us(n.heartbeat_at)))
+                .collect(),
+        })
+    }
+
+    /// Stores a turn's snapshot, unless a later turn was taken meanwhile (by a node that
+    /// found this one's turn an interval old: its snapshot is the newer one).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn gauges_save(&self, snapshot: &GaugeSnapshot, took: Duration) -> Result<()> {
+        let json = serde_json::to_string(snapshot).map_err(|e| {
+            Error::Database(StoreError::Other(format!(
+                "gauge snapshot not encoded: {e}"
+            )))
+        })?;
+        let took = dur_us(took);
+        let at = snapshot.at;
+        let _: usize = with_write!(self, |conn| {
+            diesel::update(
+                gauges::table
+                    .filter(gauges::id.eq(1))
+                    .filter(gauges::computed_at.eq(at)),
+            )
+            .set((gauges::snapshot.eq(&json), gauges::took_us.eq(took)))
+            .execute(conn)
+            .await?
+        });
+        Ok(())
+    }
+
+    /// The stored gauges.
+    ///
+    /// # Errors
+    /// [`Error::Database`], also for a row that is missing or unreadable.
+    pub(crate) async fn gauges_read(&self) -> Result<StoredGauges> {
+        let row: Option<(i64, Option<String>, i64, String)> = with_conn!(self, |conn| {
+            gauges::table
+                .filter(gauges::id.eq(1))
+                .select((
+                    gauges::computed_at,
+                    gauges::computed_by,
+                    gauges::took_us,
+                    gauges::snapshot,
+                ))
+                .first(conn)
+                .await
+                .optional()?
+        });
+        let (computed_at, computed_by, took_us, json) = row.ok_or_else(|| {
+            Error::Database(StoreError::Other(
+                "jobvisor_gauges has no row 1; expected the one its migration inserts".to_string(),
+            ))
+        })?;
+        let snapshot = if json.as_str() == "{}" {
+            None
+        } else {
+            Some(serde_json::from_str(&json).map_err(|e| {
+                Error::Database(StoreError::Other(format!(
+                    "jobvisor_gauges snapshot is unreadable: {e}"
+                )))
+            })?)
+        };
+        Ok(StoredGauges {
+            computed_at,
+            computed_by,
+            took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
+            snapshot,
+        })
+    }
+}
