@@ -1,7 +1,10 @@
 //! Metrics, through the [`metrics`](https://docs.rs/metrics) facade: jobvisor records, the
 //! embedding service chooses the exporter (with the `prometheus` feature,
 //! [`install_prometheus`] sets one up; with `actix-web`, [`actix_web_service`] serves it).
-//! With no recorder installed every call below is a no-op.
+//! With no recorder installed every call below is a no-op. Install the recorder before
+//! starting the scheduler: the hot-path instruments are registered once, when a queue's
+//! fetcher starts or a job kind is first seen, and one registered with no recorder stays a
+//! no-op.
 //!
 //! # What is recorded
 //! The names and labels are stable: dashboards and alerts may rely on them. Durations are in
@@ -48,17 +51,17 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
 use crate::job::JobState;
 
 mod gauges;
+mod handles;
 #[cfg(feature = "prometheus")]
 mod prometheus;
 #[cfg(feature = "actix-web")]
 mod service;
 
 pub use gauges::{DatabaseGauges, DEFAULT_GAUGE_INTERVAL, MIN_GAUGE_INTERVAL};
+pub(crate) use handles::{Finished, KindMetrics, OutcomeMetrics, QueueMetrics};
 #[cfg(feature = "prometheus")]
 pub use prometheus::{install_prometheus, prometheus_builder, PrometheusHandle, DURATION_BUCKETS};
 #[cfg(feature = "actix-web")]
@@ -127,69 +130,6 @@ pub(crate) fn outcome(state: JobState, released: bool) -> &'static str {
     }
 }
 
-/// A claim came back with `n` jobs after `took`.
-pub(crate) fn claimed(queue: &str, n: usize, took: Duration) {
-    metrics::histogram!(CLAIM_STATEMENT, "queue" => queue.to_owned()).record(took);
-    if n > 0 {
-        metrics::counter!(JOBS_CLAIMED, "queue" => queue.to_owned()).increment(n as u64);
-    }
-}
-
-/// A handler started, `pickup` after its job became due.
-pub(crate) fn started(queue: &str, kind: &str, pickup: Duration) {
-    metrics::histogram!(PICKUP_LATENCY, "queue" => queue.to_owned(), "kind" => kind.to_owned())
-        .record(pickup);
-}
-
-/// A handler returned after `took`.
-pub(crate) fn handler_ran(queue: &str, kind: &str, took: Duration) {
-    metrics::histogram!(HANDLER_DURATION, "queue" => queue.to_owned(), "kind" => kind.to_owned())
-        .record(took);
-}
-
-/// One finalization was confirmed written: `state` reached by `attempt`, `waited` after the
-/// handler returned; `created_at`/`now` give the end-to-end time of a job that ended.
-pub(crate) fn finished(
-    f: &Finished<'_>,
-    created_at: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-    waited: Duration,
-) {
-    let (queue, kind) = (f.queue.to_owned(), f.kind.to_owned());
-    metrics::counter!(JOBS_FINISHED, "queue" => queue.clone(), "kind" => kind.clone(),
-        "outcome" => outcome(f.state, f.released))
-    .increment(1);
-    if f.released {
-        return;
-    }
-    metrics::histogram!(FINALIZE_LATENCY, "queue" => queue.clone()).record(waited);
-    if matches!(
-        f.state,
-        JobState::Succeeded | JobState::Dead | JobState::Cancelled
-    ) {
-        if let Some(created) = created_at {
-            let e2e = (now - created).to_std().unwrap_or(Duration::ZERO);
-            metrics::histogram!(END_TO_END, "queue" => queue.clone(), "kind" => kind.clone())
-                .record(e2e);
-        }
-    }
-    if matches!(f.state, JobState::Succeeded | JobState::Dead) {
-        metrics::histogram!(JOB_ATTEMPTS, "queue" => queue, "kind" => kind)
-            .record(f64::from(f.attempt));
-    }
-}
-
-/// What a confirmed finalization wrote, for [`finished`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Finished<'a> {
-    pub(crate) queue: &'a str,
-    pub(crate) kind: &'a str,
-    pub(crate) state: JobState,
-    pub(crate) attempt: u32,
-    /// Given back to run again at once (never started, shutdown), not a handler's outcome.
-    pub(crate) released: bool,
-}
-
 /// A finalization statement took `took`.
 pub(crate) fn finalize_statement(took: Duration) {
     metrics::histogram!(FINALIZE_STATEMENT).record(took);
@@ -198,11 +138,6 @@ pub(crate) fn finalize_statement(took: Duration) {
 /// A renewal statement took `took`.
 pub(crate) fn renew_statement(took: Duration) {
     metrics::histogram!(RENEW_STATEMENT).record(took);
-}
-
-/// This node holds `n` jobs of `queue`.
-pub(crate) fn in_flight(queue: &str, n: u32) {
-    metrics::gauge!(JOBS_IN_FLIGHT, "queue" => queue.to_owned()).set(f64::from(n));
 }
 
 /// Counts one event of a job of `kind` under `name` (lease lost, fenced, timed out).

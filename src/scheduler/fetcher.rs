@@ -20,6 +20,7 @@
 //! returns, so no wake is lost and no two claims race for the same slots. Freed slots
 //! coalesce into one queued wake.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,7 @@ use super::job_supervisor::JobSupervisor;
 use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::config::QueueConfig;
+use crate::metrics::{KindMetrics, QueueMetrics};
 use crate::store::ClaimParams;
 
 /// Store errors are logged at most this often per fetcher.
@@ -63,6 +65,10 @@ pub struct Fetcher {
     /// A wake-up for when the queue's rate window frees is scheduled (one at a time).
     rate_wait: bool,
     last_error: Option<Instant>,
+    /// The queue's claim instruments.
+    metrics: Arc<QueueMetrics>,
+    /// Handler instruments per kind, registered at first use, shared with the supervisors.
+    kind_metrics: HashMap<String, Arc<KindMetrics>>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -87,6 +93,7 @@ impl Fetcher {
             shared,
             workers: Arc::new(Semaphore::new(config.concurrency as usize)),
             window: PrefetchWindow::new(config.concurrency, config.prefetch),
+            metrics: Arc::new(QueueMetrics::new(&queue)),
             queue,
             config,
             track,
@@ -96,6 +103,7 @@ impl Fetcher {
             stopped: false,
             rate_wait: false,
             last_error: None,
+            kind_metrics: HashMap::new(),
         }
     }
 
@@ -186,14 +194,14 @@ impl Handler<FetchNow> for Fetcher {
             lease: shared.config.lease,
             now: shared.clock.bound_now(),
         };
-        let queue = self.queue.clone();
+        let metrics = self.metrics.clone();
         let fut = async move {
             let t0 = Instant::now();
             let res = shared.store.job_claim_waiting(params).await;
             let took = t0.elapsed();
             tracing::trace!(limit, took_us = took.as_micros() as u64, "claim");
             if let Ok((jobs, _)) = &res {
-                crate::metrics::claimed(&queue, jobs.len(), took);
+                metrics.claimed(jobs.len(), took);
             }
             res
         };
@@ -249,7 +257,7 @@ impl Fetcher {
         }
         let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
         self.busy = self.busy.saturating_add(n);
-        crate::metrics::in_flight(&self.queue, self.busy);
+        self.metrics.in_flight(self.busy);
         self.shared.stats.add_claimed(u64::from(n));
         let mut leases = Vec::with_capacity(jobs.len());
         for claimed in jobs {
@@ -266,6 +274,12 @@ impl Fetcher {
                 claimed.job.timeout,
                 claimed.job.created_at,
             );
+            let queue = &self.queue;
+            let metrics = self
+                .kind_metrics
+                .entry(kind.clone())
+                .or_insert_with(|| Arc::new(KindMetrics::new(queue, &kind)))
+                .clone();
             let supervisor = JobSupervisor::new(
                 self.shared.clone(),
                 claimed.job,
@@ -273,6 +287,7 @@ impl Fetcher {
                 self.workers.clone(),
                 attempt.clone(),
                 self.finished.clone(),
+                metrics,
             )
             .start();
             leases.push(TrackLease {
@@ -308,7 +323,7 @@ impl Handler<SlotFreed> for Fetcher {
 
     fn handle(&mut self, m: SlotFreed, ctx: &mut Context<Self>) {
         self.busy = self.busy.saturating_sub(m.freed);
-        crate::metrics::in_flight(&self.queue, self.busy);
+        self.metrics.in_flight(self.busy);
         self.window.on_freed(m.longest_wait);
         // Refill in worthwhile batches: once half the prefetch is free, or at once when the
         // workers could otherwise run out of jobs. A claim per freed job would cost a round

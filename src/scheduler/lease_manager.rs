@@ -33,6 +33,7 @@ use super::job_supervisor::{StopJob, StopReason};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::job::{JobId, JobState};
 use crate::lease::LeaseToken;
+use crate::metrics::{Finished, OutcomeMetrics};
 use crate::store::{Finalization, Finalize, FinalizeParams, Guarded, LeaseRef, RenewParams};
 
 /// Store errors are logged at most this often.
@@ -138,6 +139,8 @@ pub struct LeaseManager {
     revalidate_since: Option<i64>,
     /// Heartbeats failed in a row (their retries back off).
     renew_failures: u32,
+    /// Outcome instruments per (queue, kind), registered at first use.
+    outcomes: HashMap<(String, String), OutcomeMetrics>,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -164,7 +167,15 @@ impl LeaseManager {
             last_check: None,
             revalidate_since: None,
             renew_failures: 0,
+            outcomes: HashMap::new(),
         }
+    }
+
+    /// The outcome instruments of `queue` and `kind`.
+    fn outcome_metrics(&mut self, queue: &str, kind: &str) -> &OutcomeMetrics {
+        self.outcomes
+            .entry((queue.to_owned(), kind.to_owned()))
+            .or_insert_with(|| OutcomeMetrics::new(queue, kind))
     }
 
     /// Now on the node's monotonic clock, in µs.
@@ -269,17 +280,15 @@ impl LeaseManager {
                         match outcome {
                             Guarded::Applied(state) => {
                                 act.shared.stats.add_finished(1);
-                                crate::metrics::finished(
-                                    &crate::metrics::Finished {
-                                        queue: &p.queue,
-                                        kind: &p.kind,
+                                act.outcome_metrics(&p.queue, &p.kind).record(
+                                    &Finished {
                                         state,
                                         attempt: p.attempt,
                                         released: p.released,
+                                        created_at: p.created_at,
+                                        waited: p.received.elapsed(),
                                     },
-                                    p.created_at,
                                     now,
-                                    p.received.elapsed(),
                                 );
                                 act.shared.events.emit(Event::Finished {
                                     id,
