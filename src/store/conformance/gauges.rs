@@ -1,5 +1,5 @@
-//! Conformance cases. The database-wide gauges: one turn per interval whoever asks, and what
-//! a turn computes matches the table.
+//! Conformance cases. The database-wide gauges: one turn per interval whoever asks (an
+//! interval stretched when counting is slow), and what a turn computes matches the table.
 
 use super::*;
 
@@ -124,4 +124,25 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     let read = t.store.gauges_read().await.unwrap();
     assert_eq!(read.computed_by.as_deref(), Some("n9"));
     assert_eq!(read.snapshot.unwrap().at, us(25));
+
+    // Counts that took 1 s stretch the interval to 50 s: counting takes at most 2 % of the
+    // time, however large the table.
+    t.store
+        .gauges_save(&newer, Duration::from_secs(1))
+        .await
+        .unwrap();
+    for at in [40, 74] {
+        assert!(
+            !t.store
+                .gauges_take_turn("slow", every, t.at(at))
+                .await
+                .unwrap(),
+            "t0+{at}: within 50 times the last count's duration"
+        );
+    }
+    assert!(t
+        .store
+        .gauges_take_turn("slow", every, t.at(75))
+        .await
+        .unwrap());
 }
