@@ -33,6 +33,7 @@ use super::{Event, Shared, StopActor};
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
 use crate::job::{Job, JobFailure};
 use crate::lease::LeaseToken;
+use crate::metrics::KindMetrics;
 use crate::store::Finalization;
 
 /// Supervises one running job.
@@ -65,6 +66,8 @@ pub struct JobSupervisor {
     fenced: bool,
     /// The outcome was reported (or deliberately withheld): ignore anything later.
     done: bool,
+    /// Its queue and kind's handler instruments.
+    metrics: Arc<KindMetrics>,
 }
 
 impl std::fmt::Debug for JobSupervisor {
@@ -85,8 +88,10 @@ impl JobSupervisor {
         workers: Arc<Semaphore>,
         attempt: Arc<Attempt>,
         finished: Recipient<JobFinished>,
+        metrics: Arc<KindMetrics>,
     ) -> Self {
         JobSupervisor {
+            metrics,
             shared,
             job,
             token,
@@ -248,12 +253,20 @@ impl Actor for JobSupervisor {
             self.cancel.clone(),
             self.shared.client.clone(),
         );
+        // OpenTelemetry's messaging conventions, so that tracing-opentelemetry exports a
+        // consumer span named "process <queue>" with the standard attributes; what only a job
+        // system has goes under `jobvisor.*`.
         let span = tracing::info_span!(
             "job",
-            job.id = self.job.id.0,
-            job.kind = %self.job.kind,
-            job.queue = %self.job.queue,
-            attempt = self.job.attempts,
+            otel.name = %format_args!("process {}", self.job.queue),
+            otel.kind = "consumer",
+            messaging.system = "jobvisor",
+            messaging.operation.type = "process",
+            messaging.destination.name = %self.job.queue,
+            messaging.message.id = self.job.id.0,
+            jobvisor.job.kind = %self.job.kind,
+            jobvisor.job.attempt = self.job.attempts,
+            jobvisor.node = %self.shared.node,
         );
         let (workers, gate, shared) = (
             self.workers.clone(),
@@ -261,11 +274,7 @@ impl Actor for JobSupervisor {
             self.shared.clone(),
         );
         let (id, attempt) = (self.job.id, self.job.attempts);
-        let (queue, kind, due) = (
-            self.job.queue.clone(),
-            self.job.kind.clone(),
-            self.job.run_at,
-        );
+        let (metrics, due) = (self.metrics.clone(), self.job.run_at);
         let margin = fence_margin(shared.config.lease);
         let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
         let task = self.shared.handler_rt.spawn(
@@ -280,10 +289,10 @@ impl Actor for JobSupervisor {
                 job_ctx.deadline = now + timeout;
                 shared.events.emit(Event::Started { id, attempt });
                 let pickup = (now - due).to_std().unwrap_or(Duration::ZERO);
-                crate::metrics::started(&queue, &kind, pickup);
+                metrics.started(pickup);
                 let t0 = std::time::Instant::now();
                 let res = reg.handler.call(job_ctx).await;
-                crate::metrics::handler_ran(&queue, &kind, t0.elapsed());
+                metrics.handler_ran(t0.elapsed());
                 Some(res)
             }
             .instrument(span),
@@ -493,6 +502,7 @@ mod tests {
             Arc::new(Semaphore::new(1)),
             attempt,
             reports.recipient(),
+            Arc::new(KindMetrics::new("default", "k")),
         )
         .start();
         tokio::time::timeout(Duration::from_secs(20), rx.recv())
@@ -510,6 +520,58 @@ mod tests {
         match done.outcome {
             Finalization::Succeeded { result } => assert_eq!(result, json!(42)),
             other => panic!("expected success, got {other:?}"),
+        }
+    }
+
+    /// Records the fields of every span named `job`.
+    struct SpanFields(Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanFields {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _id: &tracing::span::Id,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            struct V<'a>(&'a mut Vec<(String, String)>);
+            impl tracing::field::Visit for V<'_> {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    self.0.push((f.name().to_string(), format!("{v:?}")));
+                }
+            }
+            if attrs.metadata().name() == "job" {
+                let mut fields = self.0.lock().unwrap();
+                attrs.record(&mut V(&mut fields));
+            }
+        }
+    }
+
+    #[actix::test]
+    async fn the_job_span_carries_opentelemetry_messaging_fields() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let fields = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(SpanFields(fields.clone()));
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(&dir).await;
+        let node = shared.node.to_string();
+        run_alone(shared, Duration::from_secs(30)).await;
+        let fields = fields.lock().unwrap().clone();
+        for (name, value) in [
+            ("otel.name", "process default"),
+            ("otel.kind", "\"consumer\""),
+            ("messaging.system", "\"jobvisor\""),
+            ("messaging.operation.type", "\"process\""),
+            ("messaging.destination.name", "default"),
+            ("messaging.message.id", "1"),
+            ("jobvisor.job.kind", "double"),
+            ("jobvisor.job.attempt", "1"),
+            ("jobvisor.node", node.as_str()),
+        ] {
+            assert!(
+                fields.iter().any(|(n, v)| n == name && v == value),
+                "{name} = {value} not in {fields:?}"
+            );
         }
     }
 
