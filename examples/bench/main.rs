@@ -1,9 +1,9 @@
 //! Benchmarks jobvisor against the raw-SQL limit measured in the same run, per backend.
 //!
 //! ```sh
-//! cargo run --release --features test-util --example bench                       # all backends
-//! cargo run --release --features test-util --example bench -- --backend postgres --jobs 200000
-//! cargo run --release --features test-util --example bench -- --only drain,baseline --concurrency 10
+//! cargo run --release --features test-util,prometheus --example bench                       # all backends
+//! cargo run --release --features test-util,prometheus --example bench -- --backend postgres --jobs 200000
+//! cargo run --release --features test-util,prometheus --example bench -- --only drain,baseline --concurrency 10
 //! ```
 //!
 //! Modes (`--only a,b,…`; default all):
@@ -23,6 +23,12 @@
 //! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
+//!
+//! Observability modes (only when named):
+//! * `metrics`: `--rounds` pairs of drains (as `drain`), one with metrics off and one with a
+//!   Prometheus recorder taking every metric a node records; `ratio_on_to_off` of the medians.
+//! * `gauges`: the database-wide gauges over `--backlog` live jobs (half succeeded, half
+//!   waiting, five queues): a refresh that takes the turn and counts, and one that reads.
 //!
 //! Scale modes (minutes each; only when named, or all four with `--only scale`):
 //! * `drain-backlog`: drain N jobs while `--backlog` (default 1,000,000) more wait behind
@@ -44,6 +50,7 @@
 
 mod limits;
 mod modes;
+mod observability;
 mod raw;
 mod scale;
 
@@ -52,6 +59,7 @@ use serde_json::{json, Value};
 
 use limits::{drain_limited, Limit};
 use modes::{drain, enqueue_batch, enqueue_single, latency};
+use observability::{drain_with_metrics, gauge_cost};
 use raw::{raw_drain, raw_inserts};
 use scale::{archive_cycle, drain_archive, drain_backlog, rss};
 
@@ -162,9 +170,11 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
+    const NAMED: [&str; 2] = ["metrics", "gauges"];
     let want = |m: &str| match &args.only {
-        // The scale modes take minutes: only when asked for (by name or as `scale`).
-        None => !SCALE.contains(&m),
+        // The scale modes take minutes: only when asked for (by name or as `scale`); the
+        // observability modes only by name.
+        None => !SCALE.contains(&m) && !NAMED.contains(&m),
         Some(o) => o
             .iter()
             .any(|x| x == m || (x == "scale" && SCALE.contains(&m))),
@@ -280,6 +290,36 @@ async fn main() {
                     },
                 );
             }
+        }
+        if want("metrics") {
+            let (off, on, mut extra) =
+                drain_with_metrics(b, n, c, args.prefetch, args.rounds).await;
+            extra["concurrency"] = json!(c);
+            extra["median_off"] = json!(off.round());
+            extra["ratio_on_to_off"] = json!((on / off * 1000.0).round() / 1000.0);
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "drain-metrics".into(),
+                    jobs: n,
+                    per_sec: Some(on),
+                    extra,
+                },
+            );
+        }
+        if want("gauges") {
+            let extra = gauge_cost(b, args.backlog, args.rounds.max(5)).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "gauges".into(),
+                    jobs: args.backlog,
+                    per_sec: None,
+                    extra,
+                },
+            );
         }
         if want("enqueue") {
             let m = (n / 10).max(100);
