@@ -61,6 +61,75 @@ fn value(page: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
+/// Every metric name jobvisor documents (`jobvisor::metrics`).
+const DOCUMENTED: &[&str] = &[
+    metrics::JOBS_CLAIMED,
+    metrics::JOBS_FINISHED,
+    metrics::LEASES_LOST,
+    metrics::JOBS_FENCED,
+    metrics::JOBS_TIMED_OUT,
+    metrics::JOBS_RECLAIMED,
+    metrics::PICKUP_LATENCY,
+    metrics::HANDLER_DURATION,
+    metrics::FINALIZE_LATENCY,
+    metrics::END_TO_END,
+    metrics::JOB_ATTEMPTS,
+    metrics::CLAIM_STATEMENT,
+    metrics::FINALIZE_STATEMENT,
+    metrics::RENEW_STATEMENT,
+    metrics::JOBS_IN_FLIGHT,
+    metrics::POOL_CONNECTIONS,
+    metrics::POOL_MAX_CONNECTIONS,
+    metrics::POOL_WAITED,
+    metrics::POOL_TIMED_OUT,
+    metrics::JOBS,
+    metrics::JOBS_DUE,
+    metrics::QUEUE_LAG,
+    metrics::NODE_HEARTBEAT_AGE,
+    metrics::GAUGES_AGE,
+    metrics::GAUGES_REFRESH,
+];
+
+/// A sample's metric name without a histogram's series suffix.
+fn base_name(name: &str) -> &str {
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .filter(|b| DOCUMENTED.contains(b))
+        .unwrap_or(name)
+}
+
+/// Every `jobvisor_…` name in `text`.
+fn names_in(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("jobvisor_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(&tail[..end]);
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn the_dashboard_and_alerts_use_only_documented_metrics() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/observability/");
+    for file in ["grafana-dashboard.json", "alerts.yml"] {
+        let text = std::fs::read_to_string(format!("{dir}{file}")).unwrap();
+        let names = names_in(&text);
+        assert!(names.len() > 5, "{file}");
+        for name in names {
+            assert!(
+                DOCUMENTED.contains(&base_name(name)),
+                "{file} uses {name}, which jobvisor does not export"
+            );
+        }
+    }
+}
+
 fn must(page: &str, name: &str, want: &[(&str, &str)]) -> f64 {
     value(page, name, want).unwrap_or_else(|| panic!("no {name}{want:?} in:\n{page}"))
 }
@@ -195,6 +264,14 @@ async fn scripted_run(backend: Backend) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+
+    for line in page.lines().filter(|l| l.starts_with("jobvisor_")) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        assert!(
+            DOCUMENTED.contains(&base_name(name)),
+            "undocumented: {line}"
+        );
+    }
 
     let finished = |kind: &str, outcome: &str| {
         value(
