@@ -22,6 +22,8 @@
 //! * [`clock`] — where time comes from: the database's clock in production, a
 //!   [`ManualClock`](clock::ManualClock) in simulation.
 //! * [`error`] — the one public [`Error`] type; lost guards are outcomes, not errors.
+//! * [`metrics`] — what jobvisor records through the `metrics` facade (names, labels),
+//!   [`DatabaseGauges`](metrics::DatabaseGauges), and the Prometheus exporter.
 //! * [`store`] — the only code that speaks SQL: [`Store`], a connection handle (connect,
 //!   options, backend, migrate); the operations behind [`Client`] and the actors are
 //!   crate-private.
@@ -34,6 +36,8 @@
 //!   backend left out is refused with [`Error::InvalidInput`] naming the feature.
 //! * `test-util`: the `testing` module (not a stable API).
 //! * `cli`: the `jobvisor` operator command line (`src/bin/jobvisor/`).
+//! * `prometheus`: `metrics::install_prometheus`, a Prometheus recorder.
+//! * `actix-web`: `metrics::actix_web_service`, `/metrics` for an actix-web service (implies `prometheus`).
 //!
 //! # Example
 //! ```no_run
