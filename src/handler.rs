@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::job::{JobFailure, JobId};
+use crate::scheduler::Attempt;
 
 /// Boxed future returned by erased handlers.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -61,8 +62,13 @@ pub struct JobContext {
     pub max_attempts: u32,
     /// When this attempt will be stopped for running too long (the runtime's clock).
     pub deadline: DateTime<Utc>,
+    /// The progress the job had when this attempt was claimed: what an earlier attempt last
+    /// reported with [`JobContext::progress`] (`None` on a first attempt, or if none did). A
+    /// retry can resume from it — a checkpoint.
+    pub last_progress: Option<Value>,
     cancel: CancellationToken,
     client: Option<Client>,
+    progress: Arc<Attempt>,
 }
 
 impl JobContext {
@@ -71,6 +77,7 @@ impl JobContext {
         deadline: DateTime<Utc>,
         cancel: CancellationToken,
         client: Client,
+        attempt: Arc<Attempt>,
     ) -> Self {
         JobContext {
             id: job.id,
@@ -80,9 +87,65 @@ impl JobContext {
             attempt: job.attempts,
             max_attempts: job.max_attempts,
             deadline,
+            last_progress: job.progress.clone(),
             cancel,
             client: Some(client),
+            progress: attempt,
         }
+    }
+
+    /// Reports how far the handler got: any JSON-serializable value (a percentage, a
+    /// cursor, a checkpoint to resume from), at most [`MAX_PROGRESS_BYTES`] as JSON. Only the
+    /// latest report counts, and it costs no statement of its own: the node writes it with
+    /// its next lease renewal (every `SchedulerConfig::renew_every`), guarded by this
+    /// attempt's lease like every write of a holder — a handler whose lease is gone cannot
+    /// write it. It is then visible in [`Job::progress`](crate::Job::progress) (`Client::get`,
+    /// `jobvisor get`), kept when the attempt ends, and given to the next attempt as
+    /// [`JobContext::last_progress`]. A report made in the last moments before the handler
+    /// returns may not be written (the job's result and state are).
+    ///
+    /// # Errors
+    /// A permanent [`JobError`] (code `bad_progress`) if the value is not JSON or is larger
+    /// than [`MAX_PROGRESS_BYTES`]; nothing is reported then.
+    ///
+    /// # Examples
+    /// ```
+    /// use jobvisor::{handler_fn, JobContext, JobOutcome};
+    ///
+    /// let import = handler_fn(|rows: Vec<String>, ctx: JobContext| async move {
+    ///     // Resume after the last checkpoint an earlier attempt reported.
+    ///     let start = ctx.last_progress.as_ref().and_then(|p| p["done"].as_u64()).unwrap_or(0);
+    ///     for (i, _row) in rows.iter().enumerate().skip(start as usize) {
+    ///         // ... import the row (idempotently) ...
+    ///         ctx.progress(serde_json::json!({ "done": i + 1, "of": rows.len() }))?;
+    ///     }
+    ///     JobOutcome::done()
+    /// });
+    /// # let _ = import;
+    /// ```
+    pub fn progress<T: Serialize>(&self, value: T) -> Result<(), JobError> {
+        let json = serde_json::to_string(&value).map_err(|e| {
+            JobError::fail(format!("the progress reported is not JSON: {e}"))
+                .with_code("bad_progress")
+        })?;
+        if json.len() > MAX_PROGRESS_BYTES {
+            return Err(JobError::fail(format!(
+                "the progress reported is {} bytes of JSON; expected at most {MAX_PROGRESS_BYTES}",
+                json.len()
+            ))
+            .with_code("bad_progress"));
+        }
+        self.progress.progress().report(json);
+        Ok(())
+    }
+
+    /// The latest value given to [`JobContext::progress`] through this context (or a clone
+    /// of it), written or not: for a handler's unit tests.
+    pub fn reported_progress(&self) -> Option<Value> {
+        self.progress
+            .progress()
+            .latest()
+            .and_then(|json| serde_json::from_str(&json).ok())
     }
 
     /// The node's client, to enqueue follow-up jobs (or read others) from a handler; its
@@ -130,11 +193,18 @@ impl JobContext {
             attempt,
             max_attempts: crate::job::DEFAULT_MAX_ATTEMPTS,
             deadline: Utc::now() + chrono::Duration::minutes(30),
+            last_progress: None,
             cancel: CancellationToken::new(),
             client: None,
+            progress: Arc::new(Attempt::new(Duration::MAX)),
         }
     }
 }
+
+/// The largest progress report [`JobContext::progress`] takes, as JSON: 64 KiB. Progress is
+/// rewritten with every renewal that carries a new report; keep it small (a counter, a
+/// cursor), and put large output in the job's result.
+pub const MAX_PROGRESS_BYTES: usize = 64 * 1024;
 
 /// A handler's success: what [`JobResult`]'s `Ok` holds. Build it with
 /// [`JobOutcome::success`], [`JobOutcome::done`] or [`JobOutcome::snooze`], which all return
@@ -404,6 +474,35 @@ impl<H: JobHandler> ErasedHandler for Erased<H> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn bad_progress_is_refused_naming_the_problem_and_reports_nothing() {
+        let ctx = JobContext::for_test(JobId(1), "k", json!({}), 1);
+        ctx.progress(json!({"done": 1})).unwrap();
+        let big = "x".repeat(MAX_PROGRESS_BYTES);
+        let e = ctx.progress(&big).unwrap_err();
+        assert_eq!(e.code, "bad_progress");
+        assert!(
+            e.message.contains(&format!("at most {MAX_PROGRESS_BYTES}")),
+            "{}",
+            e.message
+        );
+        // Not JSON: a map with non-string keys.
+        let odd: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let e = ctx.progress(odd).unwrap_err();
+        assert_eq!(e.code, "bad_progress");
+        assert!(e.message.contains("not JSON"), "{}", e.message);
+        assert_eq!(
+            ctx.reported_progress(),
+            Some(json!({"done": 1})),
+            "unchanged"
+        );
+        // Clones of the context report to the same attempt.
+        let copy = ctx.clone();
+        copy.progress(2).unwrap();
+        drop(copy);
+        assert_eq!(ctx.reported_progress(), Some(json!(2)));
+    }
 
     #[tokio::test]
     async fn typed_payloads_are_checked_before_the_handler_runs() {

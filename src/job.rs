@@ -282,6 +282,10 @@ pub struct Job {
     pub payload: Value,
     /// What a successful handler returned.
     pub result: Option<Value>,
+    /// What a handler last reported with [`JobContext::progress`](crate::JobContext::progress),
+    /// written with the next lease renewal; kept when the attempt ends, so a retry can resume
+    /// from it ([`JobContext::last_progress`](crate::JobContext::last_progress)).
+    pub progress: Option<Value>,
     /// The latest attempt's error; cleared on success.
     pub last_error: Option<JobFailure>,
     /// Every attempt's error, oldest first.
@@ -725,6 +729,7 @@ mod tests {
             priority: 1,
             payload: json!({"to": "a@example.com"}),
             result: Some(json!("sent")),
+            progress: Some(json!({"done": 3})),
             last_error: None,
             errors: vec![JobFailure::new("error", "first try failed", 1).at(at(1))],
             attempts: 2,

@@ -72,7 +72,9 @@ pub use backoff::RetryPolicy;
 pub use client::Client;
 pub use config::{QueueConfig, SchedulerConfig};
 pub use error::{Error, Result, StoreError};
-pub use handler::{handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult};
+pub use handler::{
+    handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
+};
 pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use lease::{LeaseToken, NodeId};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};

@@ -158,6 +158,84 @@ async fn a_resumed_zombie_learns_from_its_heartbeat_that_its_lease_is_lost() {
 }
 
 #[actix::test]
+async fn progress_goes_out_with_the_heartbeat_reaches_the_next_attempt_and_not_from_a_zombie() {
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let (gate, reported) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let (g, r) = (gate.clone(), reported.clone());
+    // Node A reports, then waits; let go, it reports again and waits once more.
+    let a = Simulation::on_store(db.store().await, clock.clone(), "node-a", move |b| {
+        b.handler(
+            "import",
+            handler_fn(move |_: Value, ctx: jobvisor::JobContext| {
+                let (gate, reported) = (g.clone(), r.clone());
+                async move {
+                    ctx.progress(json!({"done": 10}))?;
+                    assert_eq!(ctx.reported_progress(), Some(json!({"done": 10})));
+                    reported.add_permits(1);
+                    gate.acquire().await.map_err(JobError::fail)?.forget();
+                    ctx.progress(json!({"done": 99}))?;
+                    reported.add_permits(1);
+                    gate.acquire().await.map_err(JobError::fail)?.forget();
+                    JobOutcome::success("zombie")
+                }
+            }),
+        )
+    })
+    .keep(db.clone());
+    // Node B resumes from what the earlier attempt reported.
+    let mut b = Simulation::on_store(db.store().await, clock.clone(), "node-b", |b| {
+        b.handler(
+            "import",
+            handler_fn(|_: Value, ctx: jobvisor::JobContext| async move {
+                JobOutcome::success(json!({ "resumed_from": ctx.last_progress }))
+            }),
+        )
+    });
+    let id = enqueue(&a, NewJob::new("import", json!({}))).await;
+    assert_eq!(a.fetch("default").await, 1);
+    reported.acquire().await.unwrap().forget();
+    assert_eq!(
+        a.client.get(id).await.unwrap().progress,
+        None,
+        "not before a heartbeat"
+    );
+    clock.advance(SEC);
+    let r = a.renew().await;
+    assert_eq!(
+        (r.renewed, r.statements),
+        (1, 1),
+        "carried by the heartbeat itself"
+    );
+    assert_eq!(
+        a.client.get(id).await.unwrap().progress,
+        Some(json!({"done": 10}))
+    );
+
+    // A goes silent past its lease; B reclaims and runs the job, resuming at 10.
+    clock.advance(31 * SEC);
+    assert_eq!(b.sweep().await, 1);
+    clock.advance(SEC);
+    assert_eq!(b.fetch("default").await, 1);
+    assert_eq!(b.finished(id).await, JobState::Succeeded);
+    let job = b.client.get(id).await.unwrap();
+    assert_eq!(job.result, Some(json!({"resumed_from": {"done": 10}})));
+
+    // The zombie reports again; its heartbeat is refused and writes nothing.
+    gate.add_permits(1);
+    reported.acquire().await.unwrap().forget();
+    let r = a.renew().await;
+    assert_eq!((r.renewed, r.lost), (0, 1));
+    let job = b.client.get(id).await.unwrap();
+    assert_eq!(
+        job.progress,
+        Some(json!({"done": 10})),
+        "the zombie's report is refused"
+    );
+    gate.add_permits(1);
+}
+
+#[actix::test]
 async fn a_handler_past_its_timeout_is_stopped_and_retried() {
     let mut sim = Simulation::sqlite(|b| {
         b.handler(

@@ -72,6 +72,7 @@ async fn run(b: Backend, rounds: usize) -> jobvisor::Result<()> {
                     .iter()
                     .map(|c| LeaseRef {
                         started_ago: None,
+                        progress: None,
                         id: c.job.id,
                         token: c.token.clone(),
                     })

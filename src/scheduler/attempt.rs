@@ -16,10 +16,15 @@
 //! lease manager knows whether to give the job back at once (never started: the attempt is
 //! refunded) or to stop the handler first.
 //!
+//! The attempt also carries its handler's progress reports to the lease manager
+//! ([`ProgressCell`]), which writes them with its renewals.
+//!
 //! [`Clock::monotonic`]: crate::clock::Clock::monotonic
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
+
+use super::ProgressCell;
 
 /// `started` before the handler started.
 const NOT_STARTED: i64 = i64::MIN;
@@ -31,6 +36,7 @@ const DROPPED: i64 = i64::MIN + 1;
 pub(crate) struct Attempt {
     valid_until_us: AtomicI64,
     started_us: AtomicI64,
+    progress: ProgressCell,
 }
 
 /// What [`Attempt::revoke`] found.
@@ -52,7 +58,13 @@ impl Attempt {
         Attempt {
             valid_until_us: AtomicI64::new(us(valid_until)),
             started_us: AtomicI64::new(NOT_STARTED),
+            progress: ProgressCell::default(),
         }
+    }
+
+    /// The handler's progress reports, on their way to the next renewal.
+    pub(crate) fn progress(&self) -> &ProgressCell {
+        &self.progress
     }
 
     /// Until when the lease surely holds (monotonic µs); `i64::MIN` once revoked.

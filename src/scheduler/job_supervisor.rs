@@ -252,6 +252,7 @@ impl Actor for JobSupervisor {
             self.shared.clock.now(),
             self.cancel.clone(),
             self.shared.client.clone(),
+            self.attempt.clone(),
         );
         // OpenTelemetry's messaging conventions, so that tracing-opentelemetry exports a
         // consumer span named "process <queue>" with the standard attributes; what only a job
@@ -471,6 +472,7 @@ mod tests {
             priority: 0,
             payload,
             result: None,
+            progress: None,
             last_error: None,
             errors: Vec::new(),
             attempts: 1,

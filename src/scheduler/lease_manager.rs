@@ -5,7 +5,8 @@
 //! answer for an earlier attempt never touches a newer claim of the same job by this node.
 //!
 //! * Heartbeat ([`RenewLeases`]): one statement renews all leases and records the starts of
-//!   handlers that started since (the database counts a job's timeout from them). A lease
+//!   handlers that started since (the database counts a job's timeout from them) and their
+//!   latest progress reports (see [`ProgressCell`](super::ProgressCell)). A lease
 //!   found lost is reported to its supervisor at once (the handler is stopped, its result
 //!   discarded), and a cancel request seen on renewal is passed on.
 //! * Deadlines ([`CheckDeadlines`]): stops handlers past their timeout (counted from their
@@ -557,14 +558,17 @@ impl Handler<RenewLeases> for LeaseManager {
             .iter()
             .map(|k| {
                 let l = &self.leases[k];
-                // Carry the start until a renewal with it was applied.
+                // Carry the start until a renewal with it was applied; likewise the
+                // handler's latest progress report.
                 let started = l.attempt.started_us().filter(|_| !l.start_recorded);
-                starts.push(started.is_some());
+                let progress = l.attempt.progress().unwritten();
+                starts.push((started.is_some(), progress.as_ref().map(|(n, _)| *n)));
                 LeaseRef {
                     id: k.0,
                     token: k.1.clone(),
                     started_ago: started
                         .map(|t| Duration::from_micros(u64::try_from(sent_at - t).unwrap_or(0))),
+                    progress: progress.map(|(_, json)| json),
                 }
             })
             .collect();
@@ -615,7 +619,9 @@ impl Handler<RenewLeases> for LeaseManager {
             let grace = act.cancel_grace();
             let now = act.mono();
             // The store answers in the order it was asked, one result per lease sent.
-            for ((key, carried_start), (_, outcome)) in keys.into_iter().zip(starts).zip(results) {
+            for ((key, (carried_start, carried_progress)), (_, outcome)) in
+                keys.into_iter().zip(starts).zip(results)
+            {
                 match outcome {
                     Guarded::Applied(r) => {
                         report.renewed += 1;
@@ -628,6 +634,9 @@ impl Handler<RenewLeases> for LeaseManager {
                         }
                         l.attempt.extend(valid_until);
                         l.start_recorded |= carried_start;
+                        if let Some(n) = carried_progress {
+                            l.attempt.progress().written(n);
+                        }
                         if r.cancel_requested && l.cancel_deadline.is_none() && !l.finishing {
                             l.cancel_deadline = Some(now + grace);
                             l.supervisor.do_send(StopJob(StopReason::Cancel));

@@ -22,7 +22,7 @@
 // reachable from outside only through `crate::testing` (feature `test-util`).
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod archiver;
-mod attempt;
+pub(crate) mod attempt;
 mod builder;
 mod event;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
@@ -34,6 +34,7 @@ pub(crate) mod job_supervisor;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod lease_manager;
 mod listen;
+mod progress;
 mod registrar;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod root;
@@ -53,11 +54,13 @@ pub use stats::{Stats, StatsSnapshot};
 
 #[cfg(feature = "test-util")]
 pub(crate) use archiver::Archiver;
+pub(crate) use attempt::Attempt;
 pub(crate) use event::report_store_error;
 #[cfg(feature = "test-util")]
 pub(crate) use fetcher::Fetcher;
 #[cfg(feature = "test-util")]
 pub(crate) use lease_manager::LeaseManager;
+pub(crate) use progress::ProgressCell;
 #[cfg(feature = "test-util")]
 pub(crate) use registrar::{CheckUnserved, NodeHeartbeat};
 pub(crate) use root::StopActor;

@@ -360,7 +360,8 @@ macro_rules! job_columns {
         "id, queue, kind, unique_key, state, priority, payload, result, last_error, errors, \
          attempts, max_attempts, run_at, timeout_ms, timeout_at, lease_owner, lease_expires_at, \
          heartbeat_at, version, cancel_requested_at, created_at, updated_at, first_started_at, \
-         finished_at, started_at, refunds, partition_key, unique_hold, unique_until, unique_scope"
+         finished_at, started_at, refunds, partition_key, unique_hold, unique_until, unique_scope, \
+         progress"
     };
 }
 

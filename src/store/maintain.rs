@@ -108,6 +108,7 @@ impl Store {
                                 jobs::partition_key,
                                 jobs::unique_until,
                                 jobs::unique_scope,
+                                jobs::progress,
                             ),
                         )),
                 )
@@ -146,6 +147,7 @@ impl Store {
                         archive::partition_key,
                         archive::unique_until,
                         archive::unique_scope,
+                        archive::progress,
                     ),
                 ))
                 .execute(conn)

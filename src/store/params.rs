@@ -117,6 +117,9 @@ pub struct LeaseRef {
     /// recorded: the renewal records `started_at = now - started_ago` (and, from it,
     /// `first_started_at` and the timeout deadline) once per attempt.
     pub started_ago: Option<Duration>,
+    /// Progress the handler reported since the last applied renewal (JSON text), written in
+    /// the same guarded statement; `None` keeps the stored progress.
+    pub progress: Option<String>,
 }
 
 /// Renew many leases in one statement.

@@ -53,6 +53,7 @@ pub(crate) struct JobRow {
     pub(crate) unique_hold: Option<String>,
     pub(crate) unique_until: Option<i64>,
     pub(crate) unique_scope: Option<String>,
+    pub(crate) progress: Option<Value>,
 }
 
 /// An archived row, exactly as stored.
@@ -105,6 +106,7 @@ pub(crate) struct ArchivedJobColumns {
     pub(crate) partition_key: Option<String>,
     pub(crate) unique_until: Option<i64>,
     pub(crate) unique_scope: Option<String>,
+    pub(crate) progress: Option<Value>,
 }
 
 impl From<ArchivedJobColumns> for JobRow {
@@ -137,6 +139,7 @@ impl From<ArchivedJobColumns> for JobRow {
             started_at: a.started_at,
             refunds: a.refunds,
             partition_key: a.partition_key,
+            progress: a.progress,
             // An archived job holds nothing.
             unique_hold: None,
             unique_until: a.unique_until,
@@ -239,6 +242,7 @@ impl JobRow {
             unique_until: self.unique_until.map(from_us),
             unique_held: self.unique_hold.is_some(),
             partition: self.partition_key,
+            progress: self.progress,
             state,
             priority: i16::try_from(self.priority)
                 .map_err(|_| corrupt(id, format!("priority {} out of range", self.priority)))?,

@@ -39,6 +39,7 @@ diesel::table! {
         unique_hold -> Nullable<Text>,
         unique_until -> Nullable<BigInt>,
         unique_scope -> Nullable<Text>,
+        progress -> Nullable<Json>,
     }
 }
 
@@ -76,6 +77,7 @@ diesel::table! {
         partition_key -> Nullable<Text>,
         unique_until -> Nullable<BigInt>,
         unique_scope -> Nullable<Text>,
+        progress -> Nullable<Json>,
     }
 }
 

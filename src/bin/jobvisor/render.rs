@@ -38,6 +38,7 @@ pub(crate) fn job_json(j: &Job) -> Value {
         "max_attempts": j.max_attempts,
         "payload": j.payload,
         "result": j.result,
+        "progress": j.progress,
         "last_error": j.last_error.as_ref().map(failure),
         "errors": j.errors.iter().map(failure).collect::<Vec<_>>(),
         "run_at": ts(j.run_at),
@@ -96,6 +97,9 @@ pub(crate) fn job_text(j: &Job) -> String {
     line("payload", j.payload.to_string());
     if let Some(r) = &j.result {
         line("result", r.to_string());
+    }
+    if let Some(p) = &j.progress {
+        line("progress", p.to_string());
     }
     if j.errors.is_empty() {
         line("errors", "none".to_string());

@@ -91,6 +91,7 @@ fn renew_params(held: &[ClaimedJob]) -> RenewParams {
             .iter()
             .map(|c| LeaseRef {
                 started_ago: None,
+                progress: None,
                 id: c.job.id,
                 token: c.token.clone(),
             })

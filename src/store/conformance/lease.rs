@@ -12,17 +12,20 @@ pub async fn renew_extends_leases_and_reports_lost_ones(b: Backend) {
         .iter()
         .map(|c| LeaseRef {
             started_ago: None,
+            progress: None,
             id: c.job.id,
             token: c.token.clone(),
         })
         .collect();
     leases.push(LeaseRef {
         started_ago: None,
+        progress: None,
         id: claimed[0].job.id,
         token: LeaseToken::generate(),
     });
     leases.push(LeaseRef {
         started_ago: None,
+        progress: None,
         id: JobId(999_999),
         token: LeaseToken::generate(),
     });

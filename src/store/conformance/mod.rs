@@ -41,6 +41,7 @@ mod gauges;
 mod lease;
 mod maintenance;
 mod partition;
+mod progress;
 pub mod proxy;
 mod queues;
 mod reads;
@@ -62,6 +63,7 @@ pub use gauges::*;
 pub use lease::*;
 pub use maintenance::*;
 pub use partition::*;
+pub use progress::*;
 pub use queues::*;
 pub use reads::*;
 pub use unique::*;
@@ -142,6 +144,7 @@ impl Bundle {
                     id,
                     token: token.clone(),
                     started_ago: ago.map(Duration::from_secs),
+                    progress: None,
                 }],
                 lease: Duration::from_secs(30),
                 now: self.at(at),
@@ -236,6 +239,7 @@ macro_rules! conformance_tests {
             period_take_overs_follow_the_callers_transaction,
             concurrent_batches_after_a_period_take_it_over_once,
             gauges_are_computed_once_per_interval_and_match_the_table,
+            progress_is_written_with_the_renewal_and_guarded_by_the_token,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

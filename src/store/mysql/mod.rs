@@ -444,9 +444,10 @@ async fn renew(
         let mut sql = String::from("UPDATE jobvisor_jobs AS j JOIN (");
         for i in 0..chunk.len() {
             sql.push_str(if i == 0 {
-                "SELECT CAST(? AS SIGNED) AS id, ? AS token, CAST(? AS SIGNED) AS ago"
+                "SELECT CAST(? AS SIGNED) AS id, ? AS token, CAST(? AS SIGNED) AS ago, \
+                 ? AS progress"
             } else {
-                " UNION ALL SELECT ?, ?, ?"
+                " UNION ALL SELECT ?, ?, ?, ?"
             });
         }
         sql.push_str(sql::RENEW_TAIL);
@@ -455,7 +456,8 @@ async fn renew(
             q = q
                 .bind::<BigInt, _>(l.id.0)
                 .bind::<Text, _>(l.token.as_str().to_string())
-                .bind::<Nullable<BigInt>, _>(l.started_ago.map(dur_us));
+                .bind::<Nullable<BigInt>, _>(l.started_ago.map(dur_us))
+                .bind::<Nullable<Text>, _>(l.progress.clone());
         }
         q.bind::<Nullable<BigInt>, _>(now)
             .bind::<BigInt, _>(grace_us)

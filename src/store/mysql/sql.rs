@@ -210,7 +210,8 @@ SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
     j.started_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
                         THEN n.now - v.ago ELSE j.started_at END, \
     j.lease_expires_at = n.now + ?, \
-    j.heartbeat_at = n.now"
+    j.heartbeat_at = n.now, \
+    j.progress = COALESCE(v.progress, j.progress)"
 );
 
 /// The tail of the finalize statement after its `UNION ALL` batch (see

@@ -143,6 +143,7 @@ impl PgDriver {
             now: a.now,
             lease_us: a.lease_us,
             grace_us: a.grace_us,
+            progress: a.leases.iter().map(|l| l.progress.as_deref()).collect(),
         }
         .load(&mut *c)
         .await?)

@@ -173,12 +173,13 @@ prepared_statement!(
 pub(crate) const RENEW_PG: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(id, token, ago)
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[])
+        AS v(id, token, ago, progress)
 ), n AS (
-    SELECT COALESCE($4::bigint, ",
+    SELECT COALESCE($5::bigint, ",
     now_us!(),
     ") AS now,
-           $5::bigint AS lease_us, $6::bigint AS grace_us
+           $6::bigint AS lease_us, $7::bigint AS grace_us
 )
 UPDATE jobvisor_jobs AS j SET
     lease_expires_at = n.now + n.lease_us,
@@ -189,7 +190,8 @@ UPDATE jobvisor_jobs AS j SET
                             THEN n.now - v.ago ELSE j.first_started_at END,
     timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL
                       THEN n.now - v.ago + j.timeout_ms * 1000 + n.grace_us
-                      ELSE j.timeout_at END
+                      ELSE j.timeout_at END,
+    progress = CASE WHEN v.progress IS NULL THEN j.progress ELSE v.progress::json END
 FROM v, n
 WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
   AND j.state = 'running'
@@ -202,6 +204,7 @@ prepared_statement!(
         ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
         tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
         agos: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        progress: Vec<Option<&'a str>> => diesel::sql_types::Array<Nullable<Text>>,
         now: Option<i64> => Nullable<BigInt>,
         lease_us: i64 => BigInt,
         grace_us: i64 => BigInt,
@@ -258,7 +261,7 @@ mod tests {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
         assert_eq!(segments(FINALIZE_PG).len(), 9);
         assert_eq!(segments(CLAIM_PG).len(), 10);
-        assert_eq!(segments(RENEW_PG).len(), 7);
+        assert_eq!(segments(RENEW_PG).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 14);
     }
 }

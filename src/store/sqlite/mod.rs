@@ -180,10 +180,17 @@ impl SqliteDriver {
     /// [`Driver::renew`](super::driver::Driver::renew): one statement
     /// ([`sql::RENEW_SQLITE`]), the batch as one JSON array.
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        let batch: Vec<(i64, &str, Option<i64>)> = a
+        let batch: Vec<(i64, &str, Option<i64>, Option<&str>)> = a
             .leases
             .iter()
-            .map(|l| (l.id.0, l.token.as_str(), l.started_ago.map(dur_us)))
+            .map(|l| {
+                (
+                    l.id.0,
+                    l.token.as_str(),
+                    l.started_ago.map(dur_us),
+                    l.progress.as_deref(),
+                )
+            })
             .collect();
         let batch = serde_json::to_string(&batch)
             .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;

@@ -98,7 +98,8 @@ pub(crate) const RENEW_SQLITE: &str = concat!(
 WITH n(now) AS (SELECT COALESCE(?, ",
     now_us!(),
     ")), \
-v(id, token, ago) AS (SELECT value ->> 0, value ->> 1, value ->> 2 FROM jsonb_each(?)) \
+v(id, token, ago, progress) AS ( \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM jsonb_each(?)) \
 UPDATE jobvisor_jobs SET \
     lease_expires_at = n.now + ?, \
     heartbeat_at = n.now, \
@@ -108,7 +109,8 @@ UPDATE jobvisor_jobs SET \
                             THEN n.now - v.ago ELSE jobvisor_jobs.first_started_at END, \
     timeout_at = CASE WHEN jobvisor_jobs.started_at IS NULL AND v.ago IS NOT NULL \
                       THEN n.now - v.ago + jobvisor_jobs.timeout_ms * 1000 + ? \
-                      ELSE jobvisor_jobs.timeout_at END \
+                      ELSE jobvisor_jobs.timeout_at END, \
+    progress = COALESCE(v.progress, jobvisor_jobs.progress) \
 FROM v, n \
 WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
   AND jobvisor_jobs.state = 'running' \
