@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::dsl::{count_star, min};
+use diesel::dsl::{count_star, exists, min};
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::batch::bound;
 use super::driver::{with_conn, with_write};
 use super::expr::DbNow;
+use super::leader_fence;
 use super::rows::dur_us;
 use super::schema::{jobvisor_gauges as gauges, jobvisor_jobs as jobs};
 use super::Store;
@@ -66,7 +67,8 @@ pub(crate) struct StoredGauges {
 
 impl Store {
     /// Takes the gauges' turn for `node` if the last one is at least `every` old, and at
-    /// least [`COST_SHARE_INVERSE`] times as old as its counts took. `true`: this caller
+    /// least [`COST_SHARE_INVERSE`] times as old as its counts took — with `leader_term`,
+    /// only while `node` leads the database under that term. `true`: this caller
     /// computes the snapshot now (then [`Store::gauges_compute`] and [`Store::gauges_save`]).
     /// `now`: a test clock, or `None` for the database's.
     ///
@@ -76,22 +78,29 @@ impl Store {
         &self,
         node: &str,
         every: Duration,
+        leader_term: Option<i64>,
         now: Option<DateTime<Utc>>,
     ) -> Result<bool> {
         let now = DbNow::new(bound(now));
         let before = now.plus(-dur_us(every));
         let node = node.to_string();
-        let n: usize = with_write!(self, |conn| {
-            diesel::update(
-                gauges::table
-                    .filter(gauges::id.eq(1))
-                    .filter(gauges::computed_at.le(before))
-                    .filter((gauges::computed_at + gauges::took_us * COST_SHARE_INVERSE).le(now)),
-            )
-            .set((gauges::computed_at.eq(now), gauges::computed_by.eq(&node)))
-            .execute(conn)
-            .await?
-        });
+        let due = gauges::table
+            .filter(gauges::id.eq(1))
+            .filter(gauges::computed_at.le(before))
+            .filter((gauges::computed_at + gauges::took_us * COST_SHARE_INVERSE).le(now));
+        let set = (gauges::computed_at.eq(now), gauges::computed_by.eq(&node));
+        let n: usize = match leader_term {
+            // Leader-only: refused once the term is over (see `store::leader`).
+            Some(term) => with_write!(self, |conn| {
+                diesel::update(due.filter(exists(leader_fence!(&node, term, now))))
+                    .set(set)
+                    .execute(conn)
+                    .await?
+            }),
+            None => with_write!(self, |conn| {
+                diesel::update(due).set(set).execute(conn).await?
+            }),
+        };
         Ok(n == 1)
     }
 

@@ -35,6 +35,7 @@ pub(crate) mod driver;
 mod errors;
 mod expr;
 mod gauges;
+mod leader;
 mod maintain;
 mod migrate;
 #[cfg(feature = "mysql")]
@@ -70,6 +71,8 @@ pub mod conformance;
 pub(crate) use connect::with_query;
 pub(crate) use driver::Listener;
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
+pub(crate) use leader::leader_fence;
+pub use leader::Leader;
 pub use nodes::{NodeInfo, Unserved, UnservedReason};
 pub use options::{
     Backend, StoreOptions, TcpKeepalive, DEFAULT_BUSY_TIMEOUT, DEFAULT_CONNECT_ATTEMPT_TIMEOUT,

@@ -130,6 +130,20 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// The leader of this database: one row, held under a lease with a term (see
+    /// `store::leader`).
+    jobvisor_leader (id) {
+        id -> Integer,
+        holder -> Nullable<Text>,
+        term -> BigInt,
+        expires_at -> BigInt,
+        elected_at -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_gauges, jobvisor_leader);
+
 diesel::allow_tables_to_appear_in_same_query!(
     jobvisor_jobs,
     jobvisor_nodes,

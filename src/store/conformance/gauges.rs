@@ -51,7 +51,7 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
         let now = t.at(10);
         tasks.push(tokio::spawn(async move {
             store
-                .gauges_take_turn(&format!("n{n}"), every, now)
+                .gauges_take_turn(&format!("n{n}"), every, None, now)
                 .await
                 .unwrap()
         }));
@@ -67,7 +67,7 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     for at in [10, 15, 24] {
         assert!(
             !t.store
-                .gauges_take_turn("late", every, t.at(at))
+                .gauges_take_turn("late", every, None, t.at(at))
                 .await
                 .unwrap(),
             "nobody takes a turn within the interval (t0+{at})"
@@ -109,7 +109,7 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     // owner, late, does not overwrite what the newer one saved.
     assert!(t
         .store
-        .gauges_take_turn("n9", every, t.at(25))
+        .gauges_take_turn("n9", every, None, t.at(25))
         .await
         .unwrap());
     let newer = t.store.gauges_compute(t.at(25)).await.unwrap();
@@ -134,7 +134,7 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     for at in [40, 74] {
         assert!(
             !t.store
-                .gauges_take_turn("slow", every, t.at(at))
+                .gauges_take_turn("slow", every, None, t.at(at))
                 .await
                 .unwrap(),
             "t0+{at}: within 50 times the last count's duration"
@@ -142,7 +142,7 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     }
     assert!(t
         .store
-        .gauges_take_turn("slow", every, t.at(75))
+        .gauges_take_turn("slow", every, None, t.at(75))
         .await
         .unwrap());
 }

@@ -38,6 +38,7 @@ mod deploy;
 mod enqueue;
 mod finalize;
 mod gauges;
+mod leader;
 mod lease;
 mod maintenance;
 mod partition;
@@ -60,6 +61,7 @@ pub use deploy::*;
 pub use enqueue::*;
 pub use finalize::*;
 pub use gauges::*;
+pub use leader::*;
 pub use lease::*;
 pub use maintenance::*;
 pub use partition::*;
@@ -239,6 +241,7 @@ macro_rules! conformance_tests {
             period_take_overs_follow_the_callers_transaction,
             concurrent_batches_after_a_period_take_it_over_once,
             gauges_are_computed_once_per_interval_and_match_the_table,
+            leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term,
             progress_is_written_with_the_renewal_and_guarded_by_the_token,
         );
     };
