@@ -12,9 +12,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, NewJob, RunAt};
 use crate::store::{
-    ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, ListParams,
-    NodeInfo, OutboxConnection, PruneParams, QueueInfo, QueueLag, QueueLimits, RetryParams,
-    StateCount, Store, Unserved,
+    ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, Leader,
+    ListParams, NodeInfo, OutboxConnection, PruneParams, QueueInfo, QueueLag, QueueLimits,
+    RetryParams, StateCount, Store, Unserved,
 };
 
 /// Rows moved or deleted per statement by [`Client::archive`] and [`Client::prune`].
@@ -237,6 +237,17 @@ impl Client {
     /// [`Error::Database`].
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
         self.store.nodes_list().await
+    }
+
+    /// The node leading this database (it computes the database-wide gauges), with its term
+    /// and lease; `None` while nobody does — no scheduler running, or a leader just stopped
+    /// and nobody has taken over yet (at most about
+    /// [`leader_lease`](crate::SchedulerConfig::leader_lease) × 4/3).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        self.store.leader_current(self.clock.bound_now()).await
     }
 
     /// Due jobs that have waited at least `after` with no node able to run them — no node

@@ -53,6 +53,11 @@ pub const DEFAULT_NODE_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 pub const DEFAULT_UNSERVED_AFTER: Duration = Duration::from_secs(300);
 /// How often a node looks for such jobs (1 minute).
 pub const DEFAULT_UNSERVED_CHECK_EVERY: Duration = Duration::from_secs(60);
+/// Default [`SchedulerConfig::leader_lease`]: 10 s. Renewed every third of it, so another node
+/// takes over at most about 13.3 s after a leader stops.
+pub const DEFAULT_LEADER_LEASE: Duration = Duration::from_secs(10);
+/// The shortest [`SchedulerConfig::leader_lease`]: 1 s.
+pub const MIN_LEADER_LEASE: Duration = Duration::from_secs(1);
 
 /// Settings of one queue on one node.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,6 +200,11 @@ pub struct SchedulerConfig {
     /// refreshed). The counts run once per database per interval, by whichever node takes
     /// the turn; see [`DatabaseGauges`](crate::metrics::DatabaseGauges).
     pub gauges_every: Option<Duration>,
+    /// How long the database's leader holds leadership without renewing it (default 10 s,
+    /// [`DEFAULT_LEADER_LEASE`]; at least [`MIN_LEADER_LEASE`]). Every node tries to keep or
+    /// take it every third of this; once the leader stops, another node takes over within
+    /// about `leader_lease × 4/3`. The leader computes the database-wide gauges.
+    pub leader_lease: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -219,6 +229,7 @@ impl Default for SchedulerConfig {
             unserved_after: DEFAULT_UNSERVED_AFTER,
             unserved_check_every: DEFAULT_UNSERVED_CHECK_EVERY,
             gauges_every: Some(crate::metrics::DEFAULT_GAUGE_INTERVAL),
+            leader_lease: DEFAULT_LEADER_LEASE,
         }
     }
 }
@@ -276,6 +287,8 @@ impl SchedulerConfig {
         unserved_check_every: Duration,
         /// Sets how often the database-wide gauges are refreshed (`None`: never).
         gauges_every: Option<Duration>,
+        /// Sets how long leadership lasts without renewal.
+        leader_lease: Duration,
     }
 
     /// Checks every field.
@@ -310,6 +323,16 @@ impl SchedulerConfig {
                     "{d:?} is under the minimum of {:?}; expected seconds or more (the counts \
                      read the whole jobs table)",
                     crate::metrics::MIN_GAUGE_INTERVAL
+                ),
+            });
+        }
+        if self.leader_lease < MIN_LEADER_LEASE {
+            return Err(Error::Config {
+                field: "leader_lease",
+                reason: format!(
+                    "{:?} is under the minimum of {MIN_LEADER_LEASE:?}; expected seconds (it \
+                     is renewed every third of it)",
+                    self.leader_lease
                 ),
             });
         }

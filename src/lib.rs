@@ -82,5 +82,5 @@ pub use store::{
     Backend, CancelOutcome, Enqueued, Guarded, ListParams, OutboxConnection, ReclaimReason,
     StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
 };
-pub use store::{NodeInfo, QueueLag, Unserved, UnservedReason};
+pub use store::{Leader, NodeInfo, QueueLag, Unserved, UnservedReason};
 pub use store::{QueueInfo, QueueLimits, RateLimit};

@@ -105,8 +105,13 @@ async fn commands_do_what_they_say(backend: Backend) {
     assert_eq!(q["due"], 4);
     assert!(q["lag_seconds"].as_f64().unwrap() >= 0.0);
     assert_eq!(v["nodes"], json!([]));
+    assert_eq!(v["leader"], Value::Null, "no scheduler, no leader");
     let text = jobvisor(&url).arg("status").output().unwrap();
-    assert!(String::from_utf8_lossy(&text.stdout).contains("pending"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("pending") && text.contains("leader: none"),
+        "{text}"
+    );
 
     // list with filters, get.
     let v = json_of(jobvisor(&url).args(["list", "--kind", "mail", "--json"]), 0);
@@ -366,6 +371,33 @@ async fn commands_do_what_they_say(backend: Backend) {
     let err = stderr_of(jobvisor(&url).args(["retry", "1", "--state", "dead"]), 2);
     assert!(err.contains("not both"), "{err}");
     let _ = JobId(0);
+
+    // A scheduler elects itself the leader; status says who leads, under which term.
+    let node = jobvisor::Scheduler::builder(store.clone())
+        .node_id(NodeId::new("cli-leader").unwrap())
+        .queue("elsewhere", jobvisor::QueueConfig::default())
+        .handler(
+            "none",
+            jobvisor::handler_fn(|_: Value, _ctx| async { jobvisor::JobOutcome::success(()) }),
+        )
+        .start()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client.leader().await.unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "no leader elected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v = json_of(jobvisor(&url).args(["status", "--json"]), 0);
+    assert_eq!(
+        (v["leader"]["node"].clone(), v["leader"]["term"].clone()),
+        (json!("cli-leader"), json!(1)),
+        "{v}"
+    );
+    let text = jobvisor(&url).arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("leader: cli-leader (term 1"), "{text}");
+    node.shutdown().await;
+    assert_eq!(client.leader().await.unwrap(), None, "it resigned");
 }
 
 #[tokio::test]

@@ -903,6 +903,95 @@ async fn two_nodes_share_a_queue_without_double_claims(backend: Backend) {
     b.next_event(|e| matches!(e, Event::Finished { .. })).await;
 }
 
+/// Two nodes, one database: one leads and does the leader-only work (it counts the gauges;
+/// the other only reads them). Silent past its lease — frozen, cut off —, the leader stops
+/// acting as leader on its own estimate, and the other node takes over under a new term at its
+/// first attempt after the lease ran out (so within the lease plus one elector tick); the old
+/// leader learns it lost at its next attempt. A leader that shuts down resigns: the other
+/// takes over at once, not a lease later.
+async fn two_nodes_elect_one_leader_take_over_and_hand_over(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let noop = || handler_fn(|_: Value, _ctx| async { JobOutcome::success("ok") });
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "node-a", |b| {
+        b.handler("noop", noop())
+    });
+    let mut b = Simulation::on_store(db.store().await, clock.clone(), "node-b", |b| {
+        b.handler("noop", noop())
+    });
+    assert_eq!(a.client.leader().await.unwrap(), None);
+
+    assert_eq!(a.elect().await, Some(1));
+    assert_eq!(b.elect().await, None, "one leader");
+    a.next_event(|e| matches!(e, Event::LeaderElected { term: 1 }))
+        .await;
+    assert_eq!(a.handle.leader_term(), Some(1));
+    assert_eq!(b.handle.leader_term(), None);
+    assert!(a.refresh_gauges().await.unwrap(), "the leader counts");
+    assert!(!b.refresh_gauges().await.unwrap(), "the other reads");
+    let leader = b.client.leader().await.unwrap().unwrap();
+    assert_eq!((leader.node.as_str(), leader.term), ("node-a", 1));
+
+    // Renewed every third of the lease (10 s): still the leader.
+    clock.advance(3 * SEC);
+    assert_eq!(a.elect().await, Some(1));
+    assert_eq!(b.elect().await, None);
+
+    // Node A goes silent. Before its lease ends in the database, it no longer counts itself
+    // leader; at the end, B takes over with a new term.
+    clock.advance(9 * SEC);
+    assert_eq!(
+        a.handle.leader_term(),
+        None,
+        "its own estimate ran out first"
+    );
+    assert_eq!(b.elect().await, None, "the lease still runs (to 13 s)");
+    clock.advance(SEC);
+    assert_eq!(b.elect().await, Some(2), "taken over as the lease ends");
+    b.next_event(|e| matches!(e, Event::LeaderElected { term: 2 }))
+        .await;
+    clock.advance(3 * SEC);
+    assert!(
+        !a.refresh_gauges().await.unwrap(),
+        "the old leader only reads"
+    );
+    assert!(b.refresh_gauges().await.unwrap(), "the new one counts");
+    assert_eq!(
+        a.elect().await,
+        None,
+        "A wakes up: no renewal, no take-over"
+    );
+    let lost = a
+        .next_event(|e| matches!(e, Event::LeaderLost { .. }))
+        .await;
+    assert!(
+        matches!(
+            lost,
+            Event::LeaderLost {
+                term: 1,
+                reason: "not_renewed"
+            }
+        ),
+        "{lost:?}"
+    );
+
+    // B shuts down: it resigns, and A takes over at its next attempt, at the same instant.
+    b.handle.shutdown_within(SEC).await;
+    b.next_event(|e| {
+        matches!(
+            e,
+            Event::LeaderLost {
+                term: 2,
+                reason: "resigned"
+            }
+        )
+    })
+    .await;
+    assert_eq!(a.elect().await, Some(3));
+    let leader = a.client.leader().await.unwrap().unwrap();
+    assert_eq!((leader.node.as_str(), leader.term), ("node-a", 3));
+}
+
 macro_rules! two_node_tests {
     ($($name:ident => $backend:expr),+ $(,)?) => {
         mod two_nodes {
@@ -921,6 +1010,10 @@ macro_rules! two_node_tests {
                     #[actix::test]
                     async fn rolling_deploy_burns_no_attempt() {
                         two_nodes_rolling_deploy_burns_no_attempt($backend).await;
+                    }
+                    #[actix::test]
+                    async fn elect_one_leader_take_over_and_hand_over() {
+                        two_nodes_elect_one_leader_take_over_and_hand_over($backend).await;
                     }
                 }
             )+

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
 use crate::store::{
@@ -15,6 +15,17 @@ use crate::store::{
 pub const DEFAULT_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
 /// The shortest refresh interval accepted: **1 s**.
 pub const MIN_GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Who may take a refresh's turn to compute the counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Whoever asks first in the interval (a standalone exporter).
+    Anyone,
+    /// This node, as the database's leader under this term (refused once it is over).
+    Leader(i64),
+    /// Nobody here: only read what the leader computed.
+    ReadOnly,
+}
 
 /// One label set of one gauge, as last exported (to set it to 0 once it is gone).
 type Series = (&'static str, Vec<(&'static str, String)>);
@@ -88,6 +99,16 @@ impl DatabaseGauges {
     /// [`Error::Database`] when the database cannot be reached (the gauges keep their
     /// values) or the stored snapshot is unreadable.
     pub async fn refresh(&mut self) -> Result<bool> {
+        self.refresh_as(Turn::Anyone, None).await
+    }
+
+    /// [`refresh`](Self::refresh) with a say in who may take the turn: a scheduler's node
+    /// takes it only as the database's leader, fenced by its term (`now`: its clock).
+    pub(crate) async fn refresh_as(
+        &mut self,
+        turn: Turn,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<bool> {
         let size = self
             .store
             .options()
@@ -99,11 +120,23 @@ impl DatabaseGauges {
         super::pool(&self.store.pool_state(), size);
         // A little under the interval, so that a node whose ticks run a few milliseconds
         // early still takes its turn every interval rather than every other one.
-        let turn = self.every.mul_f64(0.9);
-        let computed = self.store.gauges_take_turn(&self.node, turn, None).await?;
+        let every = self.every.mul_f64(0.9);
+        let computed = match turn {
+            Turn::Anyone => {
+                self.store
+                    .gauges_take_turn(&self.node, every, None, now)
+                    .await?
+            }
+            Turn::Leader(term) => {
+                self.store
+                    .gauges_take_turn(&self.node, every, Some(term), now)
+                    .await?
+            }
+            Turn::ReadOnly => false,
+        };
         let stored = if computed {
             let t0 = Instant::now();
-            let snapshot = self.store.gauges_compute(None).await?;
+            let snapshot = self.store.gauges_compute(now).await?;
             let took = t0.elapsed();
             self.store.gauges_save(&snapshot, took).await?;
             StoredGauges {

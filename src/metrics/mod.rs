@@ -60,6 +60,7 @@ mod prometheus;
 #[cfg(feature = "actix-web")]
 mod service;
 
+pub(crate) use gauges::Turn;
 pub use gauges::{DatabaseGauges, DEFAULT_GAUGE_INTERVAL, MIN_GAUGE_INTERVAL};
 pub(crate) use handles::{Finished, KindMetrics, OutcomeMetrics, QueueMetrics};
 #[cfg(feature = "prometheus")]

@@ -20,9 +20,11 @@ use super::archiver::Archiver;
 use super::event::EventBus;
 use super::fetcher::{Fetcher, Wake};
 use super::handle::SchedulerHandle;
+use super::leader_elector::LeaderElector;
+use super::leader_term::LeaderTerm;
 use super::lease_manager::{self, LeaseManager};
 use super::registrar::Registrar;
-use super::root::{HandlerRuntime, Scheduler};
+use super::root::{HandlerRuntime, NodeActors, Scheduler};
 use super::shared::{Registered, Shared};
 use super::start_hold::StartHold;
 use super::stats::Stats;
@@ -264,6 +266,7 @@ impl SchedulerBuilder {
             stats: Stats::default(),
             start_hold: StartHold::default(),
             client,
+            leader: LeaderTerm::default(),
         });
         let lease_manager = LeaseManager::new(shared.clone()).start();
         let mut fetchers = HashMap::new();
@@ -292,13 +295,17 @@ impl SchedulerBuilder {
         let sweeper = Sweeper::new(shared.clone()).start();
         let archiver = Archiver::new(shared.clone()).start();
         let registrar = Registrar::new(shared.clone()).start();
+        let elector = LeaderElector::new(shared.clone()).start();
         let scheduler = Scheduler::new(
             shared.clone(),
-            fetchers.clone(),
-            lease_manager.clone(),
-            sweeper.clone(),
-            archiver.clone(),
-            registrar.clone(),
+            NodeActors {
+                fetchers: fetchers.clone(),
+                lease_manager: lease_manager.clone(),
+                sweeper: sweeper.clone(),
+                archiver: archiver.clone(),
+                registrar: registrar.clone(),
+                elector: elector.clone(),
+            },
             HandlerRuntime(Some(rt)),
         )
         .start();
@@ -310,6 +317,7 @@ impl SchedulerBuilder {
             sweeper,
             archiver,
             registrar,
+            elector,
             shared,
         })
     }

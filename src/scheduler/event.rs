@@ -134,6 +134,19 @@ pub enum Event {
         /// The error.
         message: String,
     },
+    /// This node became the database's leader (it does the once-per-database work).
+    LeaderElected {
+        /// The new term (each election raises it).
+        term: u64,
+    },
+    /// This node stopped leading: another node took over, its leadership could not be
+    /// renewed in time, or it resigned at shutdown. Work of that term is refused from now on.
+    LeaderLost {
+        /// The term that ended.
+        term: u64,
+        /// Why: `taken_over`, `not_renewed` or `resigned`.
+        reason: &'static str,
+    },
     /// Graceful shutdown ended.
     ShutDown {
         /// Jobs that finished during the wait.
@@ -237,6 +250,12 @@ impl EventBus {
                 tracing::trace!(renewed, lost, "leases renewed")
             }
             Event::Archived { moved, pruned } => tracing::debug!(moved, pruned, "archived"),
+            Event::LeaderElected { term } => {
+                tracing::info!(term, "this node now leads the database")
+            }
+            Event::LeaderLost { term, reason } => {
+                tracing::warn!(term, reason, "this node no longer leads the database")
+            }
             Event::StoreUnavailable { actor, message } => {
                 tracing::error!(actor, error = %message, "store call failed; will retry")
             }

@@ -1,12 +1,13 @@
 //! The node's gauge refresh: every [`gauges_every`](crate::SchedulerConfig::gauges_every), a
-//! [`DatabaseGauges`] refresh (this node takes the interval's turn and counts, or reads what
-//! another counted). Failures are logged at most once a minute and retried at the next tick.
+//! [`DatabaseGauges`] refresh. Counting is leader-only work: the database's leader takes the
+//! interval's turn (fenced by its term) and counts; every other node reads what it counted.
+//! Failures are logged at most once a minute and retried at the next tick.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{report_store_error, Shared};
-use crate::metrics::DatabaseGauges;
+use crate::metrics::{DatabaseGauges, Turn};
 
 /// Store errors are logged at most this often.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -26,7 +27,7 @@ pub(crate) async fn gauge_loop(shared: Arc<Shared>, every: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = gauges.refresh().await {
+        if let Err(e) = refresh(&shared, &mut gauges).await {
             report_store_error(
                 &shared.events,
                 "gauges",
@@ -36,4 +37,14 @@ pub(crate) async fn gauge_loop(shared: Arc<Shared>, every: Duration) {
             );
         }
     }
+}
+
+/// One refresh by this node: counting if it leads the database, reading otherwise. Answers
+/// whether it counted.
+pub(crate) async fn refresh(shared: &Shared, gauges: &mut DatabaseGauges) -> crate::Result<bool> {
+    let turn = match shared.leader.current(shared.clock.monotonic()) {
+        Some(term) => Turn::Leader(term),
+        None => Turn::ReadOnly,
+    };
+    gauges.refresh_as(turn, shared.clock.bound_now()).await
 }

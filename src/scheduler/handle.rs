@@ -14,6 +14,7 @@ use crate::store::Store;
 use super::archiver::Archiver;
 use super::event::Event;
 use super::fetcher::Fetcher;
+use super::leader_elector::LeaderElector;
 use super::lease_manager::LeaseManager;
 use super::registrar::Registrar;
 use super::root::{Scheduler, Shutdown, ShutdownReport};
@@ -33,6 +34,7 @@ pub struct SchedulerHandle {
     pub(crate) sweeper: Addr<Sweeper>,
     pub(crate) archiver: Addr<Archiver>,
     pub(crate) registrar: Addr<Registrar>,
+    pub(crate) elector: Addr<LeaderElector>,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -60,6 +62,15 @@ impl SchedulerHandle {
     /// This node's running totals.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// The term under which this node leads the database, if it does (as it last confirmed:
+    /// see [`Client::leader`](crate::Client::leader) for the database's view).
+    pub fn leader_term(&self) -> Option<u64> {
+        self.shared
+            .leader
+            .current(self.shared.clock.monotonic())
+            .and_then(|t| u64::try_from(t).ok())
     }
 
     /// This node's id.
@@ -114,6 +125,12 @@ impl SchedulerHandle {
     #[cfg(feature = "test-util")]
     pub(crate) fn scheduler(&self) -> Addr<Scheduler> {
         self.scheduler.clone()
+    }
+
+    /// The leader elector.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn elector(&self) -> Addr<LeaderElector> {
+        self.elector.clone()
     }
 
     /// The registrar (the node registry and unserved-job reports).

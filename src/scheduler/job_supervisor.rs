@@ -454,6 +454,7 @@ mod tests {
             handler_rt: tokio::runtime::Handle::current(),
             stats: Stats::default(),
             start_hold: StartHold::default(),
+            leader: Default::default(),
         })
     }
 

@@ -10,6 +10,8 @@
 //! * `LeaseManager` (one per node) renews all leases in one statement per heartbeat, tells
 //!   supervisors when a lease is lost or about to expire, and batches finalizations.
 //! * `Sweeper` and `Archiver` do bounded maintenance batches.
+//! * `LeaderElector` keeps or takes the database's leadership (one node per database does
+//!   the once-per-database work, fenced by its term).
 //!
 //! Actors hold no connection and build no SQL: they call the [`Store`](crate::store::Store). All of them run on
 //! the arbiter that called [`SchedulerBuilder::start`] — or, outside any actix system, on a
@@ -31,6 +33,8 @@ mod gauges;
 mod handle;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod job_supervisor;
+mod leader_elector;
+mod leader_term;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod lease_manager;
 mod listen;
@@ -58,6 +62,10 @@ pub(crate) use attempt::Attempt;
 pub(crate) use event::report_store_error;
 #[cfg(feature = "test-util")]
 pub(crate) use fetcher::Fetcher;
+#[cfg(feature = "test-util")]
+pub(crate) use gauges::refresh as refresh_gauges;
+#[cfg(feature = "test-util")]
+pub(crate) use leader_elector::Elect;
 #[cfg(feature = "test-util")]
 pub(crate) use lease_manager::LeaseManager;
 pub(crate) use progress::ProgressCell;

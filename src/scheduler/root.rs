@@ -11,6 +11,7 @@ use super::archiver::{ArchiveNow, Archiver};
 use super::event::Event;
 use super::fetcher::{FetchNow, Fetcher, StopClaiming, Wake};
 use super::gauges::gauge_loop;
+use super::leader_elector::{Elect, LeaderElector, Resign};
 use super::lease_manager::{
     CheckDeadlines, GetLeaseManagerStatus, LeaseManager, ReleaseAll, RenewLeases,
 };
@@ -49,6 +50,16 @@ impl Drop for HandlerRuntime {
     }
 }
 
+/// The node's other actors, as the root starts and stops them.
+pub(crate) struct NodeActors {
+    pub(crate) fetchers: HashMap<String, Addr<Fetcher>>,
+    pub(crate) lease_manager: Addr<LeaseManager>,
+    pub(crate) sweeper: Addr<Sweeper>,
+    pub(crate) archiver: Addr<Archiver>,
+    pub(crate) registrar: Addr<Registrar>,
+    pub(crate) elector: Addr<LeaderElector>,
+}
+
 /// The node's root actor: owns the timers and the handler runtime; runs shutdown.
 pub struct Scheduler {
     shared: Arc<Shared>,
@@ -57,6 +68,7 @@ pub struct Scheduler {
     sweeper: Addr<Sweeper>,
     archiver: Addr<Archiver>,
     registrar: Addr<Registrar>,
+    elector: Addr<LeaderElector>,
     /// Interval timers, cancelled at shutdown.
     timers: Vec<SpawnHandle>,
     /// Kept at the end of graceful shutdown (see [`HandlerRuntime::keep`]); shut down in the
@@ -73,15 +85,15 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        fetchers: HashMap<String, Addr<Fetcher>>,
-        lease_manager: Addr<LeaseManager>,
-        sweeper: Addr<Sweeper>,
-        archiver: Addr<Archiver>,
-        registrar: Addr<Registrar>,
-        runtime: HandlerRuntime,
-    ) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, actors: NodeActors, runtime: HandlerRuntime) -> Self {
+        let NodeActors {
+            fetchers,
+            lease_manager,
+            sweeper,
+            archiver,
+            registrar,
+            elector,
+        } = actors;
         Scheduler {
             shared,
             fetchers,
@@ -89,6 +101,7 @@ impl Scheduler {
             sweeper,
             archiver,
             registrar,
+            elector,
             timers: Vec::new(),
             runtime: Some(runtime),
         }
@@ -139,6 +152,11 @@ impl Actor for Scheduler {
             .push(ctx.run_interval(cfg.unserved_check_every, move |_, _| {
                 reg.do_send(CheckUnserved)
             }));
+        let el = self.elector.clone();
+        el.do_send(Elect);
+        // Every third of the lease: a leader renews twice before its lease can run out.
+        self.timers
+            .push(ctx.run_interval(cfg.leader_lease / 3, move |_, _| el.do_send(Elect)));
         let wakers: HashMap<String, Recipient<Wake>> = self
             .fetchers
             .iter()
@@ -184,6 +202,7 @@ impl Handler<Shutdown> for Scheduler {
         let fetchers: Vec<Addr<Fetcher>> = self.fetchers.values().cloned().collect();
         let lm = self.lease_manager.clone();
         let registrar = self.registrar.clone();
+        let elector = self.elector.clone();
         let events = self.shared.events.clone();
         let started = Instant::now();
         let fut = async move {
@@ -208,6 +227,8 @@ impl Handler<Shutdown> for Scheduler {
             let released = lm.send(ReleaseAll).await.unwrap_or(0);
             // No longer serving anything: jobs only this node ran are reported as unserved.
             let _ = registrar.send(Unregister).await;
+            // Another node takes over at its next attempt rather than a lease later.
+            let _ = elector.send(Resign).await;
             // Let the give-backs be written (they are finalizations like any other).
             let flush_deadline = Instant::now() + Duration::from_secs(10);
             loop {
@@ -237,6 +258,7 @@ impl Handler<Shutdown> for Scheduler {
             act.sweeper.do_send(StopActor);
             act.archiver.do_send(StopActor);
             act.registrar.do_send(StopActor);
+            act.elector.do_send(StopActor);
             if let Some(rt) = act.runtime.take() {
                 rt.keep();
             }

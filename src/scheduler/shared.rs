@@ -1,5 +1,5 @@
 //! [`Shared`]: what every actor of one node reads (store, clock, settings, handlers, event
-//! bus, handler runtime, totals), built once by the [`SchedulerBuilder`](super::SchedulerBuilder)
+//! bus, handler runtime, totals, leadership), built once by the [`SchedulerBuilder`](super::SchedulerBuilder)
 //! and read-only after start.
 
 use std::collections::HashMap;
@@ -14,6 +14,7 @@ use crate::lease::NodeId;
 use crate::store::Store;
 
 use super::event::EventBus;
+use super::leader_term::LeaderTerm;
 use super::start_hold::StartHold;
 use super::stats::Stats;
 
@@ -43,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) start_hold: StartHold,
     /// The node's client (its enqueues wake this node's fetchers), handed to handlers.
     pub(crate) client: Client,
+    /// Whether this node leads the database, and under which term.
+    pub(crate) leader: LeaderTerm,
 }
 
 impl Shared {

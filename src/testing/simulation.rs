@@ -147,6 +147,28 @@ impl Simulation {
         self.handle.sweeper().send(SweepNow).await.unwrap_or(0)
     }
 
+    /// Keeps or takes the database's leadership (the elector's tick); answers the term this
+    /// node leads under afterwards.
+    pub async fn elect(&self) -> Option<u64> {
+        self.handle
+            .elector()
+            .send(crate::scheduler::Elect)
+            .await
+            .unwrap_or(None)
+    }
+
+    /// One gauge refresh by this node (the gauge loop's tick): it counts if it leads the
+    /// database, reads otherwise. Answers whether it counted.
+    pub async fn refresh_gauges(&self) -> crate::Result<bool> {
+        let shared = &self.handle.shared;
+        let mut gauges = crate::metrics::DatabaseGauges::new(
+            shared.store.clone(),
+            shared.node.as_str(),
+            crate::metrics::DEFAULT_GAUGE_INTERVAL,
+        )?;
+        crate::scheduler::refresh_gauges(shared, &mut gauges).await
+    }
+
     /// Refreshes this node's row in the node registry.
     pub async fn node_heartbeat(&self) {
         let _ = self

@@ -183,11 +183,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let lags = client.queue_lags().await?;
             let nodes = client.nodes().await?;
             let controls = client.queues().await?;
-            show(
-                json,
-                render::status_json(now, &counts, &lags, &nodes, &controls),
-                || render::status_text(now, &counts, &lags, &nodes, &controls),
-            );
+            let leader = client.leader().await?;
+            let status = render::Status {
+                counts: &counts,
+                lags: &lags,
+                nodes: &nodes,
+                controls: &controls,
+                leader: leader.as_ref(),
+            };
+            show(json, render::status_json(now, &status), || {
+                render::status_text(now, &status)
+            });
         }
         Command::Nodes => {
             let nodes = client.nodes().await?;

@@ -3,7 +3,7 @@
 //! the command line's interface: they change only with a major version.
 
 use chrono::{DateTime, Utc};
-use jobvisor::{Job, JobFailure, NodeInfo, QueueInfo, QueueLag, StateCount};
+use jobvisor::{Job, JobFailure, Leader, NodeInfo, QueueInfo, QueueLag, StateCount};
 use serde_json::{json, Value};
 
 /// A timestamp as RFC 3339 (microseconds, `Z`).
@@ -152,14 +152,33 @@ fn age(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
     }
 }
 
-/// Queue status: counts by state, lag, nodes — JSON.
-pub(crate) fn status_json(
-    now: DateTime<Utc>,
-    counts: &[StateCount],
-    lags: &[QueueLag],
-    nodes: &[NodeInfo],
-    controls: &[QueueInfo],
-) -> Value {
+/// What `status` shows.
+pub(crate) struct Status<'a> {
+    pub(crate) counts: &'a [StateCount],
+    pub(crate) lags: &'a [QueueLag],
+    pub(crate) nodes: &'a [NodeInfo],
+    pub(crate) controls: &'a [QueueInfo],
+    pub(crate) leader: Option<&'a Leader>,
+}
+
+fn leader_json(l: &Leader) -> Value {
+    json!({
+        "node": l.node.as_str(),
+        "term": l.term,
+        "elected_at": ts(l.elected_at),
+        "expires_at": ts(l.expires_at),
+    })
+}
+
+/// Queue status: counts by state, lag, nodes, leader — JSON.
+pub(crate) fn status_json(now: DateTime<Utc>, s: &Status<'_>) -> Value {
+    let Status {
+        counts,
+        lags,
+        nodes,
+        controls,
+        leader,
+    } = *s;
     let mut queues: Vec<String> = counts.iter().map(|c| c.queue.clone()).collect();
     queues.extend(lags.iter().map(|l| l.queue.clone()));
     queues.extend(controls.iter().map(|c| c.name.clone()));
@@ -189,18 +208,20 @@ pub(crate) fn status_json(
         "at": ts(now),
         "queues": queues,
         "nodes": nodes.iter().map(|n| node_json(now, n)).collect::<Vec<_>>(),
+        "leader": leader.map(leader_json),
     })
 }
 
 /// Queue status for people.
-pub(crate) fn status_text(
-    now: DateTime<Utc>,
-    counts: &[StateCount],
-    lags: &[QueueLag],
-    nodes: &[NodeInfo],
-    controls: &[QueueInfo],
-) -> String {
-    let v = status_json(now, counts, lags, nodes, controls);
+pub(crate) fn status_text(now: DateTime<Utc>, s: &Status<'_>) -> String {
+    let v = status_json(now, s);
+    let Status {
+        lags,
+        nodes,
+        controls,
+        leader,
+        ..
+    } = *s;
     let mut out = format!(
         "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
         "queue",
@@ -240,6 +261,15 @@ pub(crate) fn status_text(
     }
     out.push('\n');
     out.push_str(&nodes_text(now, nodes));
+    out.push_str(&match leader {
+        Some(l) => format!(
+            "leader: {} (term {}, elected {} ago)\n",
+            l.node,
+            l.term,
+            age(now, l.elected_at)
+        ),
+        None => "leader: none\n".to_string(),
+    });
     out
 }
 

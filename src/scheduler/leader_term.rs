@@ -1,0 +1,72 @@
+//! [`LeaderTerm`]: whether this node leads the database, and under which term, as the
+//! [`LeaderElector`](super::leader_elector::LeaderElector) last established it — readable by any task of the
+//! node (the gauge refresh asks before doing leader-only work).
+//!
+//! Like a job's lease estimate ([`Attempt`](super::attempt::Attempt)), it is conservative: the term is
+//! valid until the send time of the renewal that confirmed it plus the leader lease minus a
+//! margin, on the monotonic clock, so a process that was frozen past its leadership knows it
+//! is no longer leader before any store answer tells it. Leader-only writes carry the term
+//! and are fenced by the database as well (`store::leader`); this is the first line.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use super::attempt::us;
+
+/// No term held.
+const NONE: i64 = -1;
+
+/// The node's leadership; see the module docs.
+#[derive(Debug)]
+pub(crate) struct LeaderTerm {
+    term: AtomicI64,
+    valid_until_us: AtomicI64,
+}
+
+impl Default for LeaderTerm {
+    fn default() -> Self {
+        LeaderTerm {
+            term: AtomicI64::new(NONE),
+            valid_until_us: AtomicI64::new(i64::MIN),
+        }
+    }
+}
+
+impl LeaderTerm {
+    /// This node holds `term` until `valid_until` (monotonic) at least.
+    pub(crate) fn hold(&self, term: i64, valid_until: Duration) {
+        // Validity first: a reader that sees the new term sees a validity at least this new.
+        self.valid_until_us
+            .store(us(valid_until), Ordering::Release);
+        self.term.store(term, Ordering::Release);
+    }
+
+    /// No term held any more.
+    pub(crate) fn clear(&self) {
+        self.term.store(NONE, Ordering::Release);
+        self.valid_until_us.store(i64::MIN, Ordering::Release);
+    }
+
+    /// The term this node leads under at `now` (monotonic), if its estimate still holds.
+    pub(crate) fn current(&self, now: Duration) -> Option<i64> {
+        let term = self.term.load(Ordering::Acquire);
+        (term != NONE && self.valid_until_us.load(Ordering::Acquire) > us(now)).then_some(term)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_term_holds_until_its_estimate_ends() {
+        let t = LeaderTerm::default();
+        let s = Duration::from_secs(1);
+        assert_eq!(t.current(s), None);
+        t.hold(3, 10 * s);
+        assert_eq!(t.current(9 * s), Some(3));
+        assert_eq!(t.current(10 * s), None, "not at or past its end");
+        t.clear();
+        assert_eq!(t.current(s), None);
+    }
+}
