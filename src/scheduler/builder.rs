@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use actix::prelude::*;
 
@@ -13,6 +14,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{QueueConfig, SchedulerConfig};
 use crate::error::{Error, Result};
 use crate::handler::{Erased, JobHandler};
+use crate::job::NewJob;
 use crate::lease::NodeId;
 use crate::store::Store;
 
@@ -23,6 +25,7 @@ use super::handle::SchedulerHandle;
 use super::leader_elector::LeaderElector;
 use super::leader_term::LeaderTerm;
 use super::lease_manager::{self, LeaseManager};
+use super::reconciler::Reconciler;
 use super::registrar::Registrar;
 use super::root::{HandlerRuntime, NodeActors, Scheduler};
 use super::shared::{Registered, Shared};
@@ -37,6 +40,7 @@ pub struct SchedulerBuilder {
     queues: Vec<(String, QueueConfig)>,
     handlers: HashMap<String, Registered>,
     duplicate_kind: Option<String>,
+    reconcilers: Vec<Reconciler>,
     clock: Arc<dyn Clock>,
     node: Option<NodeId>,
 }
@@ -80,6 +84,60 @@ impl SchedulerBuilder {
         if self.handlers.insert(kind.clone(), reg).is_some() {
             self.duplicate_kind.get_or_insert(kind);
         }
+        self
+    }
+
+    /// Registers a **reconciler**: `expected` returns the jobs that should exist now —
+    /// typically one per row of your own table still awaiting work — and, every `every` (at
+    /// least [`MIN_RECONCILE_INTERVAL`](crate::scheduler::MIN_RECONCILE_INTERVAL)), the
+    /// database's leader calls it and enqueues those missing (a job lost because it was
+    /// enqueued outside the transaction that created its row, or deleted by hand).
+    ///
+    /// Every job it returns needs a [`unique_key`](NewJob::unique_key): a job whose key is
+    /// held (waiting, running, retrying — or, by its
+    /// [`unique_scope`](NewJob::unique_scope), kept until archived) counts as present, so a
+    /// pass re-creates each missing job once however often it runs. A pass that fails (the
+    /// function returns an error or panics, a job has no key, the enqueue fails) is reported
+    /// as [`Event::ReconcileFailed`](crate::Event::ReconcileFailed) and retried after 1 s,
+    /// doubling up to `every`; a pass that succeeds, as
+    /// [`Event::Reconciled`](crate::Event::Reconciled) with how many jobs it re-created. The
+    /// function runs on the handler threads and gets the node's [`Client`](crate::Client).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use jobvisor::{NewJob, Scheduler, Store, QueueConfig};
+    /// # fn signups_without_welcome_mail() -> Vec<i64> { vec![] }
+    /// # fn f(store: Store) -> jobvisor::Result<()> {
+    /// let node = Scheduler::builder(store)
+    ///     .queue("default", QueueConfig::default())
+    ///     # .handler("welcome", jobvisor::handler_fn(|_: serde_json::Value, _ctx| async { jobvisor::JobOutcome::success(()) }))
+    ///     .reconciler("welcome-mails", Duration::from_secs(60), |_client| async {
+    ///         // e.g. SELECT id FROM users WHERE welcomed_at IS NULL
+    ///         let jobs = signups_without_welcome_mail()
+    ///             .into_iter()
+    ///             .map(|user| {
+    ///                 NewJob::new("welcome", serde_json::json!({ "user": user }))
+    ///                     .unique_key(format!("user:{user}"))
+    ///             })
+    ///             .collect();
+    ///         Ok::<_, std::io::Error>(jobs)
+    ///     })
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reconciler<F, Fut, E>(
+        mut self,
+        name: impl Into<String>,
+        every: Duration,
+        expected: F,
+    ) -> Self
+    where
+        F: Fn(Client) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = std::result::Result<Vec<NewJob>, E>> + Send + 'static,
+        E: std::fmt::Display + 'static,
+    {
+        self.reconcilers
+            .push(Reconciler::new(name.into(), every, expected));
         self
     }
 
@@ -136,6 +194,16 @@ impl SchedulerBuilder {
                 field: "handlers",
                 reason: format!("kind {kind:?} has two handlers"),
             });
+        }
+        let mut names = std::collections::HashSet::new();
+        for r in &self.reconcilers {
+            r.validate()?;
+            if !names.insert(&r.name) {
+                return Err(Error::Config {
+                    field: "reconcilers",
+                    reason: format!("reconciler {:?} is registered twice", r.name),
+                });
+            }
         }
         for (kind, reg) in &self.handlers {
             crate::job::check_name("kind", kind, crate::job::MAX_KIND_LEN).map_err(|e| {
@@ -267,6 +335,7 @@ impl SchedulerBuilder {
             start_hold: StartHold::default(),
             client,
             leader: LeaderTerm::default(),
+            reconcilers: self.reconcilers,
         });
         let lease_manager = LeaseManager::new(shared.clone()).start();
         let mut fetchers = HashMap::new();
@@ -332,6 +401,7 @@ impl Scheduler {
             queues: Vec::new(),
             handlers: HashMap::new(),
             duplicate_kind: None,
+            reconcilers: Vec::new(),
             clock: Arc::new(SystemClock),
             node: None,
         }

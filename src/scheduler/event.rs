@@ -147,6 +147,30 @@ pub enum Event {
         /// Why: `taken_over`, `not_renewed` or `resigned`.
         reason: &'static str,
     },
+    /// A reconciler's pass ended (see
+    /// [`SchedulerBuilder::reconciler`](crate::SchedulerBuilder::reconciler)).
+    Reconciled {
+        /// The reconciler.
+        name: String,
+        /// Jobs its function said should exist.
+        expected: usize,
+        /// Of those, jobs that were missing and were enqueued again.
+        recreated: usize,
+        /// How long the pass took.
+        took: Duration,
+    },
+    /// A reconciler's pass failed (its function returned an error or panicked, or the
+    /// enqueue failed); it is retried after `retry_in`.
+    ReconcileFailed {
+        /// The reconciler.
+        name: String,
+        /// What went wrong.
+        message: String,
+        /// Failed passes in a row.
+        failures: u32,
+        /// When the next pass runs.
+        retry_in: Duration,
+    },
     /// Graceful shutdown ended.
     ShutDown {
         /// Jobs that finished during the wait.
@@ -255,6 +279,26 @@ impl EventBus {
             }
             Event::LeaderLost { term, reason } => {
                 tracing::warn!(term, reason, "this node no longer leads the database")
+            }
+            Event::Reconciled {
+                name,
+                expected,
+                recreated,
+                took,
+            } => {
+                if *recreated > 0 {
+                    tracing::info!(reconciler = %name, expected, recreated, ?took, "missing jobs re-created");
+                } else {
+                    tracing::debug!(reconciler = %name, expected, ?took, "no job missing");
+                }
+            }
+            Event::ReconcileFailed {
+                name,
+                message,
+                failures,
+                retry_in,
+            } => {
+                tracing::warn!(reconciler = %name, error = %message, failures, ?retry_in, "reconciler failed; will retry")
             }
             Event::StoreUnavailable { actor, message } => {
                 tracing::error!(actor, error = %message, "store call failed; will retry")

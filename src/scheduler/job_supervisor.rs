@@ -220,7 +220,8 @@ impl JobSupervisor {
     }
 }
 
-fn panic_message(e: JoinError) -> String {
+/// The message of a handler (or reconciler) task's panic.
+pub(crate) fn panic_message(e: JoinError) -> String {
     match e.try_into_panic() {
         Ok(payload) => payload
             .downcast_ref::<&str>()
@@ -455,6 +456,7 @@ mod tests {
             stats: Stats::default(),
             start_hold: StartHold::default(),
             leader: Default::default(),
+            reconcilers: Vec::new(),
         })
     }
 

@@ -10,6 +10,7 @@
 //! * `LeaseManager` (one per node) renews all leases in one statement per heartbeat, tells
 //!   supervisors when a lease is lost or about to expire, and batches finalizations.
 //! * `Sweeper` and `Archiver` do bounded maintenance batches.
+//! * Reconcilers (`reconciler.rs`) re-create missing jobs, run by the leader.
 //! * `LeaderElector` keeps or takes the database's leadership (one node per database does
 //!   the once-per-database work, fenced by its term).
 //!
@@ -39,6 +40,7 @@ mod leader_term;
 pub(crate) mod lease_manager;
 mod listen;
 mod progress;
+mod reconciler;
 mod registrar;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod root;
@@ -53,6 +55,7 @@ pub use builder::SchedulerBuilder;
 pub use event::{Event, EVENT_BUFFER};
 pub use fetcher::PREFETCH_MAX_WAIT;
 pub use handle::SchedulerHandle;
+pub use reconciler::{MIN_RECONCILE_INTERVAL, RECONCILE_BATCH, RECONCILE_RETRY_FIRST};
 pub use root::{Scheduler, ShutdownReport};
 pub use stats::{Stats, StatsSnapshot};
 
@@ -69,6 +72,8 @@ pub(crate) use leader_elector::Elect;
 #[cfg(feature = "test-util")]
 pub(crate) use lease_manager::LeaseManager;
 pub(crate) use progress::ProgressCell;
+#[cfg(feature = "test-util")]
+pub(crate) use reconciler::run as reconcile_pass;
 #[cfg(feature = "test-util")]
 pub(crate) use registrar::{CheckUnserved, NodeHeartbeat};
 pub(crate) use root::StopActor;

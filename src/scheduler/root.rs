@@ -16,6 +16,7 @@ use super::lease_manager::{
     CheckDeadlines, GetLeaseManagerStatus, LeaseManager, ReleaseAll, RenewLeases,
 };
 use super::listen::listen_loop;
+use super::reconciler::reconcile_loop;
 use super::registrar::{CheckUnserved, NodeHeartbeat, Registrar, Unregister};
 use super::shared::Shared;
 use super::sweeper::{SweepNow, Sweeper};
@@ -164,6 +165,10 @@ impl Actor for Scheduler {
             .collect();
         let listener = listen_loop(self.shared.clone(), wakers);
         self.timers.push(ctx.spawn(fut::wrap_future(listener)));
+        for r in &self.shared.reconcilers {
+            let pass = reconcile_loop(self.shared.clone(), r.clone());
+            self.timers.push(ctx.spawn(fut::wrap_future(pass)));
+        }
         if let Some(every) = cfg.gauges_every {
             let gauges = gauge_loop(self.shared.clone(), every);
             self.timers.push(ctx.spawn(fut::wrap_future(gauges)));

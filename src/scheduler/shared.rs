@@ -15,6 +15,7 @@ use crate::store::Store;
 
 use super::event::EventBus;
 use super::leader_term::LeaderTerm;
+use super::reconciler::Reconciler;
 use super::start_hold::StartHold;
 use super::stats::Stats;
 
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) client: Client,
     /// Whether this node leads the database, and under which term.
     pub(crate) leader: LeaderTerm,
+    /// The reconcilers this node runs when it leads.
+    pub(crate) reconcilers: Vec<Reconciler>,
 }
 
 impl Shared {

@@ -169,6 +169,23 @@ impl Simulation {
         crate::scheduler::refresh_gauges(shared, &mut gauges).await
     }
 
+    /// One pass of the reconciler `name` (its interval's tick), if this node leads the
+    /// database: answers the [`Event::Reconciled`] or [`Event::ReconcileFailed`] it reported
+    /// (each call counts failures from zero); `None` if it does not lead.
+    ///
+    /// # Panics
+    /// If no reconciler is called `name`.
+    pub async fn reconcile(&self, name: &str) -> Option<Event> {
+        let shared = &self.handle.shared;
+        let r = shared
+            .reconcilers
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no reconciler {name:?}"));
+        shared.leader.current(shared.clock.monotonic())?;
+        Some(crate::scheduler::reconcile_pass(shared, r, &mut 0).await)
+    }
+
     /// Refreshes this node's row in the node registry.
     pub async fn node_heartbeat(&self) {
         let _ = self
