@@ -12,6 +12,12 @@
 //! A signup with a bad address fails *after* the user row and the job were written, inside
 //! the transaction: both roll back, so no welcome mail is ever sent for a user that does not
 //! exist. The scheduler runs in the same actix system as the web server.
+//!
+//! And a signup whose welcome job went missing anyway — a user row written by another path
+//! that forgot the job, a job deleted by hand — gets it back: a **reconciler** lists the users
+//! not yet welcomed, and the database's leader enqueues the jobs missing (each keyed by its
+//! user, so one that exists is left alone). The handler marks the user welcomed, so a user
+//! is never welcomed twice however long the job history is kept.
 
 use std::time::Duration;
 
@@ -23,7 +29,8 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use jobvisor::{
-    handler_fn, Client, JobId, JobOutcome, NewJob, QueueConfig, Scheduler, Store, StoreOptions,
+    handler_fn, Client, JobError, JobId, JobOutcome, NewJob, QueueConfig, Scheduler, Store,
+    StoreOptions,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -32,13 +39,14 @@ use serde_json::json;
 mod schema {
     #![allow(missing_docs)]
     diesel::table! {
-        users (id) {
+        signups (id) {
             id -> BigInt,
             email -> Text,
+            welcomed -> Bool,
         }
     }
 }
-use schema::users;
+use schema::signups as users;
 
 type SqliteConn = SyncConnectionWrapper<SqliteConnection>;
 
@@ -92,8 +100,7 @@ macro_rules! signup_tx {
                     .returning(users::id)
                     .get_result(conn)
                     .await?;
-                let job = NewJob::new("send_welcome_email", json!({"user_id": user_id, "email": email}))
-                    .unique_key(format!("welcome:{user_id}"));
+                let job = welcome_job(user_id, &email);
                 let enqueued = jobs.enqueue_in(conn, vec![job]).await?;
                 // Validation that happens after the writes: failing here rolls back both.
                 if !email.contains('@') {
@@ -103,6 +110,55 @@ macro_rules! signup_tx {
             })
             .await
     }};
+}
+
+/// Runs `$body` on a connection of the application's pool, whichever database it is.
+macro_rules! on_app_db {
+    ($db:expr, |$conn:ident| $body:expr) => {
+        match $db {
+            AppDb::Pg(p) => {
+                let mut $conn = p.get().await.map_err(|e| e.to_string())?;
+                $body
+            }
+            AppDb::Sqlite(p) => {
+                let mut $conn = p.get().await.map_err(|e| e.to_string())?;
+                $body
+            }
+        }
+    };
+}
+
+/// The welcome mail went out: the business row says so.
+async fn mark_welcomed(db: &AppDb, user_id: i64) -> Result<(), String> {
+    on_app_db!(db, |c| diesel::update(users::table.find(user_id))
+        .set(users::welcomed.eq(true))
+        .execute(&mut *c)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string()))
+}
+
+/// The welcome jobs that should exist: one per user not yet welcomed.
+async fn welcome_jobs_expected(db: &AppDb) -> Result<Vec<NewJob>, String> {
+    let rows: Vec<(i64, String)> = on_app_db!(db, |c| users::table
+        .filter(users::welcomed.eq(false))
+        .select((users::id, users::email))
+        .load(&mut *c)
+        .await
+        .map_err(|e| e.to_string()))?;
+    Ok(rows
+        .into_iter()
+        .map(|(user_id, email)| welcome_job(user_id, &email))
+        .collect())
+}
+
+/// The welcome mail of a user, keyed by the user: one per user, however often enqueued.
+fn welcome_job(user_id: i64, email: &str) -> NewJob {
+    NewJob::new(
+        "send_welcome_email",
+        json!({"user_id": user_id, "email": email}),
+    )
+    .unique_key(format!("welcome:{user_id}"))
 }
 
 async fn signup(state: web::Data<AppState>, body: web::Json<Signup>) -> HttpResponse {
@@ -151,8 +207,12 @@ fn routes(cfg: &mut web::ServiceConfig) {
         .route("/jobs/{id}", web::get().to(job_status));
 }
 
+/// How often the leader looks for signups whose welcome job is missing.
+const RECONCILE_EVERY: Duration = Duration::from_secs(30);
+
 async fn setup(
     url: &str,
+    reconcile_every: Duration,
 ) -> Result<(AppState, jobvisor::SchedulerHandle), Box<dyn std::error::Error>> {
     let store = Store::connect_with(url, StoreOptions::default().migrate(true)).await?;
     let db = if url.starts_with("postgres") {
@@ -162,7 +222,8 @@ async fn setup(
         pool.get()
             .await?
             .batch_execute(
-                "CREATE TABLE IF NOT EXISTS users (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL)",
+                "CREATE TABLE IF NOT EXISTS signups (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL, \
+                 welcomed BOOLEAN NOT NULL DEFAULT false)",
             )
             .await?;
         AppDb::Pg(pool)
@@ -176,19 +237,33 @@ async fn setup(
             .await?
             .batch_execute(
                 "PRAGMA busy_timeout = 5000; \
-                 CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY AUTOINCREMENT, email TEXT NOT NULL)",
+                 CREATE TABLE IF NOT EXISTS signups (id INTEGER PRIMARY KEY AUTOINCREMENT, \
+                 email TEXT NOT NULL, welcomed BOOLEAN NOT NULL DEFAULT 0)",
             )
             .await?;
         AppDb::Sqlite(pool)
     };
+    let (for_handler, for_reconciler) = (db.clone(), db.clone());
     let scheduler = Scheduler::builder(store)
         .queue("default", QueueConfig::default())
         .handler(
             "send_welcome_email",
-            handler_fn(|p: serde_json::Value, _ctx| async move {
-                JobOutcome::success(format!("welcome mail sent to {}", p["email"]))
+            handler_fn(move |p: serde_json::Value, _ctx| {
+                let db = for_handler.clone();
+                async move {
+                    let user_id = p["user_id"]
+                        .as_i64()
+                        .ok_or_else(|| JobError::fail("no user_id in the payload"))?;
+                    // (The mail itself would be sent here.)
+                    mark_welcomed(&db, user_id).await.map_err(JobError::retry)?;
+                    JobOutcome::success(format!("welcome mail sent to {}", p["email"]))
+                }
             }),
         )
+        .reconciler("welcome-mails", reconcile_every, move |_client| {
+            let db = for_reconciler.clone();
+            async move { welcome_jobs_expected(&db).await }
+        })
         .start()?;
     Ok((
         AppState {
@@ -215,7 +290,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         format!("sqlite://{}", path.display())
     });
-    let (state, scheduler) = setup(&url).await?;
+    // The self-check reconciles every second, so it sees a missing job come back quickly.
+    let every = if check {
+        Duration::from_secs(1)
+    } else {
+        RECONCILE_EVERY
+    };
+    let (state, scheduler) = setup(&url, every).await?;
     if check {
         self_check(state).await?;
         scheduler.shutdown().await;
@@ -233,10 +314,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Drives the service in-process: a good signup creates a user and a job that runs; a bad
-/// one leaves neither.
+/// one leaves neither; a user written without its job is welcomed anyway (the reconciler).
 async fn self_check(state: AppState) -> Result<(), Box<dyn std::error::Error>> {
     use actix_web::test;
     let jobs = state.jobs.clone();
+    let db = state.db.clone();
     let app =
         test::init_service(App::new().app_data(web::Data::new(state)).configure(routes)).await;
 
@@ -278,6 +360,25 @@ async fn self_check(state: AppState) -> Result<(), Box<dyn std::error::Error>> {
     let req = test::TestRequest::get().uri("/jobs/999999").to_request();
     if test::call_service(&app, req).await.status() != 404 {
         return Err("unknown job was not a 404".into());
+    }
+
+    // A user row written with no job (another code path forgot it): the reconciler notices
+    // at its next pass and the user is welcomed.
+    let user_id: i64 = on_app_db!(&db, |c| diesel::insert_into(users::table)
+        .values(users::email.eq("grace@example.com"))
+        .returning(users::id)
+        .get_result(&mut *c)
+        .await
+        .map_err(|e| e.to_string()))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if welcome_jobs_expected(&db).await?.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("user {user_id} without a job was never welcomed").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
 }
