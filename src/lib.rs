@@ -19,6 +19,8 @@
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
 //! * [`lease`] — [`NodeId`] and [`LeaseToken`] (redacted in `Debug`).
+//! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
+//!   what happens to missed fires.
 //! * [`clock`] — where time comes from: the database's clock in production, a
 //!   [`ManualClock`](clock::ManualClock) in simulation.
 //! * [`error`] — the one public [`Error`] type; lost guards are outcomes, not errors.
@@ -63,6 +65,7 @@ pub mod handler;
 pub mod job;
 pub mod lease;
 pub mod metrics;
+pub mod schedule;
 pub mod scheduler;
 pub mod store;
 #[cfg(feature = "test-util")]
@@ -77,6 +80,7 @@ pub use handler::{
 };
 pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use lease::{LeaseToken, NodeId};
+pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 pub use store::{
     Backend, CancelOutcome, Enqueued, Guarded, ListParams, OutboxConnection, ReclaimReason,

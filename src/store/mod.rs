@@ -53,6 +53,7 @@ pub(crate) mod params;
 mod queues;
 mod read;
 mod rows;
+mod schedules;
 mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -93,6 +94,8 @@ pub use queues::{
     MIN_RATE_PERIOD,
 };
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+pub(crate) use rows::from_us;
+pub(crate) use schedules::Fire;
 pub use tls::TlsMode;
 
 impl Store {

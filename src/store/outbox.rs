@@ -169,7 +169,7 @@ pooled_outbox!("sqlite", SqliteConn);
 
 impl Store {
     /// MariaDB 10.6+: `INSERT … RETURNING` (see the `mysql` module).
-    fn insert_returning(&self) -> bool {
+    pub(super) fn insert_returning(&self) -> bool {
         match &self.inner.driver {
             #[cfg(feature = "mysql")]
             super::driver::Driver::Mysql(d) => d.insert_returning,

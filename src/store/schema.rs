@@ -142,7 +142,23 @@ diesel::table! {
     }
 }
 
-diesel::allow_tables_to_appear_in_same_query!(jobvisor_gauges, jobvisor_leader);
+diesel::table! {
+    /// Periodic schedules, fired by the leader (see `store::schedules`).
+    jobvisor_schedules (name) {
+        name -> Text,
+        spec -> Text,
+        time_zone -> Text,
+        template -> Text,
+        missed -> Text,
+        next_fire_at -> BigInt,
+        last_fire_at -> Nullable<BigInt>,
+        paused_at -> Nullable<BigInt>,
+        retired_at -> Nullable<BigInt>,
+        updated_at -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_gauges, jobvisor_leader, jobvisor_schedules);
 
 diesel::allow_tables_to_appear_in_same_query!(
     jobvisor_jobs,

@@ -46,6 +46,7 @@ mod progress;
 pub mod proxy;
 mod queues;
 mod reads;
+mod schedules;
 mod unique;
 
 use super::driver::Listener;
@@ -68,6 +69,7 @@ pub use partition::*;
 pub use progress::*;
 pub use queues::*;
 pub use reads::*;
+pub use schedules::*;
 pub use unique::*;
 
 /// Everything a case needs.
@@ -242,6 +244,7 @@ macro_rules! conformance_tests {
             concurrent_batches_after_a_period_take_it_over_once,
             gauges_are_computed_once_per_interval_and_match_the_table,
             leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term,
+            a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers,
             progress_is_written_with_the_renewal_and_guarded_by_the_token,
         );
     };

@@ -1,0 +1,220 @@
+//! Conformance cases. Periodic schedules: synced from code, fired once per fire under
+//! concurrent firers (one guarded transaction records the fire and inserts its job), fenced
+//! by the leader's term, paused and resumed, retired when no longer declared.
+
+use super::*;
+use crate::schedule::{fire_key, Compiled, Schedule};
+use crate::store::Fire;
+
+const MIN: i64 = 60;
+
+fn compiled(s: Schedule) -> Compiled {
+    s.compile().unwrap()
+}
+
+fn every_minute() -> Compiled {
+    compiled(Schedule::every(
+        "tick",
+        Duration::from_secs(60),
+        NewJob::new("tick", json!({"n": 1})).queue("sched"),
+    ))
+}
+
+fn hourly() -> Compiled {
+    compiled(Schedule::cron(
+        "hourly",
+        "0 * * * *",
+        NewJob::new("report", json!({})),
+    ))
+}
+
+/// The fire of `tick` at `at` (seconds after `t0`), moving on a minute.
+fn tick_fire<'a>(t0: DateTime<Utc>, at: i64, leader: Option<(&'a str, i64)>) -> Fire<'a> {
+    let time = |s: i64| t0 + chrono::Duration::seconds(s);
+    let us = |s: i64| time(s).timestamp_micros();
+    Fire {
+        name: "tick",
+        expected_next: us(at),
+        next: Some(us(at + MIN)),
+        last_fire: Some(us(at)),
+        jobs: vec![NewJob::new("tick", json!({"n": 1}))
+            .queue("sched")
+            .unique_key(fire_key("tick", us(at)))
+            .run_at(time(at))],
+        leader,
+    }
+}
+
+/// Two schedules stored; eight firers race for the first due fire: exactly one records it
+/// and its one job; the others change nothing. A fire fenced by a term that is not the
+/// leader's is refused; a paused schedule is neither due nor fired; resumed, it is. A sync
+/// that no longer declares a schedule retires it; an unchanged one keeps its next fire.
+pub async fn a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers(b: Backend) {
+    let t = Bundle::new(b).await;
+    t.store
+        .schedules_sync(&[every_minute(), hourly()], t.at(0))
+        .await
+        .unwrap();
+    let list = t.store.schedules_list().await.unwrap();
+    assert_eq!(list.len(), 2);
+    let tick = list.iter().find(|s| s.name == "tick").unwrap();
+    assert_eq!(tick.next_fire_at, t.at(MIN), "first fire after the sync");
+    assert_eq!((tick.kind.as_str(), tick.queue.as_str()), ("tick", "sched"));
+    let hour = list.iter().find(|s| s.name == "hourly").unwrap();
+    assert_eq!(hour.next_fire_at, t.at(60 * MIN));
+
+    assert!(t.store.schedules_due(t.at(59)).await.unwrap().1.is_empty());
+    let (now, due) = t.store.schedules_due(t.at(MIN)).await.unwrap();
+    assert_eq!(now, t.at(MIN).unwrap().timestamp_micros());
+    assert_eq!(
+        due.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["tick"]
+    );
+
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (store, t0, now) = (t.store.clone(), t.t0, t.at(MIN));
+        tasks.push(tokio::spawn(async move {
+            store
+                .schedule_fire(tick_fire(t0, MIN, None), now)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut fired = Vec::new();
+    for task in tasks {
+        if let Some(e) = task.await.unwrap() {
+            fired.push(e);
+        }
+    }
+    assert_eq!(fired.len(), 1, "one firer records the fire: {fired:?}");
+    assert_eq!(fired[0].len(), 1);
+    let jobs = t
+        .store
+        .job_list(ListParams {
+            kind: Some("tick".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 1, "exactly one job for the fire");
+    assert_eq!(
+        jobs[0].unique_key.as_deref(),
+        Some("schedule:tick@2030-01-01T00:01:00Z")
+    );
+    assert_eq!(jobs[0].run_at, t.at(MIN).unwrap());
+    let tick = t.store.schedule_get("tick").await.unwrap().unwrap();
+    assert_eq!(
+        (tick.next_fire_at, tick.last_fire_at),
+        (t.at(2 * MIN), t.at(MIN))
+    );
+
+    // Fenced by the leader's term: another node's, or an ended term, is refused.
+    let n1 = NodeId::new("n1").unwrap();
+    let lead = t
+        .store
+        .leader_keep_or_take(&n1, None, Duration::from_secs(10), t.at(2 * MIN))
+        .await
+        .unwrap()
+        .unwrap();
+    let fire = |leader| tick_fire(t.t0, 2 * MIN, leader);
+    assert_eq!(
+        t.store
+            .schedule_fire(fire(Some(("n2", lead.term))), t.at(2 * MIN))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        t.store
+            .schedule_fire(fire(Some(("n1", lead.term))), t.at(2 * MIN + 11))
+            .await
+            .unwrap(),
+        None,
+        "the term's lease ended"
+    );
+
+    // Paused: not due, not fired; resumed: both.
+    let p = t
+        .store
+        .schedule_set_paused("tick", true, t.at(2 * MIN))
+        .await
+        .unwrap();
+    assert_eq!(p.paused_at, t.at(2 * MIN));
+    assert!(t
+        .store
+        .schedules_due(t.at(2 * MIN))
+        .await
+        .unwrap()
+        .1
+        .is_empty());
+    assert_eq!(
+        t.store
+            .schedule_fire(fire(None), t.at(2 * MIN))
+            .await
+            .unwrap(),
+        None
+    );
+    t.store
+        .schedule_set_paused("tick", false, t.at(2 * MIN))
+        .await
+        .unwrap();
+    assert_eq!(
+        t.store.schedules_due(t.at(2 * MIN)).await.unwrap().1.len(),
+        1
+    );
+    assert!(t
+        .store
+        .schedule_fire(fire(Some(("n1", lead.term))), t.at(2 * MIN + 1))
+        .await
+        .unwrap()
+        .is_some());
+    let e = t
+        .store
+        .schedule_set_paused("nope", true, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidInput { reason, .. } if reason.contains("\"nope\"")),
+        "{e}"
+    );
+
+    // A sync without `hourly` retires it; `tick` keeps its next fire.
+    t.store
+        .schedules_sync(&[every_minute()], t.at(5 * MIN))
+        .await
+        .unwrap();
+    let hour = t.store.schedule_get("hourly").await.unwrap().unwrap();
+    assert_eq!(hour.retired_at, t.at(5 * MIN));
+    assert!(t
+        .store
+        .schedules_due(t.at(120 * MIN))
+        .await
+        .unwrap()
+        .1
+        .iter()
+        .all(|d| d.name == "tick"));
+    let tick = t.store.schedule_get("tick").await.unwrap().unwrap();
+    assert_eq!(
+        tick.next_fire_at,
+        t.at(3 * MIN),
+        "kept: missed fires stay due"
+    );
+    // Declared again (changed): back, starting afresh.
+    t.store
+        .schedules_sync(
+            &[
+                every_minute(),
+                compiled(Schedule::cron(
+                    "hourly",
+                    "30 * * * *",
+                    NewJob::new("report", json!({})),
+                )),
+            ],
+            t.at(6 * MIN),
+        )
+        .await
+        .unwrap();
+    let hour = t.store.schedule_get("hourly").await.unwrap().unwrap();
+    assert_eq!((hour.retired_at, hour.next_fire_at), (None, t.at(30 * MIN)));
+}

@@ -1,0 +1,370 @@
+//! Periodic schedules (`jobvisor_schedules`): synced from the nodes' code at start, fired by
+//! the leader, paused, resumed and triggered by operators.
+//!
+//! * **Fire**: one transaction moves `next_fire_at` on — guarded by the value the firer read,
+//!   by the schedule being live (not paused, not retired) and, for a leader, by its term — and
+//!   inserts the fire's jobs, each keyed by the schedule and the fire's instant. Of firers
+//!   that read the same row, one moves it and the others change nothing (the row lock, then
+//!   the guard re-evaluated on the committed row); and were a fire ever inserted twice, its
+//!   unique key would make the second a duplicate. So each fire enqueues exactly one job.
+//! * **Sync**: a node that declares schedules upserts them at start — a new one gets its first
+//!   fire after now; a changed expression or zone starts afresh from now; an unchanged one
+//!   keeps its next fire, so fires missed while no node ran are handled by its missed-fire
+//!   policy — and retires the rows it does not declare. A node that declares none changes
+//!   nothing.
+
+use chrono::{DateTime, Utc};
+use diesel::dsl::exists;
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+
+use super::batch::bound;
+use super::driver::{with_conn, with_tx, with_write};
+use super::expr::DbNow;
+use super::leader_fence;
+use super::outbox::OutboxConnection;
+use super::params::Enqueued;
+use super::rows::from_us;
+use super::schema::jobvisor_schedules as s;
+use super::Store;
+use crate::error::{Error, Result, StoreError};
+use crate::job::NewJob;
+use crate::schedule::{Compiled, MissedFires, Plan, ScheduleInfo, Template};
+
+/// A schedule due to fire, as read by the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
+pub(crate) struct DueSchedule {
+    pub(crate) name: String,
+    pub(crate) spec: String,
+    pub(crate) time_zone: String,
+    pub(crate) template: String,
+    pub(crate) missed: String,
+    pub(crate) next_fire_at: i64,
+    pub(crate) last_fire_at: Option<i64>,
+}
+
+/// A fire to write: the row as read, where it moves to, and the jobs it enqueues.
+#[derive(Debug)]
+pub(crate) struct Fire<'a> {
+    pub(crate) name: &'a str,
+    /// `next_fire_at` as read (the guard).
+    pub(crate) expected_next: i64,
+    /// Its new value; `None` when the expression never matches again (the row retires).
+    pub(crate) next: Option<i64>,
+    /// The schedule's last fire afterwards: the latest fire enqueued, or the one before.
+    pub(crate) last_fire: Option<i64>,
+    pub(crate) jobs: Vec<NewJob>,
+    /// `(node, term)`: only while this leadership holds.
+    pub(crate) leader: Option<(&'a str, i64)>,
+}
+
+type Row = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
+
+impl Store {
+    /// Upserts `schedules` and retires the live rows not among them (nothing if empty). `now`:
+    /// a test clock, or `None` for the database's.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn schedules_sync(
+        &self,
+        schedules: &[Compiled],
+        now: Option<DateTime<Utc>>,
+    ) -> Result<()> {
+        if schedules.is_empty() {
+            return Ok(());
+        }
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.schedules_sync_once(schedules, now).await {
+                // Two nodes inserting one new schedule at once: the loser sees the row now.
+                Err(e) if tries < 3 => tracing::debug!(error = %e, "schedule sync retried"),
+                res => return res,
+            }
+        }
+    }
+
+    async fn schedules_sync_once(
+        &self,
+        schedules: &[Compiled],
+        now: Option<DateTime<Utc>>,
+    ) -> Result<()> {
+        let now = DbNow::new(bound(now));
+        let names: Vec<&str> = schedules.iter().map(|c| c.name.as_str()).collect();
+        with_tx!(self, |conn| {
+            let at: i64 = diesel::select(now).get_result(conn).await?;
+            for c in schedules {
+                let first = Plan::parse(&c.spec, &c.time_zone)
+                    .map_err(|reason| Error::invalid("schedule", reason))?
+                    .next_after(at);
+                let stored: Option<(String, String)> = s::table
+                    .filter(s::name.eq(&c.name))
+                    .select((s::spec, s::time_zone))
+                    .first(conn)
+                    .await
+                    .optional()?;
+                let common = (
+                    s::template.eq(&c.template),
+                    s::missed.eq(&c.missed),
+                    s::retired_at.eq(None::<i64>),
+                    s::updated_at.eq(at),
+                );
+                match stored {
+                    None => {
+                        let Some(first) = first else { continue };
+                        diesel::insert_into(s::table)
+                            .values((
+                                s::name.eq(&c.name),
+                                s::spec.eq(&c.spec),
+                                s::time_zone.eq(&c.time_zone),
+                                common,
+                                s::next_fire_at.eq(first),
+                            ))
+                            .execute(conn)
+                            .await?;
+                    }
+                    Some((spec, zone)) if spec == c.spec && zone == c.time_zone => {
+                        diesel::update(s::table.filter(s::name.eq(&c.name)))
+                            .set(common)
+                            .execute(conn)
+                            .await?;
+                    }
+                    Some(_) => {
+                        diesel::update(s::table.filter(s::name.eq(&c.name)))
+                            .set((
+                                s::spec.eq(&c.spec),
+                                s::time_zone.eq(&c.time_zone),
+                                common,
+                                s::next_fire_at.eq(first.unwrap_or(i64::MAX)),
+                            ))
+                            .execute(conn)
+                            .await?;
+                    }
+                }
+            }
+            diesel::update(
+                s::table
+                    .filter(s::retired_at.is_null())
+                    .filter(s::name.ne_all(&names)),
+            )
+            .set((s::retired_at.eq(at), s::updated_at.eq(at)))
+            .execute(conn)
+            .await?;
+            Result::Ok(())
+        })
+    }
+
+    /// The database's "now" and the live schedules whose next fire has come.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn schedules_due(
+        &self,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<(i64, Vec<DueSchedule>)> {
+        let now = DbNow::new(bound(now));
+        Ok(with_conn!(self, |conn| {
+            let at: i64 = diesel::select(now).get_result(conn).await?;
+            let due = s::table
+                .filter(s::next_fire_at.le(at))
+                .filter(s::paused_at.is_null())
+                .filter(s::retired_at.is_null())
+                .select((
+                    s::name,
+                    s::spec,
+                    s::time_zone,
+                    s::template,
+                    s::missed,
+                    s::next_fire_at,
+                    s::last_fire_at,
+                ))
+                .order(s::next_fire_at.asc())
+                .load::<DueSchedule>(conn)
+                .await?;
+            (at, due)
+        }))
+    }
+
+    /// Writes one fire (see the module docs). `Some`: this call fired, with what its jobs
+    /// became; `None`: another firer did, or the schedule was paused, retired or the
+    /// leadership ended.
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::InvalidInput`] for a job the template cannot make.
+    pub(crate) async fn schedule_fire(
+        &self,
+        f: Fire<'_>,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<Option<Vec<Enqueued>>> {
+        self.validate_jobs(&f.jobs)?;
+        let bound_now = bound(now);
+        let now = DbNow::new(bound_now);
+        let insert_returning = self.insert_returning();
+        let live = s::table
+            .filter(s::name.eq(f.name))
+            .filter(s::next_fire_at.eq(f.expected_next))
+            .filter(s::paused_at.is_null())
+            .filter(s::retired_at.is_null());
+        let set = (
+            // Never again: never due (listed with no next fire).
+            s::next_fire_at.eq(f.next.unwrap_or(i64::MAX)),
+            s::last_fire_at.eq(f.last_fire),
+            s::updated_at.eq(now),
+        );
+        let jobs = f.jobs;
+        with_tx!(self, |conn| {
+            let n = match f.leader {
+                Some((node, term)) => {
+                    diesel::update(live.filter(exists(leader_fence!(node, term, now))))
+                        .set(set)
+                        .execute(conn)
+                        .await?
+                }
+                None => diesel::update(live).set(set).execute(conn).await?,
+            };
+            if n == 0 {
+                return Result::Ok(None);
+            }
+            if jobs.is_empty() {
+                return Ok(Some(Vec::new()));
+            }
+            let got = conn.enqueue_on(&jobs, bound_now, insert_returning).await?;
+            Ok(Some(got.into_iter().flatten().collect()))
+        })
+    }
+
+    /// Every schedule, by name.
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::Database`] for an unreadable row.
+    pub(crate) async fn schedules_list(&self) -> Result<Vec<ScheduleInfo>> {
+        let rows: Vec<Row> = with_conn!(self, |conn| {
+            s::table
+                .select((
+                    s::name,
+                    s::spec,
+                    s::time_zone,
+                    s::template,
+                    s::missed,
+                    s::next_fire_at,
+                    s::last_fire_at,
+                    s::paused_at,
+                    s::retired_at,
+                ))
+                .order(s::name.asc())
+                .load(conn)
+                .await?
+        });
+        rows.into_iter().map(info).collect()
+    }
+
+    /// Pauses (`true`) or resumes a schedule; answers it as stored afterwards.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
+    pub(crate) async fn schedule_set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<ScheduleInfo> {
+        let now = DbNow::new(bound(now));
+        let n: i64 = with_write!(self, |conn| {
+            let row = s::table.filter(s::name.eq(name));
+            if paused {
+                diesel::update(row.filter(s::paused_at.is_null()))
+                    .set((s::paused_at.eq(now.nullable()), s::updated_at.eq(now)))
+                    .execute(conn)
+                    .await?;
+            } else {
+                diesel::update(row)
+                    .set((s::paused_at.eq(None::<i64>), s::updated_at.eq(now)))
+                    .execute(conn)
+                    .await?;
+            }
+            s::table
+                .filter(s::name.eq(name))
+                .count()
+                .get_result::<i64>(conn)
+                .await?
+        });
+        if n == 0 {
+            return Err(unknown(name));
+        }
+        self.schedule_get(name).await?.ok_or_else(|| unknown(name))
+    }
+
+    /// One schedule.
+    ///
+    /// # Errors
+    /// [`Error::Database`]; [`Error::Database`] for an unreadable row.
+    pub(crate) async fn schedule_get(&self, name: &str) -> Result<Option<ScheduleInfo>> {
+        Ok(self
+            .schedules_list()
+            .await?
+            .into_iter()
+            .find(|i| i.name == name))
+    }
+
+    /// The job template of a schedule, to trigger it now.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`];
+    /// [`Error::Database`] for an unreadable template.
+    pub(crate) async fn schedule_template(&self, name: &str) -> Result<Template> {
+        let t: Option<String> = with_conn!(self, |conn| {
+            s::table
+                .filter(s::name.eq(name))
+                .select(s::template)
+                .first(conn)
+                .await
+                .optional()?
+        });
+        let t = t.ok_or_else(|| unknown(name))?;
+        Template::from_text(&t).map_err(|reason| corrupt(name, reason))
+    }
+}
+
+fn unknown(name: &str) -> Error {
+    Error::invalid(
+        "schedule",
+        format!("no schedule {name:?}; expected the name of a stored schedule (jobvisor schedules lists them)"),
+    )
+}
+
+/// A stored schedule that cannot be read back.
+fn corrupt(name: &str, reason: String) -> Error {
+    Error::Database(StoreError::Other(format!(
+        "schedule {name:?} is unreadable: {reason}"
+    )))
+}
+
+fn info(r: Row) -> Result<ScheduleInfo> {
+    let (name, spec, time_zone, template, missed, next, last, paused, retired) = r;
+    let t = Template::from_text(&template).map_err(|r| corrupt(&name, r))?;
+    let missed = MissedFires::from_text(&missed)
+        .ok_or_else(|| corrupt(&name, format!("unknown missed-fire policy {missed:?}")))?;
+    Ok(ScheduleInfo {
+        kind: t.kind().to_string(),
+        queue: t.queue().to_string(),
+        name,
+        spec,
+        time_zone,
+        missed,
+        next_fire_at: (next != i64::MAX).then(|| from_us(next)),
+        last_fire_at: last.map(from_us),
+        paused_at: paused.map(from_us),
+        retired_at: retired.map(from_us),
+    })
+}
