@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, NewJob, RunAt};
+use crate::schedule::ScheduleInfo;
 use crate::store::{
     ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, Leader,
     ListParams, NodeInfo, OutboxConnection, PruneParams, QueueInfo, QueueLag, QueueLimits,
@@ -97,6 +98,13 @@ impl Client {
     /// The store it uses.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Wakes this node's fetcher of `queue`, if the client belongs to a node.
+    pub(crate) fn wake(&self, queue: &str) {
+        if let Some(wake) = &self.wake {
+            wake(queue);
+        }
     }
 
     fn wake_for(&self, jobs: &[NewJob], enqueued: &[Enqueued]) {
@@ -237,6 +245,54 @@ impl Client {
     /// [`Error::Database`].
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
         self.store.nodes_list().await
+    }
+
+    /// Every stored schedule (declared by some node's code; see
+    /// [`SchedulerBuilder::periodic`](crate::SchedulerBuilder::periodic)), by name: when it
+    /// fires next and last, paused or retired.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.store.schedules_list().await
+    }
+
+    /// Pauses a schedule on every node: it does not fire until resumed (the fires in between
+    /// are handled by its missed-fire policy on resume). Answers it as stored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
+    pub async fn pause_schedule(&self, name: &str) -> Result<ScheduleInfo> {
+        self.store
+            .schedule_set_paused(name, true, self.clock.bound_now())
+            .await
+    }
+
+    /// Resumes a paused schedule.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
+    pub async fn resume_schedule(&self, name: &str) -> Result<ScheduleInfo> {
+        self.store
+            .schedule_set_paused(name, false, self.clock.bound_now())
+            .await
+    }
+
+    /// Enqueues a schedule's job now, outside its fires (which it does not change): keyed
+    /// `schedule:<name>@manual:<now>`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
+    pub async fn trigger_schedule(&self, name: &str) -> Result<Enqueued> {
+        let template = self.store.schedule_template(name).await?;
+        let now = self.clock.now();
+        let key = format!(
+            "schedule:{name}@manual:{}",
+            crate::schedule::rfc3339(now.timestamp_micros())
+        );
+        let mut job = template.job(key, now);
+        job.run_at = RunAt::Now;
+        self.enqueue(job).await
     }
 
     /// The node leading this database (it computes the database-wide gauges), with its term

@@ -380,6 +380,11 @@ async fn commands_do_what_they_say(backend: Backend) {
             "none",
             jobvisor::handler_fn(|_: Value, _ctx| async { jobvisor::JobOutcome::success(()) }),
         )
+        .periodic(jobvisor::Schedule::cron(
+            "cli-nightly",
+            "0 3 * * *",
+            NewJob::new("none", json!({})).queue("elsewhere"),
+        ))
         .start()
         .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -396,6 +401,54 @@ async fn commands_do_what_they_say(backend: Backend) {
     let text = jobvisor(&url).arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("leader: cli-leader (term 1"), "{text}");
+
+    // Schedules: listed, paused, resumed, triggered; an unknown name is refused.
+    while client.schedules().await.unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "schedule never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v = json_of(jobvisor(&url).args(["schedules", "--json"]), 0);
+    assert_eq!(
+        (
+            v[0]["name"].clone(),
+            v[0]["spec"].clone(),
+            v[0]["missed"].clone()
+        ),
+        (json!("cli-nightly"), json!("0 3 * * *"), json!("latest")),
+        "{v}"
+    );
+    assert!(v[0]["next_fire_at"].is_string(), "{v}");
+    let v = json_of(
+        jobvisor(&url).args(["schedule", "pause", "cli-nightly", "--json"]),
+        0,
+    );
+    assert!(v["paused_at"].is_string(), "{v}");
+    let text = jobvisor(&url).arg("schedules").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("cli-nightly") && text.contains("paused"),
+        "{text}"
+    );
+    let v = json_of(
+        jobvisor(&url).args(["schedule", "resume", "cli-nightly", "--json"]),
+        0,
+    );
+    assert_eq!(v["paused_at"], Value::Null, "{v}");
+    let v = json_of(
+        jobvisor(&url).args(["schedule", "trigger", "cli-nightly", "--json"]),
+        0,
+    );
+    let job = client.get(JobId(v["job"].as_i64().unwrap())).await.unwrap();
+    assert_eq!(
+        (job.kind.as_str(), job.queue.as_str()),
+        ("none", "elsewhere")
+    );
+    let err = stderr_of(jobvisor(&url).args(["schedule", "pause", "nope"]), 2);
+    assert!(err.contains("\"nope\""), "{err}");
+
     node.shutdown().await;
     assert_eq!(client.leader().await.unwrap(), None, "it resigned");
 }

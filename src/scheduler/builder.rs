@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::handler::{Erased, JobHandler};
 use crate::job::NewJob;
 use crate::lease::NodeId;
+use crate::schedule::Schedule;
 use crate::store::Store;
 
 use super::archiver::Archiver;
@@ -41,6 +42,7 @@ pub struct SchedulerBuilder {
     handlers: HashMap<String, Registered>,
     duplicate_kind: Option<String>,
     reconcilers: Vec<Reconciler>,
+    schedules: Vec<Schedule>,
     clock: Arc<dyn Clock>,
     node: Option<NodeId>,
 }
@@ -141,6 +143,32 @@ impl SchedulerBuilder {
         self
     }
 
+    /// Declares a periodic job ([`Schedule`]): stored in the database when the node starts
+    /// (a new schedule first fires after that; an unchanged one keeps its next fire, so
+    /// fires missed while no node ran follow its [`MissedFires`](crate::MissedFires)
+    /// policy; a changed expression or zone starts afresh), and fired by whichever node
+    /// leads the database — exactly one job per fire, keyed `schedule:<name>@<instant>`.
+    /// A node that declares schedules retires the stored ones it does not declare; a node
+    /// that declares none leaves them alone. Bad schedules (an invalid cron expression, an
+    /// unknown time zone, an interval under 1 s, a job with a unique key, a name declared
+    /// twice) are refused by [`start`](Self::start) with an error naming the schedule.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use jobvisor::{NewJob, Scheduler, Store, QueueConfig, Schedule};
+    /// # fn f(store: Store) -> jobvisor::Result<()> {
+    /// let node = Scheduler::builder(store)
+    ///     .queue("default", QueueConfig::default())
+    ///     # .handler("cleanup", jobvisor::handler_fn(|_: serde_json::Value, _ctx| async { jobvisor::JobOutcome::success(()) }))
+    ///     .periodic(Schedule::every("cleanup", Duration::from_secs(300), NewJob::new("cleanup", serde_json::json!({}))))
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn periodic(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Replaces the node-wide settings.
     pub fn config(mut self, config: SchedulerConfig) -> Self {
         self.config = config;
@@ -194,6 +222,16 @@ impl SchedulerBuilder {
                 field: "handlers",
                 reason: format!("kind {kind:?} has two handlers"),
             });
+        }
+        let mut names = std::collections::HashSet::new();
+        for sch in &self.schedules {
+            sch.compile()?;
+            if !names.insert(sch.name()) {
+                return Err(Error::Config {
+                    field: "schedules",
+                    reason: format!("schedule {:?} is declared twice", sch.name()),
+                });
+            }
         }
         let mut names = std::collections::HashSet::new();
         for r in &self.reconcilers {
@@ -318,6 +356,11 @@ impl SchedulerBuilder {
                 }
             }),
         );
+        let schedules = self
+            .schedules
+            .iter()
+            .map(Schedule::compile)
+            .collect::<Result<Vec<_>>>()?;
         let node = self.node.unwrap_or_else(NodeId::random);
         let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
         kinds.sort_unstable();
@@ -336,6 +379,7 @@ impl SchedulerBuilder {
             client,
             leader: LeaderTerm::default(),
             reconcilers: self.reconcilers,
+            schedules,
         });
         let lease_manager = LeaseManager::new(shared.clone()).start();
         let mut fetchers = HashMap::new();
@@ -402,6 +446,7 @@ impl Scheduler {
             handlers: HashMap::new(),
             duplicate_kind: None,
             reconcilers: Vec::new(),
+            schedules: Vec::new(),
             clock: Arc::new(SystemClock),
             node: None,
         }

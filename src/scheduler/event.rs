@@ -171,6 +171,17 @@ pub enum Event {
         /// When the next pass runs.
         retry_in: Duration,
     },
+    /// A schedule fired (this node leads the database).
+    ScheduleFired {
+        /// The schedule.
+        name: String,
+        /// Fires enqueued, one job each.
+        fires: usize,
+        /// Due fires its missed-fire policy skipped.
+        skipped: usize,
+        /// Its next fire.
+        next: Option<chrono::DateTime<chrono::Utc>>,
+    },
     /// Graceful shutdown ended.
     ShutDown {
         /// Jobs that finished during the wait.
@@ -299,6 +310,14 @@ impl EventBus {
                 retry_in,
             } => {
                 tracing::warn!(reconciler = %name, error = %message, failures, ?retry_in, "reconciler failed; will retry")
+            }
+            Event::ScheduleFired {
+                name,
+                fires,
+                skipped,
+                next,
+            } => {
+                tracing::info!(schedule = %name, fires, skipped, next = ?next, "schedule fired")
             }
             Event::StoreUnavailable { actor, message } => {
                 tracing::error!(actor, error = %message, "store call failed; will retry")

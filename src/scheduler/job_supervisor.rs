@@ -457,6 +457,7 @@ mod tests {
             start_hold: StartHold::default(),
             leader: Default::default(),
             reconcilers: Vec::new(),
+            schedules: Vec::new(),
         })
     }
 

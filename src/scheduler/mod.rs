@@ -10,6 +10,8 @@
 //! * `LeaseManager` (one per node) renews all leases in one statement per heartbeat, tells
 //!   supervisors when a lease is lost or about to expire, and batches finalizations.
 //! * `Sweeper` and `Archiver` do bounded maintenance batches.
+//! * The schedule firer (`schedule_firer.rs`) stores the node's schedules and, on the
+//!   leader, fires the due ones.
 //! * Reconcilers (`reconciler.rs`) re-create missing jobs, run by the leader.
 //! * `LeaderElector` keeps or takes the database's leadership (one node per database does
 //!   the once-per-database work, fenced by its term).
@@ -44,6 +46,7 @@ mod reconciler;
 mod registrar;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod root;
+mod schedule_firer;
 mod shared;
 mod start_hold;
 mod stats;
@@ -57,6 +60,7 @@ pub use fetcher::PREFETCH_MAX_WAIT;
 pub use handle::SchedulerHandle;
 pub use reconciler::{MIN_RECONCILE_INTERVAL, RECONCILE_BATCH, RECONCILE_RETRY_FIRST};
 pub use root::{Scheduler, ShutdownReport};
+pub use schedule_firer::SCHEDULE_TICK;
 pub use stats::{Stats, StatsSnapshot};
 
 #[cfg(feature = "test-util")]
@@ -77,6 +81,8 @@ pub(crate) use reconciler::run as reconcile_pass;
 #[cfg(feature = "test-util")]
 pub(crate) use registrar::{CheckUnserved, NodeHeartbeat};
 pub(crate) use root::StopActor;
+#[cfg(feature = "test-util")]
+pub(crate) use schedule_firer::{fire_due as fire_schedules, sync as sync_schedules};
 pub(crate) use shared::Shared;
 #[cfg(feature = "test-util")]
 pub(crate) use sweeper::Sweeper;

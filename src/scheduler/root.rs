@@ -18,6 +18,7 @@ use super::lease_manager::{
 use super::listen::listen_loop;
 use super::reconciler::reconcile_loop;
 use super::registrar::{CheckUnserved, NodeHeartbeat, Registrar, Unregister};
+use super::schedule_firer::schedule_loop;
 use super::shared::Shared;
 use super::sweeper::{SweepNow, Sweeper};
 
@@ -165,6 +166,8 @@ impl Actor for Scheduler {
             .collect();
         let listener = listen_loop(self.shared.clone(), wakers);
         self.timers.push(ctx.spawn(fut::wrap_future(listener)));
+        let schedules = schedule_loop(self.shared.clone());
+        self.timers.push(ctx.spawn(fut::wrap_future(schedules)));
         for r in &self.shared.reconcilers {
             let pass = reconcile_loop(self.shared.clone(), r.clone());
             self.timers.push(ctx.spawn(fut::wrap_future(pass)));

@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::config::{QueueConfig, SchedulerConfig};
 use crate::handler::ErasedHandler;
 use crate::lease::NodeId;
+use crate::schedule::Compiled;
 use crate::store::Store;
 
 use super::event::EventBus;
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) leader: LeaderTerm,
     /// The reconcilers this node runs when it leads.
     pub(crate) reconcilers: Vec<Reconciler>,
+    /// The schedules this node declares (stored at start).
+    pub(crate) schedules: Vec<Compiled>,
 }
 
 impl Shared {

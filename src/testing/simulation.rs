@@ -186,6 +186,17 @@ impl Simulation {
         Some(crate::scheduler::reconcile_pass(shared, r, &mut 0).await)
     }
 
+    /// Stores this node's declared schedules (what the node does once at start).
+    pub async fn sync_schedules(&self) -> crate::Result<()> {
+        crate::scheduler::sync_schedules(&self.handle.shared).await
+    }
+
+    /// Fires the due schedules (the firer's tick) if this node leads: answers how many jobs
+    /// it enqueued, `None` if it does not lead.
+    pub async fn fire_schedules(&self) -> crate::Result<Option<usize>> {
+        crate::scheduler::fire_schedules(&self.handle.shared).await
+    }
+
     /// Refreshes this node's row in the node registry.
     pub async fn node_heartbeat(&self) {
         let _ = self

@@ -109,6 +109,13 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_rate)]
         rate: Option<Lift<(u32, Duration)>>,
     },
+    /// Periodic schedules: spec, zone, next and last fire, paused or retired.
+    Schedules,
+    /// Pause, resume or trigger a schedule.
+    Schedule {
+        #[command(subcommand)]
+        action: ScheduleAction,
+    },
     /// Serve the database-wide gauges (jobs by queue and state, due jobs, queue lag, node
     /// heartbeats) for Prometheus at http://LISTEN/metrics, or print them once.
     Metrics {
@@ -285,4 +292,24 @@ mod tests {
         use clap::CommandFactory;
         Cli::command().debug_assert();
     }
+}
+
+/// What `schedule` does.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleAction {
+    /// Stop its fires on every node until resumed.
+    Pause {
+        /// The schedule.
+        name: String,
+    },
+    /// Resume it (fires missed meanwhile follow its missed-fire policy).
+    Resume {
+        /// The schedule.
+        name: String,
+    },
+    /// Enqueue its job now, outside its fires.
+    Trigger {
+        /// The schedule.
+        name: String,
+    },
 }

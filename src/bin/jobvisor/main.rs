@@ -13,6 +13,7 @@ mod bulk;
 mod exporter;
 mod queues;
 mod render;
+mod schedules;
 mod search;
 
 use std::process::ExitCode;
@@ -267,6 +268,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             });
         }
         Command::Queues => queues::list(&client, json).await?,
+        Command::Schedules => schedules::list(&client, json).await?,
+        Command::Schedule { action } => schedules::act(&client, action, json).await?,
         Command::Pause { queue, by } => queues::pause(&client, &queue, &by, json).await?,
         Command::Resume { queue } => queues::resume(&client, &queue, json).await?,
         Command::Limit {

@@ -1,0 +1,98 @@
+//! The schedule commands: `schedules` (every stored schedule, next and last fire) and
+//! `schedule pause|resume|trigger NAME`.
+
+use jobvisor::{Client, ScheduleInfo};
+use serde_json::{json, Value};
+
+use crate::args::ScheduleAction;
+use crate::{show, Failure};
+
+/// A schedule as JSON (stable field names).
+fn schedule_json(s: &ScheduleInfo) -> Value {
+    let ts = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| t.to_rfc3339());
+    json!({
+        "name": s.name,
+        "spec": s.spec,
+        "time_zone": s.time_zone,
+        "kind": s.kind,
+        "queue": s.queue,
+        "missed": s.missed,
+        "next_fire_at": ts(s.next_fire_at),
+        "last_fire_at": ts(s.last_fire_at),
+        "paused_at": ts(s.paused_at),
+        "retired_at": ts(s.retired_at),
+    })
+}
+
+fn header() -> String {
+    format!(
+        "{:<24} {:<18} {:<16} {:<20} {:<20} {}\n",
+        "schedule", "spec", "zone", "next fire", "last fire", "state"
+    )
+}
+
+fn line(s: &ScheduleInfo) -> String {
+    let t = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+    };
+    let state = if s.retired_at.is_some() {
+        "retired"
+    } else if s.paused_at.is_some() {
+        "paused"
+    } else {
+        "active"
+    };
+    format!(
+        "{:<24} {:<18} {:<16} {:<20} {:<20} {state}\n",
+        s.name,
+        s.spec,
+        s.time_zone,
+        t(s.next_fire_at),
+        t(s.last_fire_at)
+    )
+}
+
+/// `jobvisor schedules`.
+pub(crate) async fn list(client: &Client, json_wanted: bool) -> Result<(), Failure> {
+    let all = client.schedules().await?;
+    show(
+        json_wanted,
+        Value::Array(all.iter().map(schedule_json).collect()),
+        || {
+            if all.is_empty() {
+                return "no schedule stored (a scheduler stores the ones it declares)\n".into();
+            }
+            let mut out = header();
+            for s in &all {
+                out.push_str(&line(s));
+            }
+            out
+        },
+    );
+    Ok(())
+}
+
+/// `jobvisor schedule pause|resume|trigger NAME`.
+pub(crate) async fn act(
+    client: &Client,
+    action: ScheduleAction,
+    json_wanted: bool,
+) -> Result<(), Failure> {
+    let s = match action {
+        ScheduleAction::Pause { name } => client.pause_schedule(&name).await?,
+        ScheduleAction::Resume { name } => client.resume_schedule(&name).await?,
+        ScheduleAction::Trigger { name } => {
+            let e = client.trigger_schedule(&name).await?;
+            show(
+                json_wanted,
+                json!({ "schedule": name, "job": e.id }),
+                || format!("schedule {name}: job {} enqueued now\n", e.id),
+            );
+            return Ok(());
+        }
+    };
+    show(json_wanted, schedule_json(&s), || {
+        format!("{}{}", header(), line(&s))
+    });
+    Ok(())
+}
