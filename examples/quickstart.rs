@@ -1,5 +1,5 @@
-//! Quickstart: a scheduler on an SQLite file, a realistic mix of jobs, progress as they run
-//! and a table of what happened to each. No set-up:
+//! Quickstart: a scheduler on an SQLite file, a realistic mix of jobs, a periodic job firing
+//! every second, progress as they run and a table of what happened to each. No set-up:
 //!
 //! ```sh
 //! cargo run --example quickstart
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use jobvisor::scheduler::Event;
 use jobvisor::{
     handler_fn, JobContext, JobError, JobId, JobOutcome, JobState, NewJob, QueueConfig,
-    RetryPolicy, Scheduler, SchedulerConfig, Store, StoreOptions,
+    RetryPolicy, Schedule, Scheduler, SchedulerConfig, Store, StoreOptions,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -146,6 +146,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "nightly_cleanup",
             handler_fn(|_: Value, _ctx| async { JobOutcome::success("cleaned") }),
         )
+        // A periodic job: fired by the database's leader (this node), one job per fire.
+        .periodic(Schedule::every(
+            "heartbeat",
+            Duration::from_secs(1),
+            NewJob::new("heartbeat", json!({})),
+        ))
+        .handler(
+            "heartbeat",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success("beat") }),
+        )
         .start()?;
 
     let client = scheduler.client();
@@ -163,6 +173,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .unwrap_or_default()
             };
             match e {
+                Event::ScheduleFired { name, fires, .. } => {
+                    println!("{t:6.2}s  schedule {name:?} fired ({fires} job)")
+                }
+                // The periodic job's own runs are not listed below.
+                Event::Claimed { id, .. } | Event::Finished { id, .. } if name(&id).is_empty() => {}
                 Event::Claimed { id, attempt, .. } => {
                     println!(
                         "{t:6.2}s  #{id:<3} {:<20} started (attempt {attempt})",
@@ -303,6 +318,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ok,
         ));
     }
+    // The periodic job fires once a second; on a busy machine, give it a few more.
+    let heartbeats = jobvisor::ListParams {
+        kind: Some("heartbeat".into()),
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.list(heartbeats.clone()).await?.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     printer.abort();
     let report = scheduler.shutdown().await;
 
@@ -325,6 +349,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let summary: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
     println!("\nlive jobs by state: {}", summary.join(", "));
+    let beats = client.list(heartbeats).await?.len();
+    println!("periodic job \"heartbeat\": {beats} fire(s), one job each");
+    if beats == 0 {
+        eprintln!("the periodic job never fired");
+        failures += 1;
+    }
     println!(
         "took {:.1}s; shutdown: {} finished, {} leases given back",
         started.elapsed().as_secs_f64(),
