@@ -1,4 +1,4 @@
-//! The multi-process crash test: DESIGN §6 invariants 1, 2, 3 and 6 with real processes,
+//! The multi-process crash test: DESIGN §6 invariants 1, 2, 3, 6 and (for schedules) 10 with real processes,
 //! real kills and a real database restart, on PostgreSQL, MariaDB/MySQL and SQLite (several
 //! processes sharing one file).
 //!
@@ -18,6 +18,15 @@
 //! ahead of short jobs with short timeouts and few attempts, so short jobs wait in a node's
 //! prefetch for longer than their timeout. A claimed job that never started must neither be
 //! timed out nor lose its attempt for it.
+//!
+//! The nodes also declare a periodic schedule (every second, every missed fire run) and a
+//! reconciler (every 2 s, one job per row of the side table `crash_wanted`), under a 3 s
+//! leader lease, both enqueueing into a queue no node works. Every half second the driver
+//! adds a business row without its job — and every fifth time deletes an earlier row's job
+//! by hand instead. Through the kills, freezes and the restart, the leader changes many
+//! times; at the end every fire has exactly one job, and every row has its job, created at
+//! most 16 s (two reconciler intervals, a leader takeover, the database down, slack) after it
+//! went missing.
 //!
 //! When every job is terminal it stops the nodes gracefully and checks, from the tables and
 //! the nodes' journals, that no job was lost, ran twice at once, or had its outcome written
@@ -190,6 +199,22 @@ const TIMEOUT_SLACK_US: i64 = 50_000;
 /// few more instructions when it wakes; what matters is that it stops at once and starts
 /// nothing new (see [`check`]).
 const PAUSE_TAIL_US: i64 = 1_000_000;
+
+/// The queue of the schedule's and the reconciler's jobs (`crash_node`: no node works it).
+const PERIODIC_QUEUE: &str = "periodic";
+/// The nodes' periodic schedule fires this often (`crash-tick`, every missed fire run).
+const SCHEDULE_EVERY: Duration = Duration::from_secs(1);
+/// The nodes' reconciler runs this often on the leader (`crash-wanted`).
+const RECONCILE_EVERY: Duration = Duration::from_secs(2);
+/// The nodes' leader lease: a killed or frozen leader is replaced within 4/3 of it.
+const LEADER_LEASE: Duration = Duration::from_secs(3);
+/// A business row is added (its job left for the reconciler to create) this often, and every
+/// fifth time an earlier row's job is deleted by hand instead.
+const WANT_EVERY: Duration = Duration::from_millis(500);
+/// How long a job may stay missing, or a fire unfired: two reconciler intervals (one to come
+/// round, one pass) or one schedule tick, plus a leader takeover, plus the database being
+/// down, plus slack for a loaded machine.
+const MISSING_AT_MOST: Duration = Duration::from_secs(4 + 4 + 3 + 5);
 
 #[test]
 #[ignore = "restarts the PostgreSQL server; run with .ci/crash"]
@@ -416,6 +441,12 @@ impl Fleet {
             .arg(MIX_PREFETCH.to_string())
             .args(["--kind", CRASHY])
             .args(MIX.iter().flat_map(|m| ["--kind", m.kind]))
+            .arg("--schedule-ms")
+            .arg(SCHEDULE_EVERY.as_millis().to_string())
+            .arg("--reconcile-ms")
+            .arg(RECONCILE_EVERY.as_millis().to_string())
+            .arg("--leader-lease-ms")
+            .arg(LEADER_LEASE.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -729,9 +760,12 @@ async fn run(backend: Backend) {
             "enqueueing failed"
         );
     }
+    let nodes_started_us = now_us();
     for _ in 0..NODES {
         fleet.spawn();
     }
+    let mut wanted = 0usize;
+    let mut next_want = Instant::now();
 
     let long_until = s.seconds.map(|t| began + Duration::from_secs(t));
     let restart_every = s
@@ -793,6 +827,10 @@ async fn run(backend: Backend) {
         }
         if !topping_up && !waves_left && p.terminal == enqueued {
             break;
+        }
+        if Instant::now() >= next_want {
+            want_or_delete(&store, &side, &mut wanted).await;
+            next_want = Instant::now() + WANT_EVERY;
         }
         let restart_due = match restart_every {
             None => restarts == 0 && p.terminal as f64 >= RESTART_AT * enqueued as f64,
@@ -868,6 +906,7 @@ async fn run(backend: Backend) {
         );
     }
     let run_took = began.elapsed();
+    let stopped_us = now_us();
     let stops = fleet.stops;
     fleet.stop_all(&mut problems);
     for n in &fleet.gone {
@@ -879,8 +918,14 @@ async fn run(backend: Backend) {
     let journals = read_journals(&fleet, &mut problems);
     fold_journals(&side, &journals, &mut problems).await;
 
-    let jobs = all_jobs(&store, false).await;
+    let (periodic, jobs): (Vec<Job>, Vec<Job>) = all_jobs(&store, false)
+        .await
+        .into_iter()
+        .partition(|j| j.queue == PERIODIC_QUEUE);
     let archived = all_jobs(&store, true).await;
+    let wanted_rows = retry("reading wanted rows", || side.wanted()).await;
+    let (fires, reconciled, periodic_problems) =
+        check_periodic(&periodic, &wanted_rows, nodes_started_us, stopped_us);
     let execs = retry("reading executions", || side.executions()).await;
     let nodes = retry("reading nodes", || side.nodes()).await;
     let freezes = retry("reading freezes", || side.freezes()).await;
@@ -888,6 +933,7 @@ async fn run(backend: Backend) {
     let (stop_lag_max_us, starts_in_stop_lag) = stop_lags(&freezes, &execs);
     let mut verdict = check(&facts, &execs, &nodes, &freezes, &journals.claims);
     verdict.violations.splice(0..0, problems);
+    verdict.violations.extend(periodic_problems);
     verdict
         .violations
         .extend(check_recovery(&server_restarts, &execs));
@@ -956,6 +1002,12 @@ async fn run(backend: Backend) {
         s.seed,
     );
     println!(
+        "crash test [{backend:?}] periodic: fires={fires} (one job each, none missing, \
+         none twice) wanted={wanted} reconciled={} max_missing_ms={}",
+        reconciled.0,
+        reconciled.1 / 1000
+    );
+    println!(
         "crash test [{backend:?}] summary: kills={} freezes={} restarts={} jobs={} \
          dead_or_retried_without_execution={} {:?} (must be 0) started_without_lease={} \
          (must be 0) refunds_not_started={} timeouts={} early_timeouts={} (must be 0)",
@@ -1016,6 +1068,110 @@ async fn run(backend: Backend) {
         fleet.freezes >= 1,
         "the run ended before any node was frozen"
     );
+}
+
+/// Adds the next wanted business row (its job is for the reconciler to create), or every
+/// fifth time marks an earlier row missing again and deletes its job by hand. A database
+/// that does not answer (restarting) is simply tried again at the next tick.
+async fn want_or_delete(store: &Store, side: &SideDb, wanted: &mut usize) {
+    let now = now_us();
+    if *wanted >= 5 && (*wanted).is_multiple_of(5) {
+        let key = format!("w{}", *wanted / 2);
+        if side.want(&key, now).await.is_ok() {
+            let sql = format!("DELETE FROM jobvisor_jobs WHERE unique_key = '{key}'");
+            if jobvisor::testing::exec_sql(store, &sql).await.is_ok() {
+                *wanted += 1;
+            }
+        }
+        return;
+    }
+    if side.want(&format!("w{wanted}"), now).await.is_ok() {
+        *wanted += 1;
+    }
+}
+
+/// The schedule's and the reconciler's jobs after the run: every fire from the first to the
+/// last that was due `MISSING_AT_MOST` before the nodes stopped has exactly one job; every
+/// business row missing its job since at least that long before the stop has one, created
+/// at most `MISSING_AT_MOST` after it went missing. Answers the fires checked, (rows checked,
+/// longest wait in µs) and the violations.
+fn check_periodic(
+    periodic: &[Job],
+    wanted: &[(String, i64)],
+    started_us: i64,
+    stopped_us: i64,
+) -> (usize, (usize, i64), Vec<String>) {
+    let bound_us = i64::try_from(MISSING_AT_MOST.as_micros()).unwrap();
+    let every_us = i64::try_from(SCHEDULE_EVERY.as_micros()).unwrap();
+    let mut problems = Vec::new();
+    let mut fires: BTreeMap<i64, usize> = BTreeMap::new();
+    for j in periodic.iter().filter(|j| j.kind == "tick") {
+        let key = j.unique_key.as_deref().unwrap_or("");
+        let at = key
+            .strip_prefix("schedule:crash-tick@")
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_micros());
+        match at {
+            Some(at) if at % every_us == 0 => *fires.entry(at).or_default() += 1,
+            _ => problems.push(format!("[schedule] job {} has the key {key:?}", j.id)),
+        }
+    }
+    let last = (stopped_us - bound_us).div_euclid(every_us) * every_us;
+    let checked = match fires.keys().next() {
+        None => {
+            problems.push("[schedule] the schedule never fired".into());
+            0
+        }
+        Some(&first) => {
+            if first > started_us + bound_us {
+                problems.push(format!(
+                    "[schedule] first fire {} ms after the nodes started",
+                    (first - started_us) / 1000
+                ));
+            }
+            let mut n = 0;
+            let mut at = first;
+            while at <= last {
+                match fires.get(&at).copied().unwrap_or(0) {
+                    1 => {}
+                    k => problems.push(format!(
+                        "[schedule] the fire at {at} µs has {k} jobs (expected exactly 1)"
+                    )),
+                }
+                n += 1;
+                at += every_us;
+            }
+            n
+        }
+    };
+    let by_key: HashMap<&str, &Job> = periodic
+        .iter()
+        .filter(|j| j.kind == "wanted")
+        .filter_map(|j| Some((j.unique_key.as_deref()?, j)))
+        .collect();
+    let (mut rows, mut longest) = (0usize, 0i64);
+    for (key, since) in wanted.iter().filter(|(_, s)| *s <= stopped_us - bound_us) {
+        rows += 1;
+        let Some(job) = by_key.get(key.as_str()) else {
+            problems.push(format!(
+                "[reconciler] row {key} missing its job since {since} µs: never re-created"
+            ));
+            continue;
+        };
+        let waited = job.created_at.timestamp_micros() - since;
+        longest = longest.max(waited);
+        if waited > bound_us {
+            problems.push(format!(
+                "[reconciler] row {key}: job {} created {} ms after it went missing",
+                job.id,
+                waited / 1000
+            ));
+        }
+    }
+    if rows == 0 {
+        problems.push("[reconciler] no wanted row was old enough to check".into());
+    }
+    (checked, (rows, longest), problems)
 }
 
 /// How late freezes took effect: the longest time from SIGSTOP sent to the node seen stopped,

@@ -27,6 +27,12 @@
 //! lost leases, drops, timeouts and detected pauses with the time each was seen (for the
 //! partition test's timelines and the crash test's violation reports) and its graceful exit. See `JournalLine` in `tests/harness/side.rs`.
 //!
+//! With `--schedule-ms N` it declares the periodic schedule `crash-tick` (every N ms, every
+//! missed fire run: `MissedFires::All`), and with `--reconcile-ms N` the reconciler
+//! `crash-wanted` (every N ms, one job per row of the side table `crash_wanted`, keyed by
+//! it); both enqueue into the queue `periodic`, which no node works, so their jobs stay for
+//! the driver to count. `--leader-lease-ms` sets the leader lease.
+//!
 //! It runs until its standard input is closed, then shuts down gracefully (running jobs get
 //! `--shutdown-ms`, default 5 s, to finish; the rest are given back) and exits 0. The driver stops it that way, or kills it with
 //! SIGKILL. Exit status 2 means bad arguments, 1 a failure to start, 3 a journal write that
@@ -41,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use jobvisor::scheduler::Event;
 use jobvisor::{
-    JobContext, JobError, JobHandler, JobOutcome, JobResult, NodeId, QueueConfig, RetryPolicy,
-    Scheduler, SchedulerConfig, Store, StoreOptions,
+    JobContext, JobError, JobHandler, JobOutcome, JobResult, MissedFires, NewJob, NodeId,
+    QueueConfig, RetryPolicy, Schedule, Scheduler, SchedulerConfig, Store, StoreOptions,
 };
 use serde_json::{json, Value};
 
@@ -55,7 +61,7 @@ use side::{now_us, JournalLine, SideDb};
 const USAGE: &str = "usage: crash_node <database-url> <node-name> [--journal PATH] \
 [--queue NAME [--concurrency N] [--prefetch N]]... [--kind NAME]... [--lease-ms N] \
 [--renew-ms N] [--sweep-ms N] [--deadline-ms N] [--poll-ms N] [--shutdown-ms N] \
-[--max-work-ms N]";
+[--max-work-ms N] [--schedule-ms N] [--reconcile-ms N] [--leader-lease-ms N]";
 
 /// The queue worked when no `--queue` is given.
 const DEFAULT_QUEUE: &str = "crash";
@@ -106,7 +112,13 @@ struct Args {
     poll: Duration,
     shutdown_wait: Duration,
     max_work_ms: u64,
+    schedule: Option<Duration>,
+    reconcile: Option<Duration>,
+    leader_lease: Option<Duration>,
 }
+
+/// The queue of the schedule's and the reconciler's jobs: no node works it.
+const PERIODIC_QUEUE: &str = "periodic";
 
 impl Args {
     fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -123,6 +135,9 @@ impl Args {
             poll: Duration::from_millis(200),
             shutdown_wait: Duration::from_secs(5),
             max_work_ms: 50,
+            schedule: None,
+            reconcile: None,
+            leader_lease: None,
         };
         let mut positional = Vec::new();
         while let Some(arg) = it.next() {
@@ -166,6 +181,9 @@ impl Args {
                 "deadline-ms" => a.deadline_check_every = ms()?,
                 "poll-ms" => a.poll = ms()?,
                 "shutdown-ms" => a.shutdown_wait = ms()?,
+                "schedule-ms" => a.schedule = Some(ms()?),
+                "reconcile-ms" => a.reconcile = Some(ms()?),
+                "leader-lease-ms" => a.leader_lease = Some(ms()?),
                 "max-work-ms" => {
                     a.max_work_ms = value
                         .parse()
@@ -483,7 +501,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         max_work_ms: a.max_work_ms,
         rng: AtomicU64::new(seed),
     };
-    let config = SchedulerConfig::default()
+    let mut config = SchedulerConfig::default()
         .lease(a.lease)
         .renew_every(a.renew_every)
         .sweep_every(a.sweep_every)
@@ -491,6 +509,9 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         .retry(RetryPolicy::fixed(Duration::from_millis(100)))
         .shutdown_timeout(a.shutdown_wait)
         .handler_threads(2);
+    if let Some(l) = a.leader_lease {
+        config = config.leader_lease(l);
+    }
     let node = NodeId::new(a.node.clone()).map_err(|e| e.to_string())?;
     let mut builder = Scheduler::builder(store).config(config).node_id(node);
     for q in &a.queues {
@@ -505,6 +526,35 @@ async fn run(a: Args) -> Result<ExitCode, String> {
     let handler = Arc::new(handler);
     for kind in &a.kinds {
         builder = builder.handler(kind.clone(), Shared(handler.clone()));
+    }
+    if let Some(every) = a.schedule {
+        builder = builder.periodic(
+            Schedule::every(
+                "crash-tick",
+                every,
+                NewJob::new("tick", json!({})).queue(PERIODIC_QUEUE),
+            )
+            .missed(MissedFires::All { max: 1_000 }),
+        );
+    }
+    if let Some(every) = a.reconcile {
+        let side = Arc::new(SideDb::open(&a.url, 2)?);
+        builder = builder.reconciler("crash-wanted", every, move |_client| {
+            let side = side.clone();
+            async move {
+                let wanted = side.wanted().await?;
+                Ok::<_, String>(
+                    wanted
+                        .into_iter()
+                        .map(|(key, _)| {
+                            NewJob::new("wanted", json!({}))
+                                .queue(PERIODIC_QUEUE)
+                                .unique_key(key)
+                        })
+                        .collect(),
+                )
+            }
+        });
     }
     let sched = builder.start().map_err(|e| e.to_string())?;
 

@@ -156,6 +156,15 @@ pub(crate) struct NodeRow {
     pub(crate) how: String,
 }
 
+/// A row of `crash_wanted`.
+#[derive(Debug, QueryableByName)]
+struct WantedRow {
+    #[diesel(sql_type = Text)]
+    wanted_key: String,
+    #[diesel(sql_type = BigInt)]
+    missing_since_us: i64,
+}
+
 const CREATE_EXECUTIONS: &str = "CREATE TABLE IF NOT EXISTS crash_executions (
     job_id        BIGINT      NOT NULL,
     attempt       INTEGER     NOT NULL,
@@ -174,6 +183,11 @@ const CREATE_FREEZES: &str = "CREATE TABLE IF NOT EXISTS crash_freezes (
     frozen_at_us  BIGINT      NOT NULL,
     resumed_at_us BIGINT      NOT NULL,
     PRIMARY KEY (node, frozen_at_us)
+)";
+
+const CREATE_WANTED: &str = "CREATE TABLE IF NOT EXISTS crash_wanted (
+    wanted_key       VARCHAR(64) NOT NULL PRIMARY KEY,
+    missing_since_us BIGINT      NOT NULL
 )";
 
 const CREATE_NODES: &str = "CREATE TABLE IF NOT EXISTS crash_nodes (
@@ -298,7 +312,12 @@ impl SideDb {
     /// # Errors
     /// The database's error, as text.
     pub(crate) async fn create_tables(&self) -> SideResult<()> {
-        for ddl in [CREATE_EXECUTIONS, CREATE_NODES, CREATE_FREEZES] {
+        for ddl in [
+            CREATE_EXECUTIONS,
+            CREATE_NODES,
+            CREATE_FREEZES,
+            CREATE_WANTED,
+        ] {
             on_side!(self, ddl.to_string(), execute)?;
         }
         Ok(())
@@ -440,6 +459,37 @@ impl SideDb {
                    ended_at_us, completed, held FROM crash_executions ORDER BY job_id, started_at_us, node"
             .to_string();
         on_side!(self, sql, load::<Execution>)
+    }
+
+    /// Adds a business row that should have a job (the crash test's reconciler finds it), or
+    /// marks an existing one's job missing again from `at_us` (its job is deleted next).
+    ///
+    /// # Errors
+    /// The database's error, as text.
+    #[allow(dead_code)] // the test driver's
+    pub(crate) async fn want(&self, key: &str, at_us: i64) -> SideResult<()> {
+        let sql = self.sql("UPDATE crash_wanted SET missing_since_us = ? WHERE wanted_key = ?");
+        let n = on_side!(self, sql, execute, BigInt => at_us, Text => key)?;
+        if n == 0 {
+            let sql =
+                self.sql("INSERT INTO crash_wanted (wanted_key, missing_since_us) VALUES (?, ?)");
+            on_side!(self, sql, execute, Text => key, BigInt => at_us)?;
+        }
+        Ok(())
+    }
+
+    /// Every wanted key and since when its job is (or was) missing, by key.
+    ///
+    /// # Errors
+    /// The database's error, as text.
+    pub(crate) async fn wanted(&self) -> SideResult<Vec<(String, i64)>> {
+        let sql =
+            "SELECT wanted_key, missing_since_us FROM crash_wanted ORDER BY wanted_key".to_string();
+        let rows: Vec<WantedRow> = on_side!(self, sql, load::<WantedRow>)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.wanted_key, r.missing_since_us))
+            .collect())
     }
 
     /// Every recorded node.
