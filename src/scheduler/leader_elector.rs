@@ -30,6 +30,8 @@ pub(crate) struct LeaderElector {
     term: Option<i64>,
     /// An election is in flight; overlapping ticks are skipped.
     electing: bool,
+    /// Resigned (shutting down): no election any more.
+    resigned: bool,
     last_error: Option<Instant>,
 }
 
@@ -48,6 +50,7 @@ impl LeaderElector {
             shared,
             term: None,
             electing: false,
+            resigned: false,
             last_error: None,
         }
     }
@@ -78,7 +81,7 @@ impl Handler<Elect> for LeaderElector {
 
     fn handle(&mut self, _: Elect, _ctx: &mut Context<Self>) -> Self::Result {
         let held = |act: &Self| act.term.and_then(|t| u64::try_from(t).ok());
-        if self.electing {
+        if self.electing || self.resigned {
             return Box::pin(fut::ready(held(self)));
         }
         let sent_at = self.shared.clock.monotonic();
@@ -100,6 +103,16 @@ impl Handler<Elect> for LeaderElector {
         Box::pin(fut.into_actor(self).map(move |res, act, _ctx| {
             act.electing = false;
             match res {
+                // Resigned while this election was in flight: give the term straight back.
+                Ok(Some(l)) if act.resigned => {
+                    let shared = act.shared.clone();
+                    actix::spawn(async move {
+                        let _ = shared
+                            .store
+                            .leader_resign(&shared.node, l.term, shared.clock.bound_now())
+                            .await;
+                    });
+                }
                 Ok(Some(l)) => {
                     if l.elected {
                         // A term of ours that lapsed in the database ends here, even if
@@ -138,6 +151,7 @@ impl Handler<Resign> for LeaderElector {
     type Result = ResponseActFuture<Self, bool>;
 
     fn handle(&mut self, _: Resign, _ctx: &mut Context<Self>) -> Self::Result {
+        self.resigned = true;
         let Some(term) = self.term else {
             return Box::pin(fut::ready(false));
         };

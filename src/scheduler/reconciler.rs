@@ -110,8 +110,13 @@ impl Reconciler {
         &self,
         shared: &Shared,
     ) -> std::result::Result<ReconcileReport, String> {
-        let fut = (self.expected)(shared.client.clone());
-        let jobs = match shared.handler_rt.spawn(fut).await {
+        // Called inside the task: a panic even in the function's synchronous part stays there.
+        let (expected, client) = (self.expected.clone(), shared.client.clone());
+        let jobs = match shared
+            .handler_rt
+            .spawn(async move { expected(client).await })
+            .await
+        {
             Ok(r) => r?,
             Err(e) => return Err(format!("the reconciler panicked: {}", panic_message(e))),
         };

@@ -33,8 +33,11 @@ pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
         tick.tick().await;
         let res = async {
             if !synced {
-                sync(&shared).await?;
-                synced = true;
+                // A failed sync is retried next tick; firing the stored schedules goes on.
+                match sync(&shared).await {
+                    Ok(()) => synced = true,
+                    Err(e) => tracing::warn!(error = %e, "schedules not stored; will retry"),
+                }
             }
             fire_due(&shared).await.map(|_| ())
         }
@@ -97,8 +100,15 @@ pub(crate) async fn fire_due(shared: &Shared) -> Result<Option<usize>> {
             jobs,
             leader: Some((shared.node.as_str(), term)),
         };
-        let Some(enqueued) = shared.store.schedule_fire(fire, now).await? else {
-            continue;
+        // One schedule failing (its job refused, a statement error) must not hold up the
+        // others behind it: it is logged and tried again at the next tick.
+        let enqueued = match shared.store.schedule_fire(fire, now).await {
+            Ok(Some(e)) => e,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(schedule = %row.name, error = %e, "schedule not fired; will retry");
+                continue;
+            }
         };
         let new = enqueued.iter().filter(|e| !e.duplicate).count();
         created += new;
