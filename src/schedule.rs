@@ -47,6 +47,10 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 pub const MISSED_GRACE: Duration = Duration::from_secs(60);
 /// The most missed fires [`MissedFires::All`] may run: **1,000**.
 pub const MAX_CATCH_UP: u32 = 1_000;
+/// The longest schedule name: **128 bytes**.
+pub const MAX_NAME_BYTES: usize = 128;
+/// The largest job a schedule may store (its JSON): **60 KiB** (MySQL `TEXT` holds 64 KiB).
+pub const MAX_TEMPLATE_BYTES: usize = 60 * 1024;
 /// The default time zone of a cron expression: **UTC**.
 pub const DEFAULT_TIME_ZONE: &str = "UTC";
 
@@ -169,7 +173,16 @@ impl Schedule {
                 format!("every {}", d.as_micros())
             }
         };
-        Plan::parse(&spec, &self.time_zone).map_err(bad)?;
+        if self.name.len() > MAX_NAME_BYTES {
+            return Err(bad(format!(
+                "the name is {} bytes; expected at most {MAX_NAME_BYTES}",
+                self.name.len()
+            )));
+        }
+        let plan = Plan::parse(&spec, &self.time_zone).map_err(bad)?;
+        if plan.next_after(Utc::now().timestamp_micros()).is_none() {
+            return Err(bad(format!("{spec:?} never fires again")));
+        }
         if let MissedFires::All { max } = self.missed {
             if max == 0 || max > MAX_CATCH_UP {
                 return Err(bad(format!(
@@ -188,11 +201,19 @@ impl Schedule {
         probe
             .validate(crate::store::DEFAULT_MAX_PAYLOAD_BYTES)
             .map_err(|e| bad(e.to_string()))?;
+        let template = Template::of(&self.job).to_text();
+        if template.len() > MAX_TEMPLATE_BYTES {
+            return Err(bad(format!(
+                "its job is {} bytes as stored; expected at most {MAX_TEMPLATE_BYTES} (a larger \
+                 payload belongs in a table of yours, referenced by id)",
+                template.len()
+            )));
+        }
         Ok(Compiled {
             name: self.name.clone(),
             spec,
             time_zone: self.time_zone.clone(),
-            template: Template::of(&self.job).to_text(),
+            template,
             missed: self.missed.to_text(),
         })
     }
@@ -554,6 +575,13 @@ mod tests {
         assert!(r.contains("unique key"), "{r}");
         let r = reason(Schedule::cron("e", "* * * * *", job()).missed(MissedFires::All { max: 0 }));
         assert!(r.contains("out of range"), "{r}");
+        let r = reason(Schedule::cron("f", "0 0 31 2 *", job()));
+        assert!(r.contains("never fires again"), "{r}");
+        let r = reason(Schedule::cron("g".repeat(129), "* * * * *", job()));
+        assert!(r.contains("at most 128"), "{r}");
+        let big = NewJob::new("report", serde_json::json!("x".repeat(70_000)));
+        let r = reason(Schedule::cron("h", "* * * * *", big));
+        assert!(r.contains("bytes as stored"), "{r}");
         let r = reason(Schedule::cron("", "* * * * *", job()));
         assert!(r.contains("empty"), "{r}");
         assert!(Schedule::cron("ok", "0 30 2 * * *", job())

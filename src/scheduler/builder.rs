@@ -150,8 +150,8 @@ impl SchedulerBuilder {
     /// leads the database — exactly one job per fire, keyed `schedule:<name>@<instant>`.
     /// A node that declares schedules retires the stored ones it does not declare; a node
     /// that declares none leaves them alone. Bad schedules (an invalid cron expression, an
-    /// unknown time zone, an interval under 1 s, a job with a unique key, a name declared
-    /// twice) are refused by [`start`](Self::start) with an error naming the schedule.
+    /// unknown time zone, an interval under 1 s, an expression that never fires again, a
+    /// job with a unique key or over 60 KiB, a name over 128 bytes or declared twice) are refused by [`start`](Self::start) with an error naming the schedule.
     ///
     /// ```no_run
     /// # use std::time::Duration;
