@@ -43,8 +43,16 @@ use crate::job::NewJob;
 
 /// The shortest fixed interval: **1 s**.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
-/// A fire more than this late counts as missed for [`MissedFires::Skip`]: **1 minute**.
+/// A fire more than this late counts as missed for [`MissedFires::Skip`]: **1 minute**, or
+/// the leader takeover time (`leader_lease × 4/3` and a tick) if that is longer, so a fire
+/// due while leadership moves is not skipped.
 pub const MISSED_GRACE: Duration = Duration::from_secs(60);
+/// How often a running node declares its schedules again: **30 s**.
+pub const DECLARE_EVERY: Duration = Duration::from_secs(30);
+/// A stored schedule no node has declared for this long is retired by the next node that
+/// syncs its own: **2 minutes** (four missed declarations). So a node of an older release
+/// restarting during a rolling deploy cannot retire a schedule the newer nodes declare.
+pub const RETIRE_AFTER: Duration = Duration::from_secs(120);
 /// The most missed fires [`MissedFires::All`] may run: **1,000**.
 pub const MAX_CATCH_UP: u32 = 1_000;
 /// The longest schedule name: **128 bytes**.
@@ -67,7 +75,8 @@ pub enum MissedFires {
         /// The most fires run at once.
         max: u32,
     },
-    /// Run none of them: only a fire at most [`MISSED_GRACE`] late still runs.
+    /// Run none of them: only a fire at most [`MISSED_GRACE`] late (or the leader takeover
+    /// time, if longer) still runs.
     Skip,
 }
 
@@ -194,6 +203,18 @@ impl Schedule {
         if self.job.unique_key.is_some() {
             return Err(bad(
                 "its job has a unique key; a schedule keys each job by its fire itself".into(),
+            ));
+        }
+        if self.job.unique_scope.is_some() {
+            return Err(bad(
+                "its job has a unique scope; a schedule's keys are one per fire, held until the \
+                 job is archived"
+                    .into(),
+            ));
+        }
+        if !matches!(self.job.run_at, crate::job::RunAt::Now) {
+            return Err(bad(
+                "its job has a run_at; each fire's job runs at the fire's instant".into(),
             ));
         }
         let mut probe = self.job.clone();
@@ -363,7 +384,8 @@ impl Plan {
 
     /// What to fire now, given the stored next fire and the missed-fire policy: the fire
     /// instants (oldest first, each ≥ `next` and ≤ `now`) and the next fire after `now`.
-    pub(crate) fn due(&self, next: i64, now: i64, missed: MissedFires) -> Due {
+    /// `grace`: how late a fire may be and still run under [`MissedFires::Skip`] (µs).
+    pub(crate) fn due(&self, next: i64, now: i64, missed: MissedFires, grace: i64) -> Due {
         let after = self.next_after(now);
         if next > now {
             return Due {
@@ -378,7 +400,6 @@ impl Plan {
         let fires = match missed {
             MissedFires::Latest => vec![latest],
             MissedFires::Skip => {
-                let grace = i64::try_from(MISSED_GRACE.as_micros()).unwrap_or(i64::MAX);
                 if now - latest <= grace {
                     vec![latest]
                 } else {
@@ -436,8 +457,12 @@ pub struct ScheduleInfo {
     pub last_fire_at: Option<DateTime<Utc>>,
     /// Since when it is paused.
     pub paused_at: Option<DateTime<Utc>>,
-    /// Since when no node declares it (it no longer fires).
+    /// Since when it is retired: no node had declared it for
+    /// [`RETIRE_AFTER`] (it no longer fires).
     pub retired_at: Option<DateTime<Utc>>,
+    /// When a node last declared it (at its start, then every
+    /// [`DECLARE_EVERY`] while it runs).
+    pub declared_at: DateTime<Utc>,
 }
 
 #[cfg(test)]
@@ -513,28 +538,32 @@ mod tests {
     #[test]
     fn missed_fire_policies_after_three_hours_down() {
         let minute = Plan::parse("* * * * *", "UTC").unwrap();
+        let grace = 60_000_000;
         let next = 60_000_000 * 1_000; // a whole minute
         let now = next + 3 * HOUR + 20_000_000; // 3 h 20 s later: 181 fires passed
-        let d = minute.due(next, now, MissedFires::Latest);
+        let d = minute.due(next, now, MissedFires::Latest, grace);
         assert_eq!(d.fires, vec![next + 3 * HOUR]);
         assert_eq!(d.next, Some(next + 3 * HOUR + 60_000_000));
-        let d = minute.due(next, now, MissedFires::All { max: 1_000 });
+        let d = minute.due(next, now, MissedFires::All { max: 1_000 }, grace);
         assert_eq!(d.fires.len(), 181);
         assert_eq!((d.fires[0], d.fires[180]), (next, next + 3 * HOUR));
-        let d = minute.due(next, now, MissedFires::All { max: 10 });
+        let d = minute.due(next, now, MissedFires::All { max: 10 }, grace);
         assert_eq!(d.fires.len(), 10, "the most recent ten");
         assert_eq!(d.fires[9], next + 3 * HOUR);
         // The latest fire is 20 s late: within the grace, so Skip runs it alone.
-        let d = minute.due(next, now, MissedFires::Skip);
+        let d = minute.due(next, now, MissedFires::Skip, grace);
         assert_eq!(d.fires, vec![next + 3 * HOUR]);
         // Hourly, 90 s after the latest fire: every fire was missed, none runs.
         let hourly = Plan::parse("0 * * * *", "UTC").unwrap();
         let h = 1_000 * HOUR;
-        let d = hourly.due(h, h + 3 * HOUR + 90_000_000, MissedFires::Skip);
+        let d = hourly.due(h, h + 3 * HOUR + 90_000_000, MissedFires::Skip, grace);
         assert_eq!(d.fires, Vec::<i64>::new(), "90 s late: missed");
         assert_eq!(d.next, Some(h + 4 * HOUR));
+        // With a longer grace (a slow leader takeover) the same fire still runs.
+        let d = hourly.due(h, h + 3 * HOUR + 90_000_000, MissedFires::Skip, 100_000_000);
+        assert_eq!(d.fires, vec![h + 3 * HOUR]);
         // Not yet due: nothing, next unchanged.
-        let d = minute.due(next, next - 1, MissedFires::Latest);
+        let d = minute.due(next, next - 1, MissedFires::Latest, grace);
         assert_eq!((d.fires.len(), d.next), (0, Some(next)));
     }
 
@@ -573,6 +602,12 @@ mod tests {
         );
         let r = reason(Schedule::cron("d", "* * * * *", job().unique_key("k")));
         assert!(r.contains("unique key"), "{r}");
+        let scoped = job().unique_scope(crate::UniqueScope::WhileActive);
+        let r = reason(Schedule::cron("d2", "* * * * *", scoped));
+        assert!(r.contains("unique scope"), "{r}");
+        let later = job().run_at(chrono::Utc::now());
+        let r = reason(Schedule::cron("d3", "* * * * *", later));
+        assert!(r.contains("run_at"), "{r}");
         let r = reason(Schedule::cron("e", "* * * * *", job()).missed(MissedFires::All { max: 0 }));
         assert!(r.contains("out of range"), "{r}");
         let r = reason(Schedule::cron("f", "0 0 31 2 *", job()));

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use jobvisor::clock::ManualClock;
+use jobvisor::schedule::RETIRE_AFTER;
 use jobvisor::testing::{Simulation, TestDb};
 use jobvisor::{handler_fn, Backend, Job, JobOutcome, ListParams, MissedFires, NewJob, Schedule};
 use serde_json::{json, Value};
@@ -325,14 +326,17 @@ async fn pause_resume_and_trigger_through_the_client() {
 }
 
 /// A schedule declared only by a newer node (a rolling deploy) is fired by the leader even
-/// if the leader's own code does not declare it; a node that declares schedules retires the
-/// ones it does not; a node that declares none leaves them.
+/// if the leader's own code does not declare it. A node that declares other schedules
+/// retires it only once nobody has declared it for `RETIRE_AFTER`: not while the newer node
+/// runs. Declared again, it starts afresh (the retired time is not missed).
 #[actix::test]
 async fn schedules_from_any_node_are_fired_by_the_leader() {
     let db = Arc::new(TestDb::create(Backend::Sqlite).await);
     let clock = ManualClock::new(start());
     let old = node(&db, &clock, "old", vec![]).await;
-    let new = node(&db, &clock, "new", vec![tick("added", MINUTE)]).await;
+    // `All`: were the retired time counted as missed, coming back would catch it all up.
+    let added = tick("added", MINUTE).missed(MissedFires::All { max: 100 });
+    let new = node(&db, &clock, "new", vec![added]).await;
     assert_eq!(old.elect().await, Some(1));
     assert_eq!(new.elect().await, None);
     clock.advance(MINUTE);
@@ -340,17 +344,50 @@ async fn schedules_from_any_node_are_fired_by_the_leader() {
     assert_eq!(old.fire_schedules().await.unwrap(), Some(1));
     assert_eq!(new.fire_schedules().await.unwrap(), None, "not the leader");
     assert_eq!(jobs_of(&old, "added").await.len(), 1);
-    // A later deploy without it retires it.
-    let newer = node(&db, &clock, "newer", vec![tick("other", MINUTE)]).await;
-    let list = newer.client.schedules().await.unwrap();
-    let added = list.iter().find(|s| s.name == "added").unwrap();
-    assert!(added.retired_at.is_some());
+    // A node of another release starts, declaring only `other`: `added` was declared a
+    // minute ago, so it stays and fires.
+    let other = node(&db, &clock, "other", vec![tick("other", MINUTE)]).await;
+    let added = |sim: &Simulation| {
+        let client = sim.client.clone();
+        async move {
+            let list = client.schedules().await.unwrap();
+            list.into_iter().find(|s| s.name == "added").unwrap()
+        }
+    };
+    assert_eq!(
+        added(&other).await.retired_at,
+        None,
+        "the newer node declares it"
+    );
+    clock.advance(MINUTE);
+    old.elect().await;
+    old.fire_schedules().await.unwrap();
+    assert_eq!(jobs_of(&old, "added").await.len(), 2);
+    // The newer node stops (it no longer declares it); after RETIRE_AFTER, `other`'s refresh
+    // retires it and it fires no more.
+    clock.advance(RETIRE_AFTER);
+    other.declare_schedules().await.unwrap();
+    assert!(added(&other).await.retired_at.is_some());
     clock.advance(MINUTE);
     old.elect().await;
     old.fire_schedules().await.unwrap();
     assert_eq!(
         jobs_of(&old, "added").await.len(),
-        1,
+        2,
         "retired: no more fires"
+    );
+    // The newer node comes back: declared again, it fires from now on, without catching up
+    // on the minutes it was retired.
+    clock.advance(10 * MINUTE);
+    new.declare_schedules().await.unwrap();
+    let back = added(&new).await;
+    assert_eq!(back.retired_at, None);
+    clock.advance(MINUTE);
+    old.elect().await;
+    old.fire_schedules().await.unwrap();
+    assert_eq!(
+        jobs_of(&old, "added").await.len(),
+        3,
+        "one fire, none caught up"
     );
 }

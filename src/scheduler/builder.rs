@@ -98,7 +98,14 @@ impl SchedulerBuilder {
     /// Every job it returns needs a [`unique_key`](NewJob::unique_key): a job whose key is
     /// held (waiting, running, retrying — or, by its
     /// [`unique_scope`](NewJob::unique_scope), kept until archived) counts as present, so a
-    /// pass re-creates each missing job once however often it runs. A pass that fails (the
+    /// pass re-creates each missing job once however often it runs. What "missing" means
+    /// follows the key's scope: with the default
+    /// ([`UntilArchived`](crate::UniqueScope::UntilArchived)) a finished job still holds its
+    /// key until archived, so a row the function keeps returning gets no second job before
+    /// then; with [`WhileActive`](crate::UniqueScope::WhileActive) or
+    /// [`For`](crate::UniqueScope::For) a finished job frees its key and the next pass
+    /// enqueues the job again. So return only the rows that still need work (the handler
+    /// marks its row done, as `welcomed_at` below). A pass that fails (the
     /// function returns an error or panics, a job has no key, the enqueue fails) is reported
     /// as [`Event::ReconcileFailed`](crate::Event::ReconcileFailed) and retried after 1 s,
     /// doubling up to `every`; a pass that succeeds, as
@@ -148,10 +155,17 @@ impl SchedulerBuilder {
     /// fires missed while no node ran follow its [`MissedFires`](crate::MissedFires)
     /// policy; a changed expression or zone starts afresh), and fired by whichever node
     /// leads the database — exactly one job per fire, keyed `schedule:<name>@<instant>`.
-    /// A node that declares schedules retires the stored ones it does not declare; a node
-    /// that declares none leaves them alone. Bad schedules (an invalid cron expression, an
-    /// unknown time zone, an interval under 1 s, an expression that never fires again, a
-    /// job with a unique key or over 60 KiB, a name over 128 bytes or declared twice) are refused by [`start`](Self::start) with an error naming the schedule.
+    /// A running node declares its schedules again every
+    /// [`DECLARE_EVERY`](crate::schedule::DECLARE_EVERY); a node that declares schedules
+    /// retires the stored ones nobody has declared for
+    /// [`RETIRE_AFTER`](crate::schedule::RETIRE_AFTER) — so during a rolling deploy a node of
+    /// the older release cannot retire a schedule the newer ones declare — and a node that
+    /// declares none retires nothing (to stop a schedule no code declares any more, pause
+    /// it). A retired schedule declared again starts afresh: the time it was retired is not
+    /// caught up. Bad schedules (an invalid cron expression, an unknown time zone, an interval
+    /// under 1 s, an expression that never fires again, a job with a unique key, a unique
+    /// scope or a `run_at`, or over 60 KiB, a name over 128 bytes or declared twice) are
+    /// refused by [`start`](Self::start) with an error naming the schedule.
     ///
     /// ```no_run
     /// # use std::time::Duration;

@@ -177,7 +177,8 @@ pub enum Event {
         name: String,
         /// Fires enqueued, one job each.
         fires: usize,
-        /// Due fires its missed-fire policy skipped.
+        /// Due fires its missed-fire policy skipped (for a cron expression, counted up to
+        /// 1,000).
         skipped: usize,
         /// Its next fire.
         next: Option<chrono::DateTime<chrono::Utc>>,

@@ -1,6 +1,7 @@
 //! The schedule firer: stores this node's declared schedules at start (`store::schedules`
-//! sync), then, every [`SCHEDULE_TICK`] while this node leads the database, fires the due
-//! schedules — each fire one term-fenced transaction that moves the schedule on and enqueues
+//! sync) and declares them again every [`DECLARE_EVERY`] while it runs (so they are not
+//! retired under it); every [`SCHEDULE_TICK`] while this node leads the database, it fires
+//! the due schedules — each fire one term-fenced transaction that moves the schedule on and enqueues
 //! the fire's job (exactly one job per fire; ARCHITECTURE.md §7.10).
 //!
 //! The leader fires every stored schedule, declared by its own code or not: a rolling deploy
@@ -13,8 +14,10 @@ use super::event::Event;
 use super::report_store_error;
 use super::shared::Shared;
 use crate::error::Result;
-use crate::schedule::{fire_key, MissedFires, Plan, Template};
-use crate::store::Fire;
+use crate::schedule::{
+    fire_key, MissedFires, Plan, Template, DECLARE_EVERY, MISSED_GRACE, RETIRE_AFTER,
+};
+use crate::store::{Fire, SyncMode};
 
 /// How often the leader looks for due schedules: **1 s** (a fire runs at most about this
 /// late, plus the claim).
@@ -26,6 +29,7 @@ const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Runs until the scheduler cancels it.
 pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
     let mut synced = shared.schedules.is_empty();
+    let mut declared = Instant::now();
     let mut last_error: Option<Instant> = None;
     let mut tick = tokio::time::interval(SCHEDULE_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -34,10 +38,17 @@ pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
         let res = async {
             if !synced {
                 // A failed sync is retried next tick; firing the stored schedules goes on.
-                match sync(&shared).await {
-                    Ok(()) => synced = true,
+                match sync(&shared, SyncMode::Start).await {
+                    Ok(()) => {
+                        synced = true;
+                        declared = Instant::now();
+                    }
                     Err(e) => tracing::warn!(error = %e, "schedules not stored; will retry"),
                 }
+            } else if !shared.schedules.is_empty() && declared.elapsed() >= DECLARE_EVERY {
+                // Retried at the next tick if it fails; RETIRE_AFTER leaves room for three.
+                sync(&shared, SyncMode::Refresh).await?;
+                declared = Instant::now();
             }
             fire_due(&shared).await.map(|_| ())
         }
@@ -54,11 +65,18 @@ pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
     }
 }
 
-/// Stores this node's declared schedules (and retires the others, if it declares any).
-pub(crate) async fn sync(shared: &Shared) -> Result<()> {
+/// Stores this node's declared schedules — at start with its own definitions, while running
+/// the declaration only — and retires those nobody has declared for [`RETIRE_AFTER`] (if it
+/// declares any).
+pub(crate) async fn sync(shared: &Shared, mode: SyncMode) -> Result<()> {
     shared
         .store
-        .schedules_sync(&shared.schedules, shared.clock.bound_now())
+        .schedules_sync(
+            &shared.schedules,
+            mode,
+            RETIRE_AFTER,
+            shared.clock.bound_now(),
+        )
         .await
 }
 
@@ -70,6 +88,7 @@ pub(crate) async fn fire_due(shared: &Shared) -> Result<Option<usize>> {
     };
     let now = shared.clock.bound_now();
     let (at, due) = shared.store.schedules_due(now).await?;
+    let grace = skip_grace(shared);
     let mut created = 0;
     for row in due {
         let parsed = Plan::parse(&row.spec, &row.time_zone).and_then(|plan| {
@@ -86,7 +105,7 @@ pub(crate) async fn fire_due(shared: &Shared) -> Result<Option<usize>> {
                 continue;
             }
         };
-        let plan_due = plan.due(row.next_fire_at, at, missed);
+        let plan_due = plan.due(row.next_fire_at, at, missed, grace);
         let jobs = plan_due
             .fires
             .iter()
@@ -125,18 +144,37 @@ pub(crate) async fn fire_due(shared: &Shared) -> Result<Option<usize>> {
     Ok(Some(created))
 }
 
-/// How many due fires a pass did not enqueue (the missed-fire policy skipped them), counted
-/// up to a bound.
+/// How late a fire may be and still run under [`MissedFires::Skip`] (µs): [`MISSED_GRACE`],
+/// or the takeover time if longer — a fire due while leadership moves was not missed.
+fn skip_grace(shared: &Shared) -> i64 {
+    let takeover = shared.config.leader_lease * 4 / 3 + 2 * SCHEDULE_TICK;
+    i64::try_from(MISSED_GRACE.max(takeover).as_micros()).unwrap_or(i64::MAX)
+}
+
+/// How many due fires a pass did not enqueue (the missed-fire policy skipped them): exact for
+/// an interval, counted up to [`MISSED_COUNT_BOUND`] for a cron expression (each step is a
+/// search, and this runs on the node's actor thread).
 fn missed_count(plan: &Plan, next: i64, now: i64, fired: usize) -> usize {
-    const BOUND: usize = 100_000;
-    let mut due = 0usize;
-    let mut t = next - 1;
-    while let Some(n) = plan.next_after(t).filter(|n| *n <= now) {
-        due += 1;
-        if due >= BOUND {
-            break;
+    let due = match plan {
+        Plan::Every(d) if now >= next => {
+            usize::try_from((now - next) / d + 1).unwrap_or(usize::MAX)
         }
-        t = n;
-    }
+        Plan::Every(_) => 0,
+        Plan::Cron(..) => {
+            let mut due = 0usize;
+            let mut t = next - 1;
+            while let Some(n) = plan.next_after(t).filter(|n| *n <= now) {
+                due += 1;
+                if due >= MISSED_COUNT_BOUND + fired {
+                    break;
+                }
+                t = n;
+            }
+            due
+        }
+    };
     due.saturating_sub(fired)
 }
+
+/// The most skipped fires of a cron schedule one pass counts: **1,000**.
+const MISSED_COUNT_BOUND: usize = 1_000;

@@ -95,7 +95,7 @@ pub use queues::{
 };
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub(crate) use rows::from_us;
-pub(crate) use schedules::Fire;
+pub(crate) use schedules::{Fire, SyncMode};
 pub use tls::TlsMode;
 
 impl Store {

@@ -2,7 +2,8 @@
 //! the leader, paused, resumed and triggered by operators.
 //!
 //! * **Fire**: one transaction moves `next_fire_at` on — guarded by the value the firer read,
-//!   by the schedule being live (not paused, not retired) and, for a leader, by its term — and
+//!   by the schedule being live (not paused, not retired) and, for a leader, by its term,
+//!   whose row it locks to the commit (`hold_leader!`) — and
 //!   inserts the fire's jobs, each keyed by the schedule and the fire's instant. Of firers
 //!   that read the same row, one moves it and the others change nothing (the row lock, then
 //!   the guard re-evaluated on the committed row); and were a fire ever inserted twice, its
@@ -10,21 +11,26 @@
 //! * **Sync**: a node that declares schedules upserts them at start — a new one gets its first
 //!   fire after now; a changed expression or zone starts afresh from now; an unchanged one
 //!   keeps its next fire, so fires missed while no node ran are handled by its missed-fire
-//!   policy — and retires the rows it does not declare. A node that declares none changes
-//!   nothing.
+//!   policy — and stamps them `declared_at`. While it runs it declares them again now and
+//!   then (a **refresh**: the stamp only, whatever another release stored). A retired
+//!   schedule declared again starts afresh from now: the time it was retired is not missed.
+//! * **Retire**: a syncing node retires the live rows nobody has declared for `retire_after`,
+//!   so during a rolling deploy a node of the older release that restarts cannot retire a
+//!   schedule the newer nodes still declare. A node that declares none changes nothing.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::dsl::exists;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::batch::bound;
 use super::driver::{with_conn, with_tx, with_write};
 use super::expr::DbNow;
-use super::leader_fence;
+use super::leader::hold_leader;
 use super::outbox::OutboxConnection;
 use super::params::Enqueued;
-use super::rows::from_us;
+use super::rows::{dur_us, from_us};
 use super::schema::jobvisor_schedules as s;
 use super::Store;
 use crate::error::{Error, Result, StoreError};
@@ -68,10 +74,22 @@ type Row = (
     Option<i64>,
     Option<i64>,
     Option<i64>,
+    i64,
 );
 
+/// What a sync does with the rows this node declares that are stored and live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SyncMode {
+    /// At start: this node's code wins (template and policy; a changed expression or zone
+    /// starts afresh).
+    Start,
+    /// While running: the `declared_at` stamp only.
+    Refresh,
+}
+
 impl Store {
-    /// Upserts `schedules` and retires the live rows not among them (nothing if empty). `now`:
+    /// Upserts `schedules` (see [`SyncMode`]) and retires the live rows not among them that
+    /// nobody has declared for `retire_after` (nothing at all if `schedules` is empty). `now`:
     /// a test clock, or `None` for the database's.
     ///
     /// # Errors
@@ -79,6 +97,8 @@ impl Store {
     pub(crate) async fn schedules_sync(
         &self,
         schedules: &[Compiled],
+        mode: SyncMode,
+        retire_after: Duration,
         now: Option<DateTime<Utc>>,
     ) -> Result<()> {
         if schedules.is_empty() {
@@ -87,9 +107,15 @@ impl Store {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.schedules_sync_once(schedules, now).await {
-                // Two nodes inserting one new schedule at once: the loser sees the row now.
-                Err(e) if tries < 3 => tracing::debug!(error = %e, "schedule sync retried"),
+            match self
+                .schedules_sync_once(schedules, mode, retire_after, now)
+                .await
+            {
+                // Two nodes inserting one new schedule at once (the loser sees the row now),
+                // or a deadlock between two syncs: worth another go; anything else is not.
+                Err(e) if tries < 3 && (e.is_transient() || is_constraint(&e)) => {
+                    tracing::debug!(error = %e, "schedule sync retried");
+                }
                 res => return res,
             }
         }
@@ -98,56 +124,68 @@ impl Store {
     async fn schedules_sync_once(
         &self,
         schedules: &[Compiled],
+        mode: SyncMode,
+        retire_after: Duration,
         now: Option<DateTime<Utc>>,
     ) -> Result<()> {
         let now = DbNow::new(bound(now));
         let names: Vec<&str> = schedules.iter().map(|c| c.name.as_str()).collect();
+        let retire_after = dur_us(retire_after);
         with_tx!(self, |conn| {
             let at: i64 = diesel::select(now).get_result(conn).await?;
             for c in schedules {
                 let first = Plan::parse(&c.spec, &c.time_zone)
                     .map_err(|reason| Error::invalid("schedule", reason))?
                     .next_after(at);
-                let stored: Option<(String, String)> = s::table
+                let stored: Option<(String, String, Option<i64>)> = s::table
                     .filter(s::name.eq(&c.name))
-                    .select((s::spec, s::time_zone))
+                    .select((s::spec, s::time_zone, s::retired_at))
                     .first(conn)
                     .await
                     .optional()?;
+                let row = s::table.filter(s::name.eq(&c.name));
                 let common = (
                     s::template.eq(&c.template),
                     s::missed.eq(&c.missed),
                     s::retired_at.eq(None::<i64>),
                     s::updated_at.eq(at),
+                    s::declared_at.eq(at),
+                );
+                let afresh = (
+                    s::spec.eq(&c.spec),
+                    s::time_zone.eq(&c.time_zone),
+                    // Never again: never due (listed with no next fire).
+                    s::next_fire_at.eq(first.unwrap_or(i64::MAX)),
                 );
                 match stored {
                     None => {
-                        let Some(first) = first else { continue };
+                        if first.is_none() {
+                            continue;
+                        }
                         diesel::insert_into(s::table)
-                            .values((
-                                s::name.eq(&c.name),
-                                s::spec.eq(&c.spec),
-                                s::time_zone.eq(&c.time_zone),
-                                common,
-                                s::next_fire_at.eq(first),
-                            ))
+                            .values((s::name.eq(&c.name), afresh, common))
                             .execute(conn)
                             .await?;
                     }
-                    Some((spec, zone)) if spec == c.spec && zone == c.time_zone => {
-                        diesel::update(s::table.filter(s::name.eq(&c.name)))
-                            .set(common)
+                    // Retired, or changed at start: from now on, as if new.
+                    Some((_, _, Some(_))) => {
+                        diesel::update(row)
+                            .set((afresh, common))
                             .execute(conn)
                             .await?;
+                    }
+                    Some(_) if mode == SyncMode::Refresh => {
+                        diesel::update(row)
+                            .set(s::declared_at.eq(at))
+                            .execute(conn)
+                            .await?;
+                    }
+                    Some((spec, zone, None)) if spec == c.spec && zone == c.time_zone => {
+                        diesel::update(row).set(common).execute(conn).await?;
                     }
                     Some(_) => {
-                        diesel::update(s::table.filter(s::name.eq(&c.name)))
-                            .set((
-                                s::spec.eq(&c.spec),
-                                s::time_zone.eq(&c.time_zone),
-                                common,
-                                s::next_fire_at.eq(first.unwrap_or(i64::MAX)),
-                            ))
+                        diesel::update(row)
+                            .set((afresh, common))
                             .execute(conn)
                             .await?;
                     }
@@ -156,7 +194,8 @@ impl Store {
             diesel::update(
                 s::table
                     .filter(s::retired_at.is_null())
-                    .filter(s::name.ne_all(&names)),
+                    .filter(s::name.ne_all(&names))
+                    .filter(s::declared_at.lt(at.saturating_sub(retire_after))),
             )
             .set((s::retired_at.eq(at), s::updated_at.eq(at)))
             .execute(conn)
@@ -224,15 +263,14 @@ impl Store {
         );
         let jobs = f.jobs;
         with_tx!(self, |conn| {
-            let n = match f.leader {
-                Some((node, term)) => {
-                    diesel::update(live.filter(exists(leader_fence!(node, term, now))))
-                        .set(set)
-                        .execute(conn)
-                        .await?
+            // The leader row first (always first: no lock-order cycle with an election), held
+            // to the commit, so the fire commits inside the term or not at all.
+            if let Some((node, term)) = f.leader {
+                if hold_leader!(conn, node, term, now) == 0 {
+                    return Result::Ok(None);
                 }
-                None => diesel::update(live).set(set).execute(conn).await?,
-            };
+            }
+            let n = diesel::update(live).set(set).execute(conn).await?;
             if n == 0 {
                 return Result::Ok(None);
             }
@@ -244,10 +282,11 @@ impl Store {
         })
     }
 
-    /// Every schedule, by name.
+    /// Every schedule this release can read, by name (an unreadable row is logged and left
+    /// out).
     ///
     /// # Errors
-    /// [`Error::Database`]; [`Error::Database`] for an unreadable row.
+    /// [`Error::Database`].
     pub(crate) async fn schedules_list(&self) -> Result<Vec<ScheduleInfo>> {
         let rows: Vec<Row> = with_conn!(self, |conn| {
             s::table
@@ -261,12 +300,22 @@ impl Store {
                     s::last_fire_at,
                     s::paused_at,
                     s::retired_at,
+                    s::declared_at,
                 ))
                 .order(s::name.asc())
                 .load(conn)
                 .await?
         });
-        rows.into_iter().map(info).collect()
+        // A row this release cannot read (stored by a newer one) is left out, not fatal:
+        // the others are still listed and managed.
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                info(r)
+                    .map_err(|e| tracing::warn!(error = %e, "schedule not listed: unreadable"))
+                    .ok()
+            })
+            .collect())
     }
 
     /// Pauses (`true`) or resumes a schedule; answers it as stored afterwards.
@@ -305,10 +354,10 @@ impl Store {
         self.schedule_get(name).await?.ok_or_else(|| unknown(name))
     }
 
-    /// One schedule.
+    /// One schedule (`None` also for a row this release cannot read).
     ///
     /// # Errors
-    /// [`Error::Database`]; [`Error::Database`] for an unreadable row.
+    /// [`Error::Database`].
     pub(crate) async fn schedule_get(&self, name: &str) -> Result<Option<ScheduleInfo>> {
         Ok(self
             .schedules_list()
@@ -351,7 +400,7 @@ fn corrupt(name: &str, reason: String) -> Error {
 }
 
 fn info(r: Row) -> Result<ScheduleInfo> {
-    let (name, spec, time_zone, template, missed, next, last, paused, retired) = r;
+    let (name, spec, time_zone, template, missed, next, last, paused, retired, declared) = r;
     let t = Template::from_text(&template).map_err(|r| corrupt(&name, r))?;
     let missed = MissedFires::from_text(&missed)
         .ok_or_else(|| corrupt(&name, format!("unknown missed-fire policy {missed:?}")))?;
@@ -366,5 +415,10 @@ fn info(r: Row) -> Result<ScheduleInfo> {
         last_fire_at: last.map(from_us),
         paused_at: paused.map(from_us),
         retired_at: retired.map(from_us),
+        declared_at: from_us(declared),
     })
+}
+
+fn is_constraint(e: &Error) -> bool {
+    matches!(e, Error::Database(StoreError::Constraint { .. }))
 }

@@ -155,6 +155,7 @@ diesel::table! {
         paused_at -> Nullable<BigInt>,
         retired_at -> Nullable<BigInt>,
         updated_at -> BigInt,
+        declared_at -> BigInt,
     }
 }
 

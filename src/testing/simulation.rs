@@ -188,7 +188,14 @@ impl Simulation {
 
     /// Stores this node's declared schedules (what the node does once at start).
     pub async fn sync_schedules(&self) -> crate::Result<()> {
-        crate::scheduler::sync_schedules(&self.handle.shared).await
+        crate::scheduler::sync_schedules(&self.handle.shared, crate::store::SyncMode::Start).await
+    }
+
+    /// Declares this node's schedules again (what a running node does every
+    /// [`DECLARE_EVERY`](crate::schedule::DECLARE_EVERY)), retiring those nobody declared
+    /// for [`RETIRE_AFTER`](crate::schedule::RETIRE_AFTER).
+    pub async fn declare_schedules(&self) -> crate::Result<()> {
+        crate::scheduler::sync_schedules(&self.handle.shared, crate::store::SyncMode::Refresh).await
     }
 
     /// Fires the due schedules (the firer's tick) if this node leads: answers how many jobs

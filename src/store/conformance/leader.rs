@@ -94,3 +94,70 @@ pub async fn leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenc
     let again = elect(&t, "third", Some(3), 100).await.unwrap();
     assert_eq!((again.term, again.elected), (4, true));
 }
+
+/// A leader-only transaction holds its term to the commit: while a fire's transaction has
+/// the leader row (`hold_leader!`), another node's takeover — its lease expired by the
+/// takeover's clock — waits, and goes through only once that transaction has ended. So no
+/// leader-only write of one term commits after the next term has begun. (Were the fence a
+/// plain read, the takeover would commit at once, under the held transaction.)
+pub async fn a_held_term_delays_a_takeover_until_its_transaction_ends(b: Backend) {
+    use crate::store::batch::bound;
+    use crate::store::driver::with_tx;
+    use crate::store::expr::DbNow;
+    use crate::store::leader::hold_leader;
+    use diesel::prelude::*;
+    use diesel_async::RunQueryDsl;
+
+    let t = Bundle::new(b).await;
+    let term = elect(&t, "n1", None, 0).await.unwrap().term;
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<usize>();
+    let (end_tx, end_rx) = tokio::sync::oneshot::channel::<()>();
+    let store = t.store.clone();
+    let now = DbNow::new(bound(t.at(5)));
+    let holder = tokio::spawn(async move {
+        let mut held_tx = Some(held_tx);
+        let mut end_rx = Some(end_rx);
+        let n: usize = with_tx!(store, |conn| {
+            let n = hold_leader!(conn, "n1", term, now);
+            if let Some(tx) = held_tx.take() {
+                let _ = tx.send(n);
+            }
+            if let Some(rx) = end_rx.take() {
+                let _ = rx.await;
+            }
+            Ok::<usize, crate::Error>(n)
+        })?;
+        Ok::<usize, crate::Error>(n)
+    });
+    assert_eq!(held_rx.await.unwrap(), 1, "n1 holds term {term} at 5 s");
+    let store = t.store.clone();
+    let later = t.at(20);
+    let take = tokio::spawn(async move {
+        store
+            .leader_keep_or_take(&NodeId::new("n2").unwrap(), None, LEASE, later)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !take.is_finished(),
+        "the takeover waits for the transaction holding term {term}"
+    );
+    end_tx.send(()).unwrap();
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    let next = take
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("n2 takes over once it ended");
+    assert_eq!(next.term, term + 1);
+    // The old term can hold nothing any more.
+    let store = t.store.clone();
+    let now = DbNow::new(bound(t.at(21)));
+    let stale = async move {
+        let n: usize = with_tx!(store, |conn| {
+            Ok::<usize, crate::Error>(hold_leader!(conn, "n1", term, now))
+        })?;
+        Ok::<usize, crate::Error>(n)
+    };
+    assert_eq!(stale.await.unwrap(), 0);
+}

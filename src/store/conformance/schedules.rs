@@ -4,9 +4,11 @@
 
 use super::*;
 use crate::schedule::{fire_key, Compiled, Schedule};
-use crate::store::Fire;
+use crate::store::{Fire, SyncMode};
 
 const MIN: i64 = 60;
+/// A schedule nobody declared for this long is retired.
+const RETIRE: Duration = Duration::from_secs(2 * 60);
 
 fn compiled(s: Schedule) -> Compiled {
     s.compile().unwrap()
@@ -52,7 +54,12 @@ fn tick_fire<'a>(t0: DateTime<Utc>, at: i64, leader: Option<(&'a str, i64)>) -> 
 pub async fn a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers(b: Backend) {
     let t = Bundle::new(b).await;
     t.store
-        .schedules_sync(&[every_minute(), hourly()], t.at(0))
+        .schedules_sync(
+            &[every_minute(), hourly()],
+            SyncMode::Start,
+            RETIRE,
+            t.at(0),
+        )
         .await
         .unwrap();
     let list = t.store.schedules_list().await.unwrap();
@@ -179,9 +186,10 @@ pub async fn a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers(b: 
         "{e}"
     );
 
-    // A sync without `hourly` retires it; `tick` keeps its next fire.
+    // A sync without `hourly`, declared 5 minutes ago, retires it; `tick` keeps its next
+    // fire.
     t.store
-        .schedules_sync(&[every_minute()], t.at(5 * MIN))
+        .schedules_sync(&[every_minute()], SyncMode::Start, RETIRE, t.at(5 * MIN))
         .await
         .unwrap();
     let hour = t.store.schedule_get("hourly").await.unwrap().unwrap();
@@ -211,10 +219,96 @@ pub async fn a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers(b: 
                     NewJob::new("report", json!({})),
                 )),
             ],
+            SyncMode::Start,
+            RETIRE,
             t.at(6 * MIN),
         )
         .await
         .unwrap();
     let hour = t.store.schedule_get("hourly").await.unwrap().unwrap();
     assert_eq!((hour.retired_at, hour.next_fire_at), (None, t.at(30 * MIN)));
+}
+
+/// A rolling deploy: a node of the older release (declaring `tick` only) restarts while the
+/// newer nodes declare `tick` and `hourly`. It does not retire `hourly`, declared moments
+/// ago; it retires it only once nobody has declared it for the retire period. Declared
+/// again, a retired schedule starts afresh — the retired hours are not missed fires — and a
+/// running node's refresh never overwrites what a node's start stored.
+pub async fn a_schedule_is_retired_only_once_no_node_declares_it(b: Backend) {
+    let t = Bundle::new(b).await;
+    let sync = |c: Vec<Compiled>, mode, at| {
+        let store = t.store.clone();
+        let now = t.at(at);
+        async move { store.schedules_sync(&c, mode, RETIRE, now).await.unwrap() }
+    };
+    let info = |name: &'static str| {
+        let store = t.store.clone();
+        async move { store.schedule_get(name).await.unwrap().unwrap() }
+    };
+    sync(vec![every_minute(), hourly()], SyncMode::Start, 0).await;
+    assert_eq!(info("hourly").await.declared_at, t.at(0).unwrap());
+    // The old node restarts a minute later: `hourly` was declared a minute ago, so it stays.
+    sync(vec![every_minute()], SyncMode::Start, MIN).await;
+    assert_eq!(
+        info("hourly").await.retired_at,
+        None,
+        "a newer node declares it"
+    );
+    // The newer node's refresh keeps it declared; the old node's later syncs leave it.
+    sync(vec![every_minute(), hourly()], SyncMode::Refresh, 2 * MIN).await;
+    sync(vec![every_minute()], SyncMode::Refresh, 4 * MIN - 1).await;
+    assert_eq!(info("hourly").await.retired_at, None);
+    assert_eq!(info("hourly").await.declared_at, t.at(2 * MIN).unwrap());
+    // Nobody declared it for more than the retire period: retired.
+    sync(vec![every_minute()], SyncMode::Refresh, 4 * MIN + 1).await;
+    assert_eq!(info("hourly").await.retired_at, t.at(4 * MIN + 1));
+    assert!(t
+        .store
+        .schedules_due(t.at(3 * 60 * MIN))
+        .await
+        .unwrap()
+        .1
+        .iter()
+        .all(|d| d.name != "hourly"));
+    // Declared again two hours on (a refresh by a node that was frozen): back, from now on —
+    // not due at once for the hours it was retired.
+    sync(vec![hourly()], SyncMode::Refresh, 125 * MIN).await;
+    let back = info("hourly").await;
+    assert_eq!(
+        (back.retired_at, back.next_fire_at),
+        (None, t.at(180 * MIN))
+    );
+    assert!(t
+        .store
+        .schedules_due(t.at(125 * MIN))
+        .await
+        .unwrap()
+        .1
+        .iter()
+        .all(|d| d.name != "hourly"));
+    // A start with a changed expression wins; a refresh by a node with the old one does not
+    // change it back.
+    let half_past = || {
+        compiled(Schedule::cron(
+            "hourly",
+            "30 * * * *",
+            NewJob::new("report", json!({})),
+        ))
+    };
+    sync(vec![half_past()], SyncMode::Start, 126 * MIN).await;
+    sync(vec![hourly()], SyncMode::Refresh, 127 * MIN).await;
+    let now = info("hourly").await;
+    assert_eq!(
+        (now.spec.as_str(), now.next_fire_at),
+        ("30 * * * *", t.at(150 * MIN))
+    );
+    assert_eq!(now.declared_at, t.at(127 * MIN).unwrap());
+    // `tick`, undeclared since minute 4, was retired by the syncs at minute 125. A node that
+    // declares nothing retires nothing, however long ago `hourly` was declared.
+    assert_eq!(info("tick").await.retired_at, t.at(125 * MIN));
+    t.store
+        .schedules_sync(&[], SyncMode::Start, RETIRE, t.at(600 * MIN))
+        .await
+        .unwrap();
+    assert_eq!(info("hourly").await.retired_at, None);
 }

@@ -457,6 +457,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => [
+            include_str!(
+                "../../../migrations/postgres/2026-11-30-000013_schedule_declared/down.sql"
+            ),
             include_str!("../../../migrations/postgres/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/postgres/2026-11-28-000011_leader/down.sql"),
             include_str!("../../../migrations/postgres/2026-11-27-000010_progress/down.sql"),
@@ -464,6 +467,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Mysql => [
+            include_str!("../../../migrations/mysql/2026-11-30-000013_schedule_declared/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-28-000011_leader/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-27-000010_progress/down.sql"),
@@ -471,6 +475,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Sqlite => [
+            include_str!("../../../migrations/sqlite/2026-11-30-000013_schedule_declared/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-28-000011_leader/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-27-000010_progress/down.sql"),
@@ -480,8 +485,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
     assert_eq!(
-        latest, "20261129000012",
-        "a newer migration: revert it here too, before the schedules one"
+        latest, "20261130000013",
+        "a newer migration: revert it here too, before the schedule_declared one"
     );
     for sql in later {
         exec_sql(&t.store, sql).await.unwrap();
@@ -491,7 +496,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         &t.store,
         "DELETE FROM __diesel_schema_migrations \
          WHERE version IN ('20261124000007', '20261125000008', '20261126000009', \
-                           '20261127000010', '20261128000011', '20261129000012')",
+                           '20261127000010', '20261128000011', '20261129000012', \
+                           '20261130000013')",
     )
     .await
     .unwrap();
