@@ -70,27 +70,6 @@ macro_rules! leader_fence {
 }
 pub(crate) use leader_fence;
 
-/// Inside a transaction on `$conn`: locks the leader row if `$node` holds `$term` with an
-/// unexpired lease, evaluating to the rows locked (`1`: the term holds until this
-/// transaction ends; `0`: refused). A no-op `UPDATE` rather than `SELECT … FOR SHARE` (which
-/// MariaDB lacks, and SQLite needs not: its write transaction already excludes an
-/// election): an election's `UPDATE` of the row waits for this transaction to end, then
-/// sees a lease it can only take once expired — so nothing this transaction writes can
-/// commit after another term has begun. Rows matched, not changed, are counted on every
-/// backend (diesel-async sets MySQL's `CLIENT_FOUND_ROWS`).
-macro_rules! hold_leader {
-    ($conn:expr, $node:expr, $term:expr, $now:expr) => {
-        diesel::update($crate::store::leader_fence!($node, $term, $now))
-            .set(
-                $crate::store::schema::jobvisor_leader::term
-                    .eq($crate::store::schema::jobvisor_leader::term),
-            )
-            .execute($conn)
-            .await?
-    };
-}
-pub(crate) use hold_leader;
-
 impl Store {
     /// Renews `node`'s leadership if it holds term `held` with an unexpired lease, else takes
     /// the row if its lease has expired. `Some`: `node` leads after the call (under the

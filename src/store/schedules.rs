@@ -2,8 +2,7 @@
 //! the leader, paused, resumed and triggered by operators.
 //!
 //! * **Fire**: one transaction moves `next_fire_at` on — guarded by the value the firer read,
-//!   by the schedule being live (not paused, not retired) and, for a leader, by its term,
-//!   whose row it locks to the commit (`hold_leader!`) — and
+//!   by the schedule being live (not paused, not retired) and, for a leader, by its term — and
 //!   inserts the fire's jobs, each keyed by the schedule and the fire's instant. Of firers
 //!   that read the same row, one moves it and the others change nothing (the row lock, then
 //!   the guard re-evaluated on the committed row); and were a fire ever inserted twice, its
@@ -21,13 +20,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use diesel::dsl::exists;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::batch::bound;
 use super::driver::{with_conn, with_tx, with_write};
 use super::expr::DbNow;
-use super::leader::hold_leader;
+use super::leader_fence;
 use super::outbox::OutboxConnection;
 use super::params::Enqueued;
 use super::rows::{dur_us, from_us};
@@ -263,14 +263,15 @@ impl Store {
         );
         let jobs = f.jobs;
         with_tx!(self, |conn| {
-            // The leader row first (always first: no lock-order cycle with an election), held
-            // to the commit, so the fire commits inside the term or not at all.
-            if let Some((node, term)) = f.leader {
-                if hold_leader!(conn, node, term, now) == 0 {
-                    return Result::Ok(None);
+            let n = match f.leader {
+                Some((node, term)) => {
+                    diesel::update(live.filter(exists(leader_fence!(node, term, now))))
+                        .set(set)
+                        .execute(conn)
+                        .await?
                 }
-            }
-            let n = diesel::update(live).set(set).execute(conn).await?;
+                None => diesel::update(live).set(set).execute(conn).await?,
+            };
             if n == 0 {
                 return Result::Ok(None);
             }

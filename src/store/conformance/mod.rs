@@ -244,7 +244,6 @@ macro_rules! conformance_tests {
             concurrent_batches_after_a_period_take_it_over_once,
             gauges_are_computed_once_per_interval_and_match_the_table,
             leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term,
-            a_held_term_delays_a_takeover_until_its_transaction_ends,
             a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers,
             a_schedule_is_retired_only_once_no_node_declares_it,
             progress_is_written_with_the_renewal_and_guarded_by_the_token,
