@@ -59,7 +59,7 @@ use serde_json::{json, Value};
 
 use limits::{drain_limited, Limit};
 use modes::{drain, enqueue_batch, enqueue_single, latency};
-use observability::{drain_with_metrics, gauge_cost};
+use observability::{drain_with_metrics, gauge_cost, maintenance_cost};
 use raw::{raw_drain, raw_inserts};
 use scale::{archive_cycle, drain_archive, drain_backlog, rss};
 
@@ -170,7 +170,7 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 2] = ["metrics", "gauges"];
+    const NAMED: [&str; 3] = ["metrics", "gauges", "maintenance"];
     let want = |m: &str| match &args.only {
         // The scale modes take minutes: only when asked for (by name or as `scale`); the
         // observability modes only by name.
@@ -315,6 +315,19 @@ async fn main() {
                 Row {
                     backend: bn,
                     bench: "gauges".into(),
+                    jobs: args.backlog,
+                    per_sec: None,
+                    extra,
+                },
+            );
+        }
+        if want("maintenance") {
+            let extra = maintenance_cost(b, args.backlog, args.rounds.max(5)).await;
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "maintenance".into(),
                     jobs: args.backlog,
                     per_sec: None,
                     extra,

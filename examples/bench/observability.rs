@@ -1,19 +1,22 @@
-//! The observability modes: `metrics` (what recording costs a drain) and `gauges` (what the
-//! database-wide gauges cost on a large table).
+//! The observability modes: `metrics` (what recording costs a drain), `gauges` (what the
+//! database-wide gauges cost on a large table) and `maintenance` (what the Sweeper and the
+//! Archiver, which run on every node, cost the database when they find nothing to do).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use jobvisor::clock::ManualClock;
+use jobvisor::config::{DEFAULT_ARCHIVE_EVERY, DEFAULT_SWEEP_EVERY};
 use jobvisor::metrics::{prometheus_builder, DatabaseGauges, MIN_GAUGE_INTERVAL};
-use jobvisor::testing::{exec_sql, TestDb};
+use jobvisor::testing::{exec_sql, Simulation, TestDb};
 use jobvisor::Backend;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::PrometheusRecorder;
 use serde_json::{json, Value};
 
 use crate::modes::{drain_on, fill};
-use crate::scale::{analyze, fill_sql};
+use crate::scale::{analyze, fill_archive, fill_sql};
 
 /// A Prometheus recorder that can be switched off: off, every call gets a no-op handle, as
 /// with no recorder at all. A recorder is installed once per process, so this is how one run
@@ -195,5 +198,76 @@ pub(crate) async fn gauge_cost(backend: Backend, rows: usize, rounds: usize) -> 
         "statements_counting": 6,
         "statements_reading": 2,
         "interval_s_at_default": r1((counts[counts.len() / 2] * 50.0 / 1000.0).max(15.0)),
+    })
+}
+
+/// The idle passes of the Sweeper and the Archiver on a busy table of `rows` live jobs (10 %
+/// running under unexpired leases, 40 % pending, 50 % succeeded too recently to archive) and
+/// `rows / 2` archived ones too recent to prune: each pass's time, medians over `rounds`, and
+/// the share of one database connection a node spends on them at the default intervals.
+pub(crate) async fn maintenance_cost(backend: Backend, rows: usize, rounds: usize) -> Value {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let t0 = Instant::now();
+    fill_sql(backend, &store, rows).await;
+    fill_archive(backend, &store, rows / 2).await;
+    let far = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
+    let now = chrono::Utc::now().timestamp_micros();
+    for sql in [
+        format!(
+            "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'elsewhere', \
+             lease_token = 'x', lease_expires_at = {far}, started_at = {now}, attempts = 1 \
+             WHERE id % 10 = 0"
+        ),
+        format!(
+            "UPDATE jobvisor_jobs SET state = 'succeeded', finished_at = {now}, attempts = 1 \
+             WHERE id % 2 = 1"
+        ),
+    ] {
+        exec_sql(&store, &sql).await.expect("shape the table");
+    }
+    analyze(backend, &store).await;
+    if backend == Backend::Postgres {
+        exec_sql(&store, "VACUUM jobvisor_jobs")
+            .await
+            .expect("vacuum");
+    }
+    eprintln!("  {rows} rows ready in {:.0} s", t0.elapsed().as_secs_f64());
+    let sim = Simulation::on_store(
+        store.clone(),
+        ManualClock::new(chrono::Utc::now()),
+        "bench-maintenance",
+        |b| {
+            b.handler(
+                "noop",
+                jobvisor::handler_fn(|_: Value, _ctx| async { jobvisor::JobOutcome::success(()) }),
+            )
+        },
+    );
+    let (mut sweeps, mut archives) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        assert_eq!(sim.sweep().await, 0, "nothing to reclaim");
+        sweeps.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        let report = sim.archive().await;
+        archives.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(report.moved, 0, "nothing to archive: {report:?}");
+    }
+    sweeps.sort_by(f64::total_cmp);
+    archives.sort_by(f64::total_cmp);
+    let med = |v: &[f64]| v[v.len() / 2];
+    let r2 = |x: f64| (x * 100.0).round() / 100.0;
+    let share = med(&sweeps) / DEFAULT_SWEEP_EVERY.as_secs_f64() / 1000.0
+        + med(&archives) / DEFAULT_ARCHIVE_EVERY.as_secs_f64() / 1000.0;
+    json!({
+        "live_rows": rows,
+        "archived_rows": rows / 2,
+        "rounds": rounds,
+        "sweep_pass_ms_median": r2(med(&sweeps)),
+        "sweep_pass_ms_max": r2(sweeps[sweeps.len() - 1]),
+        "archive_pass_ms_median": r2(med(&archives)),
+        "archive_pass_ms_max": r2(archives[archives.len() - 1]),
+        "connection_share_per_node_pct": (share * 100.0 * 1000.0).round() / 1000.0,
     })
 }
