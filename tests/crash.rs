@@ -1437,7 +1437,15 @@ fn journal_time_and_job(line: &JournalLine) -> (Option<i64>, Option<i64>) {
         // The same events as `At` lines, which carry their time.
         JournalLine::Event { .. } => (None, None),
         JournalLine::At { at_us, what, a, .. } => {
-            let about_a_job = !matches!(what.as_str(), "renewed" | "pause_detected");
+            let about_a_job = !matches!(
+                what.as_str(),
+                "renewed"
+                    | "pause_detected"
+                    | "leader_elected"
+                    | "leader_lost"
+                    | "reconciled"
+                    | "reconcile_failed"
+            );
             (Some(*at_us), about_a_job.then_some(*a))
         }
         JournalLine::Exit { at_us, .. } => (Some(*at_us), None),

@@ -445,6 +445,7 @@ async fn connect(url: &str) -> Result<Store, String> {
 /// The timeline line for an event (see `JournalLine::At`), stamped now.
 fn timeline(e: &Event) -> Option<JournalLine> {
     let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let to_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let (what, a, b) = match e {
         Event::Claimed { id, attempt, .. } => ("claimed".to_string(), id.0, i64::from(*attempt)),
         Event::Finished {
@@ -462,6 +463,16 @@ fn timeline(e: &Event) -> Option<JournalLine> {
             i64::try_from(late_by.as_micros()).unwrap_or(i64::MAX),
             0,
         ),
+        Event::LeaderElected { term } => ("leader_elected".into(), to_i64(*term), 0),
+        Event::LeaderLost { term, .. } => ("leader_lost".into(), to_i64(*term), 0),
+        Event::Reconciled {
+            expected,
+            recreated,
+            ..
+        } => ("reconciled".into(), count(*expected), count(*recreated)),
+        Event::ReconcileFailed { failures, .. } => {
+            ("reconcile_failed".into(), i64::from(*failures), 0)
+        }
         _ => return None,
     };
     Some(JournalLine::At {

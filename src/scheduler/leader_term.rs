@@ -11,6 +11,8 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use super::attempt::us;
 
 /// No term held.
@@ -21,6 +23,8 @@ const NONE: i64 = -1;
 pub(crate) struct LeaderTerm {
     term: AtomicI64,
     valid_until_us: AtomicI64,
+    /// Woken when this node begins a term (not when it renews one).
+    elected: Notify,
 }
 
 impl Default for LeaderTerm {
@@ -28,6 +32,7 @@ impl Default for LeaderTerm {
         LeaderTerm {
             term: AtomicI64::new(NONE),
             valid_until_us: AtomicI64::new(i64::MIN),
+            elected: Notify::new(),
         }
     }
 }
@@ -38,7 +43,15 @@ impl LeaderTerm {
         // Validity first: a reader that sees the new term sees a validity at least this new.
         self.valid_until_us
             .store(us(valid_until), Ordering::Release);
-        self.term.store(term, Ordering::Release);
+        if self.term.swap(term, Ordering::AcqRel) != term {
+            self.elected.notify_waiters();
+        }
+    }
+
+    /// Resolves when this node next begins a term (leader work that runs at an interval
+    /// starts at once on a new leader instead of an interval later).
+    pub(crate) async fn elected(&self) {
+        self.elected.notified().await;
     }
 
     /// No term held any more.
@@ -68,5 +81,26 @@ mod tests {
         assert_eq!(t.current(10 * s), None, "not at or past its end");
         t.clear();
         assert_eq!(t.current(s), None);
+    }
+
+    #[tokio::test]
+    async fn a_new_term_wakes_the_waiters_and_a_renewal_does_not() {
+        let t = std::sync::Arc::new(LeaderTerm::default());
+        let s = Duration::from_secs(1);
+        let waiter = |t: &std::sync::Arc<LeaderTerm>| {
+            let t = t.clone();
+            tokio::spawn(async move { t.elected().await })
+        };
+        let w = waiter(&t);
+        tokio::task::yield_now().await;
+        t.hold(1, 10 * s);
+        tokio::time::timeout(s, w).await.unwrap().unwrap();
+        let w = waiter(&t);
+        tokio::task::yield_now().await;
+        t.hold(1, 20 * s);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!w.is_finished(), "a renewal of term 1 is not an election");
+        t.hold(2, 30 * s);
+        tokio::time::timeout(s, w).await.unwrap().unwrap();
     }
 }

@@ -8,9 +8,9 @@
 //! around a takeover) re-create each missing job once — which is why this leader work needs
 //! no term fence. What it promises: a job missing (lost with a transaction that enqueued
 //! outside it, deleted by hand, archived while its row still waits) is back within one
-//! interval of a leader's pass. What it does not: it never deletes jobs that should not exist,
-//! and a job whose key is still held (running, retrying, or kept until archived by its
-//! scope) is not re-created, however it ended.
+//! interval of a leader's pass, and a new leader passes at once. What it does not: it never
+//! deletes jobs that should not exist, and a job whose key is still held (running, retrying,
+//! or kept until archived by its scope) is not re-created, however it ended.
 //!
 //! The function runs on the handler runtime (it may query the application's database);
 //! an error or a panic is reported (`Event::ReconcileFailed`) and retried after a backoff
@@ -154,12 +154,16 @@ fn retry_in(failures: u32, every: Duration) -> Duration {
 }
 
 /// Runs one reconciler until the scheduler cancels it: every interval, a pass if this node
-/// leads the database; after a failure, sooner (the backoff).
+/// leads the database; after a failure, sooner (the backoff); and at once when this node
+/// becomes the leader (a takeover after the leader died does not wait a further interval).
 pub(crate) async fn reconcile_loop(shared: Arc<Shared>, r: Reconciler) {
     let mut failures = 0u32;
     let mut delay = r.every;
     loop {
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shared.leader.elected() => {}
+        }
         delay = r.every;
         if shared.leader.current(shared.clock.monotonic()).is_none() {
             failures = 0;
