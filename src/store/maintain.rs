@@ -429,7 +429,11 @@ impl Store {
                             .lt(now.nullable())
                             .or(jobs::timeout_at.lt(now.nullable())),
                     )
-                    .order(jobs::id.asc())
+                    // In the sweep index's order, not the primary key's: ordered by id,
+                    // MySQL walks the primary key hoping to fill the limit early and, when
+                    // nothing has expired (the usual case), reads the whole table (1.1 s a
+                    // pass at a million rows instead of one index range).
+                    .order((jobs::lease_expires_at.asc(), jobs::id.asc()))
                     .limit(limit),
             )
             .load(conn)
