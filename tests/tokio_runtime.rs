@@ -86,6 +86,12 @@ async fn pipeline_under_plain_tokio(backend: Backend) {
         (JobState::Succeeded, Some(json!(42)), 1)
     );
     assert_eq!(second.unique_key, Some(format!("after:{first}")));
+    // The database shows a job done once its finalization commits; the node counts it when
+    // the confirmation reaches its actor, a moment later.
+    let counted = tokio::time::Instant::now() + WAIT;
+    while scheduler.stats().finished < 2 && tokio::time::Instant::now() < counted {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert!(scheduler.stats().finished >= 2, "{:?}", scheduler.stats());
 
     let report = scheduler.shutdown().await;
