@@ -159,13 +159,7 @@ pub(crate) async fn gauge_cost(backend: Backend, rows: usize, rounds: usize) -> 
     ] {
         exec_sql(&store, sql).await.expect("shape the table");
     }
-    analyze(backend, &store).await;
-    if backend == Backend::Postgres {
-        exec_sql(&store, "VACUUM jobvisor_jobs")
-            .await
-            .expect("vacuum");
-    }
-    eprintln!("  {rows} rows ready in {:.0} s", t0.elapsed().as_secs_f64());
+    settle(backend, &store, rows, t0).await;
     let mut counter =
         DatabaseGauges::new(store.clone(), "bench-a", MIN_GAUGE_INTERVAL).expect("gauges");
     let mut reader =
@@ -231,13 +225,7 @@ pub(crate) async fn maintenance_cost(backend: Backend, rows: usize, rounds: usiz
             exec_sql(&store, &sql).await.expect("shape the table");
         }
     }
-    analyze(backend, &store).await;
-    if backend == Backend::Postgres {
-        exec_sql(&store, "VACUUM jobvisor_jobs")
-            .await
-            .expect("vacuum");
-    }
-    eprintln!("  {rows} rows ready in {:.0} s", t0.elapsed().as_secs_f64());
+    settle(backend, &store, rows, t0).await;
     let sim = Simulation::on_store(
         store.clone(),
         ManualClock::new(chrono::Utc::now()),
@@ -275,4 +263,16 @@ pub(crate) async fn maintenance_cost(backend: Backend, rows: usize, rounds: usiz
         "archive_pass_ms_max": r2(archives[archives.len() - 1]),
         "connection_share_per_node_pct": (share * 100.0 * 1000.0).round() / 1000.0,
     })
+}
+
+/// After reshaping a filled table: fresh statistics (and, on PostgreSQL, a vacuum, so the
+/// visibility map is as a running system's would be); reports how long the fill took.
+async fn settle(backend: Backend, store: &jobvisor::Store, rows: usize, t0: Instant) {
+    analyze(backend, store).await;
+    if backend == Backend::Postgres {
+        exec_sql(store, "VACUUM jobvisor_jobs")
+            .await
+            .expect("vacuum");
+    }
+    eprintln!("  {rows} rows ready in {:.0} s", t0.elapsed().as_secs_f64());
 }
