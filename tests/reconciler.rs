@@ -1,8 +1,8 @@
 //! Reconcilers, simulated on every backend (manual clock, passes sent by hand): the leader
 //! re-creates exactly the missing jobs and nothing twice — also with two passes at once and
-//! after a job is deleted by hand —, a node that does not lead runs nothing, a failing or
-//! panicking function is reported and retried without harm, and bad registrations are refused
-//! at build time naming the reconciler.
+//! after a job is deleted by hand —, a node that does not lead runs nothing, a failing,
+//! panicking or hanging function is reported and retried without harm, and bad registrations
+//! are refused at build time naming the reconciler.
 
 #![allow(clippy::unwrap_used)]
 
@@ -236,4 +236,38 @@ async fn bad_reconcilers_are_refused_at_build_naming_them() {
     );
     let r = reason(base().reconciler("", MINUTE, none).start());
     assert!(r.contains("empty"), "{r}");
+}
+
+/// A function that never answers (a query stuck on a dead connection) is abandoned once it
+/// has taken the whole interval and reported; the next pass runs normally.
+#[actix::test]
+async fn a_function_that_never_answers_is_abandoned_after_its_interval() {
+    let hangs = Arc::new(AtomicU8::new(1));
+    let h = hangs.clone();
+    let sim = Simulation::sqlite(move |b| {
+        b.handler(
+            "welcome",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success("sent") }),
+        )
+        .reconciler("stuck", Duration::from_secs(1), move |_client| {
+            let h = h.clone();
+            async move {
+                if h.swap(0, Ordering::SeqCst) == 1 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, String>(vec![welcome(7)])
+            }
+        })
+    })
+    .await;
+    assert!(sim.elect().await.is_some());
+    let started = std::time::Instant::now();
+    let m = failed(sim.reconcile("stuck").await);
+    assert!(m.contains("longer than its interval"), "{m}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "abandoned after ~1 s"
+    );
+    assert_eq!(reconciled(sim.reconcile("stuck").await), (1, 1));
+    assert_eq!(hangs.load(Ordering::SeqCst), 0);
 }

@@ -106,7 +106,8 @@ impl SchedulerBuilder {
     /// [`For`](crate::UniqueScope::For) a finished job frees its key and the next pass
     /// enqueues the job again. So return only the rows that still need work (the handler
     /// marks its row done, as `welcomed_at` below). A pass that fails (the
-    /// function returns an error or panics, a job has no key, the enqueue fails) is reported
+    /// function returns an error, panics or has not answered within `every`, a job has no
+    /// key, the enqueue fails) is reported
     /// as [`Event::ReconcileFailed`](crate::Event::ReconcileFailed) and retried after 1 s,
     /// doubling up to `every`; a pass that succeeds, as
     /// [`Event::Reconciled`](crate::Event::Reconciled) with how many jobs it re-created. The

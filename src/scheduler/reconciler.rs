@@ -13,7 +13,8 @@
 //! or kept until archived by its scope) is not re-created, however it ended.
 //!
 //! The function runs on the handler runtime (it may query the application's database);
-//! an error or a panic is reported (`Event::ReconcileFailed`) and retried after a backoff
+//! one that has not answered within the interval is abandoned; that, an error or a panic is
+//! reported (`Event::ReconcileFailed`) and retried after a backoff
 //! (1 s doubling, at most the interval); it never stops the scheduler.
 
 use std::future::Future;
@@ -112,13 +113,21 @@ impl Reconciler {
     ) -> std::result::Result<ReconcileReport, String> {
         // Called inside the task: a panic even in the function's synchronous part stays there.
         let (expected, client) = (self.expected.clone(), shared.client.clone());
-        let jobs = match shared
+        let mut task = shared
             .handler_rt
-            .spawn(async move { expected(client).await })
-            .await
-        {
-            Ok(r) => r?,
-            Err(e) => return Err(format!("the reconciler panicked: {}", panic_message(e))),
+            .spawn(async move { expected(client).await });
+        // A function that never answers (a query stuck on a dead connection) must not stop
+        // every later pass: it is abandoned once it has taken the whole interval.
+        let jobs = match tokio::time::timeout(self.every, &mut task).await {
+            Ok(Ok(r)) => r?,
+            Ok(Err(e)) => return Err(format!("the reconciler panicked: {}", panic_message(e))),
+            Err(_) => {
+                task.abort();
+                return Err(format!(
+                    "the reconciler's function took longer than its interval ({:?}); abandoned",
+                    self.every
+                ));
+            }
         };
         if let Some((i, job)) = jobs
             .iter()
