@@ -1113,13 +1113,14 @@ fn check_periodic(
 ) -> (usize, (usize, i64), Vec<String>) {
     let bound_us = i64::try_from(MISSING_AT_MOST.as_micros()).unwrap();
     let after_restart_us = i64::try_from(AFTER_RESTART.as_micros()).unwrap();
-    // A row's bound: MISSING_AT_MOST, plus for each restart that began before the bound was
-    // up the rest of its downtime and AFTER_RESTART.
+    // A row's bound: MISSING_AT_MOST, plus for each restart that overlaps its wait the part
+    // of the downtime after it went missing beyond the 3 s already allowed, and
+    // AFTER_RESTART.
     let row_bound = |since: i64| {
         restarts
             .iter()
             .filter(|r| r.down_at_us < since + bound_us && r.up_at_us > since)
-            .map(|r| (r.up_at_us - r.down_at_us - 3_000_000).max(0) + after_restart_us)
+            .map(|r| (r.up_at_us - r.down_at_us.max(since) - 3_000_000).max(0) + after_restart_us)
             .sum::<i64>()
             + bound_us
     };

@@ -29,7 +29,7 @@ const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Runs until the scheduler cancels it.
 pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
     let mut synced = shared.schedules.is_empty();
-    let mut declared = Instant::now();
+    let mut declared = shared.clock.monotonic();
     let mut last_error: Option<Instant> = None;
     let mut tick = tokio::time::interval(SCHEDULE_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -41,14 +41,19 @@ pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
                 match sync(&shared, SyncMode::Start).await {
                     Ok(()) => {
                         synced = true;
-                        declared = Instant::now();
+                        declared = shared.clock.monotonic();
                     }
                     Err(e) => tracing::warn!(error = %e, "schedules not stored; will retry"),
                 }
-            } else if !shared.schedules.is_empty() && declared.elapsed() >= DECLARE_EVERY {
-                // Retried at the next tick if it fails; RETIRE_AFTER leaves room for three.
-                sync(&shared, SyncMode::Refresh).await?;
-                declared = Instant::now();
+            } else if !shared.schedules.is_empty()
+                && shared.clock.monotonic().saturating_sub(declared) >= DECLARE_EVERY
+            {
+                // Retried at the next tick if it fails (RETIRE_AFTER leaves room for three
+                // missed declarations); firing the stored schedules goes on meanwhile.
+                match sync(&shared, SyncMode::Refresh).await {
+                    Ok(()) => declared = shared.clock.monotonic(),
+                    Err(e) => tracing::warn!(error = %e, "schedules not declared; will retry"),
+                }
             }
             fire_due(&shared).await.map(|_| ())
         }

@@ -137,12 +137,12 @@ impl Store {
                 let first = Plan::parse(&c.spec, &c.time_zone)
                     .map_err(|reason| Error::invalid("schedule", reason))?
                     .next_after(at);
-                let stored: Option<(String, String, Option<i64>)> = s::table
+                let exists = s::table
                     .filter(s::name.eq(&c.name))
-                    .select((s::spec, s::time_zone, s::retired_at))
-                    .first(conn)
-                    .await
-                    .optional()?;
+                    .count()
+                    .get_result::<i64>(conn)
+                    .await?
+                    > 0;
                 let row = s::table.filter(s::name.eq(&c.name));
                 let common = (
                     s::template.eq(&c.template),
@@ -157,38 +157,42 @@ impl Store {
                     // Never again: never due (listed with no next fire).
                     s::next_fire_at.eq(first.unwrap_or(i64::MAX)),
                 );
-                match stored {
-                    None => {
-                        if first.is_none() {
-                            continue;
-                        }
+                if !exists {
+                    if first.is_some() {
                         diesel::insert_into(s::table)
                             .values((s::name.eq(&c.name), afresh, common))
                             .execute(conn)
                             .await?;
                     }
-                    // Retired, or changed at start: from now on, as if new.
-                    Some((_, _, Some(_))) => {
-                        diesel::update(row)
-                            .set((afresh, common))
-                            .execute(conn)
-                            .await?;
-                    }
-                    Some(_) if mode == SyncMode::Refresh => {
-                        diesel::update(row)
+                    continue;
+                }
+                // A live row is kept (its next fire with it) by an update guarded on its being
+                // live, so a retirement committed by another node meanwhile is never
+                // overwritten with a stale next fire; otherwise — retired, or changed at
+                // start — it starts afresh from now, as if new.
+                let live = row.filter(s::retired_at.is_null());
+                let kept = match mode {
+                    SyncMode::Refresh => {
+                        diesel::update(live)
                             .set(s::declared_at.eq(at))
                             .execute(conn)
-                            .await?;
+                            .await?
                     }
-                    Some((spec, zone, None)) if spec == c.spec && zone == c.time_zone => {
-                        diesel::update(row).set(common).execute(conn).await?;
+                    SyncMode::Start => {
+                        diesel::update(
+                            live.filter(s::spec.eq(&c.spec))
+                                .filter(s::time_zone.eq(&c.time_zone)),
+                        )
+                        .set(common)
+                        .execute(conn)
+                        .await?
                     }
-                    Some(_) => {
-                        diesel::update(row)
-                            .set((afresh, common))
-                            .execute(conn)
-                            .await?;
-                    }
+                };
+                if kept == 0 {
+                    diesel::update(row)
+                        .set((afresh, common))
+                        .execute(conn)
+                        .await?;
                 }
             }
             diesel::update(
