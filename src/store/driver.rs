@@ -97,6 +97,19 @@ pub(crate) struct ClaimArgs {
     pub(crate) now: Option<i64>,
 }
 
+/// What a backend's own controlled claim did ([`Driver::claim_controlled`]).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL has one
+pub(crate) enum ControlledFast {
+    /// The queue has no control row: claim the fast way.
+    Uncontrolled,
+    /// Its settings need the portable controlled claim (or the backend has no claim of its
+    /// own); nothing was claimed.
+    Portable,
+    /// Claimed within the pause and the global limit (possibly nothing).
+    Claimed(Vec<JobRow>),
+}
+
 /// What a renewal needs (see the module doc).
 #[derive(Debug)]
 pub(crate) struct RenewArgs<'a> {
@@ -230,6 +243,24 @@ impl Driver {
             Driver::Mysql(d) => d.renew(a).await,
             #[cfg(feature = "sqlite")]
             Driver::Sqlite(d) => d.renew(a).await,
+        }
+    }
+
+    /// A controlled claim in fewer round trips than the portable one
+    /// (`Store::claim_controlled`), for a queue whose row has at most a pause and a global
+    /// limit: on PostgreSQL the row lock and one claim statement, so the lock every claim
+    /// of the queue waits for is held through one statement and the commit instead of six
+    /// statements and the commit. Same contract;
+    /// other backends and other settings answer [`ControlledFast::Portable`].
+    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.claim_controlled(a).await,
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => {
+                let _ = a;
+                Ok(ControlledFast::Portable)
+            }
         }
     }
 

@@ -35,7 +35,7 @@ use diesel::dsl::count_star;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::driver::{with_conn, with_tx, ClaimArgs};
+use super::driver::{with_conn, with_tx, ClaimArgs, ControlledFast};
 use super::expr::{ClaimableIn, DbNow};
 use super::rows::{dur_us, from_us, JobRow};
 use super::schema::{
@@ -498,6 +498,21 @@ impl Store {
 
     /// The controlled claim (see the module doc).
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledClaim> {
+        match self.inner.driver.claim_controlled(a).await? {
+            ControlledFast::Uncontrolled => {
+                return Ok(ControlledClaim {
+                    uncontrolled: true,
+                    ..ControlledClaim::default()
+                })
+            }
+            ControlledFast::Claimed(rows) => {
+                return Ok(ControlledClaim {
+                    rows,
+                    ..ControlledClaim::default()
+                })
+            }
+            ControlledFast::Portable => {}
+        }
         let any_kind = a.kinds.is_none();
         let kinds = a.kinds.clone().unwrap_or_default();
         let q = a.queue.clone();

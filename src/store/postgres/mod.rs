@@ -25,7 +25,7 @@ use super::batch::{
     holder, new_row, take_over, unique_parts, FinalRow, Finalized, RenewedRow, KEYED_TRIES,
 };
 use super::connect::pool;
-use super::driver::{ClaimArgs, OpenError, RenewArgs};
+use super::driver::{ClaimArgs, ControlledFast, OpenError, RenewArgs};
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{checkout, ConnPool, Lease};
@@ -133,6 +133,44 @@ impl PgDriver {
         .await?)
     }
 
+    /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): the queue
+    /// row's lock ([`sql::LOCK_QUEUE_PG`]), then the claim within its global limit
+    /// ([`sql::CLAIM_CONTROLLED_PG`]), in one transaction: two statements where the
+    /// portable claim takes eight.
+    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
+        let mut c = self.conn(false).await?;
+        let out = diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
+            let locked: Vec<LockedQueue> = sql::PgLockQueue {
+                queue: a.queue.clone(),
+            }
+            .load(c)
+            .await?;
+            match <[LockedQueue]>::first(&locked) {
+                None => return Ok(ControlledFast::Uncontrolled),
+                Some(q) if q.involved => return Ok(ControlledFast::Portable),
+                Some(_) => {}
+            }
+            let rows: Vec<JobRow> = sql::PgClaimControlled {
+                now: a.now,
+                lease_us: a.lease_us,
+                limit: a.limit,
+                queue_running: a.queue.clone(),
+                limit_again: a.limit,
+                queue_row: a.queue.clone(),
+                owner: a.owner.clone(),
+                token: a.token.clone(),
+                queue: a.queue.clone(),
+                any_kind: a.kinds.is_none(),
+                kinds: a.kinds.clone().unwrap_or_default(),
+            }
+            .load(c)
+            .await?;
+            Ok::<_, diesel::result::Error>(ControlledFast::Claimed(rows))
+        })
+        .await?;
+        Ok(out)
+    }
+
     /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW_PG`]).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
         let mut c = self.conn(true).await?;
@@ -180,6 +218,14 @@ impl PgDriver {
         })?;
         PgListener::start(conn, limit).await
     }
+}
+
+/// [`sql::LOCK_QUEUE_PG`]'s answer.
+#[derive(QueryableByName)]
+struct LockedQueue {
+    /// The queue has a partition or rate limit.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    involved: bool,
 }
 
 /// The latest migration version embedded.

@@ -165,6 +165,89 @@ prepared_statement!(
     }
 );
 
+/// Locks a controlled queue's row for a claim (the portable controlled claim's first step,
+/// `Store::claim_controlled`), answering what the claim statement after it cannot decide:
+/// whether the row exists, and whether it has a setting only the portable claim handles
+/// (a per-partition or rate limit).
+pub(crate) const LOCK_QUEUE_PG: &str = "\
+UPDATE jobvisor_queues SET claims = claims + 1 WHERE name = $1
+RETURNING (partition_limit IS NOT NULL OR rate_limit IS NOT NULL) AS involved";
+
+prepared_statement!(
+    /// Takes a queue row's write lock (see [`LOCK_QUEUE_PG`]).
+    PgLockQueue, LOCK_QUEUE_PG, {
+        queue: String => Text,
+    }
+);
+
+/// The claim of a queue under a pause and at most a global concurrency limit, run after
+/// [`LOCK_QUEUE_PG`] has answered, in its transaction. Under READ COMMITTED a statement's
+/// snapshot is taken when it starts — here, after the lock was granted — so it sees every
+/// claim of the queue committed before, and none can commit until this transaction does:
+/// the count of running jobs is exact, and the claim takes at most `concurrency_limit −
+/// running`. (Sent in the same round trip as the lock it would not be: a statement that
+/// needs preparing on a fresh connection could run after a cached one sent later.) The row
+/// is read again here, in the statement that claims: a paused queue, one without a row,
+/// and one with a partition or rate limit claim nothing (`LIMIT 0`).
+pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
+    "\
+WITH n AS (
+    SELECT COALESCE($1::bigint, ",
+    now_us!(),
+    ") AS now,
+           $2::bigint AS lease_us
+), q AS (
+    SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
+        SELECT count(*) FROM jobvisor_jobs AS r
+        WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+    ), $5::bigint))) AS budget
+    FROM jobvisor_queues AS q
+    WHERE q.name = $6 AND q.paused_at IS NULL
+      AND q.partition_limit IS NULL AND q.rate_limit IS NULL
+)
+UPDATE jobvisor_jobs AS j SET
+    state = 'running',
+    lease_owner = $7,
+    lease_token = $8,
+    lease_expires_at = n.now + n.lease_us,
+    heartbeat_at = n.now,
+    attempts = j.attempts + 1,
+    version = j.version + 1,
+    updated_at = n.now,
+    started_at = NULL,
+    timeout_at = NULL
+FROM n
+WHERE j.id = ANY(ARRAY(
+    SELECT c.id FROM jobvisor_jobs AS c
+    WHERE c.queue = $9 AND c.state IN ('pending', 'retrying')
+      AND ($10::boolean OR c.kind = ANY($11::text[]))
+      AND c.run_at <= (SELECT now FROM n)
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT COALESCE((SELECT budget FROM q), 0)
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING ",
+    job_columns!()
+);
+
+prepared_statement!(
+    /// Claims up to `limit` due jobs of a controlled queue within its global limit (see
+    /// [`CLAIM_CONTROLLED_PG`]).
+    PgClaimControlled, CLAIM_CONTROLLED_PG, {
+        now: Option<i64> => Nullable<BigInt>,
+        lease_us: i64 => BigInt,
+        limit: i64 => BigInt,
+        queue_running: String => Text,
+        limit_again: i64 => BigInt,
+        queue_row: String => Text,
+        owner: String => Text,
+        token: String => Text,
+        queue: String => Text,
+        any_kind: bool => diesel::sql_types::Bool,
+        kinds: Vec<String> => diesel::sql_types::Array<Text>,
+    }
+);
+
 /// Renews a batch of leases, each guarded by its own token, and records the starts it
 /// carries: `started_at = now - ago` for a lease whose handler started (`ago` not NULL) and
 /// whose start is not recorded yet, and from it `first_started_at` and the timeout deadline
@@ -261,6 +344,8 @@ mod tests {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
         assert_eq!(segments(FINALIZE_PG).len(), 9);
         assert_eq!(segments(CLAIM_PG).len(), 10);
+        assert_eq!(segments(LOCK_QUEUE_PG).len(), 2);
+        assert_eq!(segments(CLAIM_CONTROLLED_PG).len(), 12);
         assert_eq!(segments(RENEW_PG).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 14);
     }
