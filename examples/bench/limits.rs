@@ -10,7 +10,9 @@ use jobvisor::testing::{EnqueueParams, StoreEngine as _, TestDb};
 use jobvisor::{Backend, Client, NewJob, QueueLimits};
 use serde_json::{json, Value};
 
-use crate::modes::{drain_on, fill};
+use std::time::Duration;
+
+use crate::modes::{drain_working, fill};
 
 /// Which limit a drain runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,14 +39,15 @@ async fn fill_partitioned(store: &jobvisor::Store, n: usize) {
     }
 }
 
-/// One drain of `n` jobs at concurrency `c` under `limit`: jobs per second and the drain's
-/// statement counts.
+/// One drain of `n` jobs at concurrency `c` under `limit`, each job taking `work`: jobs per
+/// second and the drain's statement counts.
 pub(crate) async fn drain_limited(
     backend: Backend,
     n: usize,
     c: u32,
     prefetch: Option<u32>,
     limit: Limit,
+    work: Duration,
 ) -> (f64, Value) {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
@@ -73,5 +76,5 @@ pub(crate) async fn drain_limited(
                 .expect("limit");
         }
     }
-    drain_on(store, n, c, prefetch).await
+    drain_working(store, n, c, prefetch, work).await
 }

@@ -20,6 +20,8 @@
 //!   the controlled claim's own cost), and with the jobs in 100 partitions limited to 1 running job
 //!   each (`drain-limit-partitions`) — repeated `--rounds` times (default 3); each limited
 //!   drain's `ratio_to_unlimited` is to the median unlimited drain of those rounds.
+//!   `--job-ms M` makes every job of these drains take M ms (a sleep), so the node's
+//!   concurrency, not the database, bounds the unlimited drain: the limit's own cost.
 //! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
@@ -77,6 +79,8 @@ struct Args {
     in_flight: usize,
     /// Rounds of the `limits` mode.
     rounds: usize,
+    /// How long each job of the `limits` mode takes (a sleep; default none).
+    job_ms: u64,
     only: Option<Vec<String>>,
 }
 
@@ -90,6 +94,7 @@ fn parse_args() -> Args {
         through: 1_000_000,
         in_flight: 10_000,
         rounds: 3,
+        job_ms: 0,
         only: None,
     };
     let mut it = std::env::args().skip(1);
@@ -116,6 +121,7 @@ fn parse_args() -> Args {
             "--through" => args.through = val().parse().expect("--through takes a number"),
             "--in-flight" => args.in_flight = val().parse().expect("--in-flight takes a number"),
             "--rounds" => args.rounds = val().parse().expect("--rounds takes a number"),
+            "--job-ms" => args.job_ms = val().parse().expect("--job-ms takes a number"),
             "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
             other => panic!("unknown argument {other:?}"),
         }
@@ -249,7 +255,8 @@ async fn main() {
             let mut runs: Vec<(Limit, f64, Value)> = Vec::new();
             for _ in 0..args.rounds {
                 for limit in [Limit::None, Limit::Global, Limit::Loose, Limit::Partitions] {
-                    let (r, extra) = drain_limited(b, n, c, args.prefetch, limit).await;
+                    let work = std::time::Duration::from_millis(args.job_ms);
+                    let (r, extra) = drain_limited(b, n, c, args.prefetch, limit, work).await;
                     eprintln!("  {limit:?}: {r:.0} jobs/s");
                     runs.push((limit, r, extra));
                 }
@@ -269,6 +276,7 @@ async fn main() {
                 let (med, lo, hi) = median(limit);
                 let mut extra = json!({
                     "concurrency": c,
+                    "job_ms": args.job_ms,
                     "rounds": args.rounds,
                     "min": lo.round(),
                     "max": hi.round(),

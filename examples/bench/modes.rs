@@ -39,6 +39,17 @@ pub(crate) async fn drain_on(
     c: u32,
     prefetch: Option<u32>,
 ) -> (f64, Value) {
+    drain_working(store, n, c, prefetch, Duration::ZERO).await
+}
+
+/// [`drain_on`] with handlers that each take `work` (a sleep) instead of returning at once.
+pub(crate) async fn drain_working(
+    store: Store,
+    n: usize,
+    c: u32,
+    prefetch: Option<u32>,
+    work: Duration,
+) -> (f64, Value) {
     let handle = Scheduler::builder(store)
         .queue("default", {
             let q = QueueConfig::default().concurrency(c);
@@ -49,7 +60,12 @@ pub(crate) async fn drain_on(
         })
         .handler(
             "noop",
-            handler_fn(|_: Value, _ctx| async { JobOutcome::done() }),
+            handler_fn(move |_: Value, _ctx| async move {
+                if !work.is_zero() {
+                    tokio::time::sleep(work).await;
+                }
+                JobOutcome::done()
+            }),
         )
         .start()
         .expect("scheduler");
