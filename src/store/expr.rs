@@ -274,11 +274,9 @@ impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for SkipLocke
     type SqlType = Q::SqlType;
 }
 
-/// MySQL only: `claim_queue = ?`, the stored generated column that is the queue while a job
-/// is claimable (see the MySQL migration). Matching it scans the claim index in order, so
-/// Splits a statement at its `$n` placeholders (which must appear in order), so a
+/// Splits a statement at its `$n` placeholders (which must appear in order; their numbers
+/// are not read), so a [`QueryFragment`] can push the text around each bind.
 #[cfg(feature = "postgres")]
-/// [`QueryFragment`] can push the text around each bind.
 pub(crate) fn segments(sql: &'static str) -> Vec<&'static str> {
     let mut out = Vec::new();
     let mut rest = sql;

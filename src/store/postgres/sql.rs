@@ -48,6 +48,39 @@ impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for SkipLocked<Q> {
     }
 }
 
+/// A claim's first `WITH` entry, `n`: its "now" (`$1`, a test clock, or the database's) and
+/// the lease length (`$2`), in µs.
+macro_rules! claim_now {
+    () => {
+        concat!(
+            "WITH n AS (\n    SELECT COALESCE($1::bigint, ",
+            now_us!(),
+            ") AS now, $2::bigint AS lease_us\n)"
+        )
+    };
+}
+
+/// The update every claim makes (its two placeholders: owner, then token), over the rows
+/// of the `ARRAY(…)` that follows it, with `n` the statement's `(now, lease_us)`.
+macro_rules! claim_update {
+    () => {
+        "\
+UPDATE jobvisor_jobs AS j SET
+    state = 'running',
+    lease_owner = $0,
+    lease_token = $0,
+    lease_expires_at = n.now + n.lease_us,
+    heartbeat_at = n.now,
+    attempts = j.attempts + 1,
+    version = j.version + 1,
+    updated_at = n.now,
+    started_at = NULL,
+    timeout_at = NULL
+FROM n
+WHERE j.id = ANY(ARRAY("
+    };
+}
+
 /// Finalizes a batch. Its shape keeps the plan linear whatever the statistics say: the rows
 /// are found through the primary key (`id = ANY(ARRAY(…))`), and the `running` guard is a
 /// join condition against the materialized batch rather than a filter on the table. With
@@ -117,26 +150,11 @@ prepared_statement!(
 /// was full, a `LIMIT` parameter it cannot see) hash-joined a sequential scan of the whole
 /// table.
 pub(crate) const CLAIM_PG: &str = concat!(
-    "\
-WITH n AS (
-    SELECT COALESCE($1::bigint, ",
-    now_us!(),
-    ") AS now,
-           $2::bigint AS lease_us
-)
-UPDATE jobvisor_jobs AS j SET
-    state = 'running',
-    lease_owner = $3,
-    lease_token = $4,
-    lease_expires_at = n.now + n.lease_us,
-    heartbeat_at = n.now,
-    attempts = j.attempts + 1,
-    version = j.version + 1,
-    updated_at = n.now,
-    started_at = NULL,
-    timeout_at = NULL
-FROM n
-WHERE j.id = ANY(ARRAY(
+    claim_now!(),
+    "
+",
+    claim_update!(),
+    "
     SELECT c.id FROM jobvisor_jobs AS c
     WHERE c.queue = $5 AND c.state IN ('pending', 'retrying')
       AND ($6::boolean OR c.kind = ANY($7::text[]))
@@ -190,13 +208,8 @@ prepared_statement!(
 /// is read again here, in the statement that claims: a paused queue, one without a row,
 /// and one with a partition or rate limit claim nothing (`LIMIT 0`).
 pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
-    "\
-WITH n AS (
-    SELECT COALESCE($1::bigint, ",
-    now_us!(),
-    ") AS now,
-           $2::bigint AS lease_us
-), q AS (
+    claim_now!(),
+    ", q AS (
     SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
         SELECT count(*) FROM jobvisor_jobs AS r
         WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
@@ -205,19 +218,9 @@ WITH n AS (
     WHERE q.name = $6 AND q.paused_at IS NULL
       AND q.partition_limit IS NULL AND q.rate_limit IS NULL
 )
-UPDATE jobvisor_jobs AS j SET
-    state = 'running',
-    lease_owner = $7,
-    lease_token = $8,
-    lease_expires_at = n.now + n.lease_us,
-    heartbeat_at = n.now,
-    attempts = j.attempts + 1,
-    version = j.version + 1,
-    updated_at = n.now,
-    started_at = NULL,
-    timeout_at = NULL
-FROM n
-WHERE j.id = ANY(ARRAY(
+",
+    claim_update!(),
+    "
     SELECT c.id FROM jobvisor_jobs AS c
     WHERE c.queue = $9 AND c.state IN ('pending', 'retrying')
       AND ($10::boolean OR c.kind = ANY($11::text[]))
