@@ -247,12 +247,28 @@ impl QueueRow {
     }
 }
 
-/// Which queues this store has seen to have a control row (see the module doc). A stale
-/// answer costs at most one empty claim: the fast claim refuses controlled queues itself.
+/// Which queues this store has seen to have a control row (see the module doc), and which
+/// of those a partition or rate limit sends to the portable controlled claim (so a backend's
+/// shorter claim is not tried first each time). A stale answer costs at most one empty claim
+/// or one rolled-back lock: each claim checks the row itself.
 #[derive(Debug, Default)]
-pub(crate) struct QueueModes(Mutex<HashMap<String, bool>>);
+pub(crate) struct QueueModes(Mutex<HashMap<String, bool>>, Mutex<HashSet<String>>);
 
 impl QueueModes {
+    pub(crate) fn is_portable(&self, queue: &str) -> bool {
+        self.1.lock().map(|s| s.contains(queue)).unwrap_or(false)
+    }
+
+    pub(crate) fn set_portable(&self, queue: &str, portable: bool) {
+        if let Ok(mut s) = self.1.lock() {
+            if portable {
+                s.insert(queue.to_string());
+            } else {
+                s.remove(queue);
+            }
+        }
+    }
+
     pub(crate) fn is_controlled(&self, queue: &str) -> bool {
         self.0
             .lock()
@@ -498,7 +514,13 @@ impl Store {
 
     /// The controlled claim (see the module doc).
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledClaim> {
-        match self.inner.driver.claim_controlled(a).await? {
+        let modes = &self.inner.queue_modes;
+        let fast = if modes.is_portable(&a.queue) {
+            ControlledFast::Portable
+        } else {
+            self.inner.driver.claim_controlled(a).await?
+        };
+        match fast {
             ControlledFast::Uncontrolled => {
                 return Ok(ControlledClaim {
                     uncontrolled: true,
@@ -532,6 +554,10 @@ impl Store {
                 .select(QueueRow::as_select())
                 .first(c)
                 .await?;
+            modes.set_portable(
+                &q,
+                row.partition_limit.is_some() || row.rate_limit.is_some(),
+            );
             if row.paused_at.is_some() {
                 return Ok(ControlledClaim::default());
             }

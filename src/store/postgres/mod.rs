@@ -136,7 +136,9 @@ impl PgDriver {
     /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): the queue
     /// row's lock ([`sql::LOCK_QUEUE_PG`]), then the claim within its global limit
     /// ([`sql::CLAIM_CONTROLLED_PG`]), in one transaction: two statements where the
-    /// portable claim takes eight.
+    /// portable claim takes eight. A row with a partition or rate limit rolls the lock back
+    /// (nothing written) and answers [`ControlledFast::Portable`]; the store then skips this
+    /// for the queue until a portable claim finds those limits lifted.
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
         let mut c = self.conn(false).await?;
         let out = diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
@@ -147,7 +149,8 @@ impl PgDriver {
             .await?;
             match <[LockedQueue]>::first(&locked) {
                 None => return Ok(ControlledFast::Uncontrolled),
-                Some(q) if q.involved => return Ok(ControlledFast::Portable),
+                // Rolled back: the portable claim takes the lock in a transaction of its own.
+                Some(q) if q.involved => return Err(diesel::result::Error::RollbackTransaction),
                 Some(_) => {}
             }
             let rows: Vec<JobRow> = sql::PgClaimControlled {
@@ -167,8 +170,11 @@ impl PgDriver {
             .await?;
             Ok::<_, diesel::result::Error>(ControlledFast::Claimed(rows))
         })
-        .await?;
-        Ok(out)
+        .await;
+        match out {
+            Err(diesel::result::Error::RollbackTransaction) => Ok(ControlledFast::Portable),
+            other => Ok(other?),
+        }
     }
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW_PG`]).
