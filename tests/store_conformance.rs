@@ -4,6 +4,12 @@
 
 mod postgres {
     jobvisor::conformance_tests!(jobvisor::Backend::Postgres);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn claim_statement_takes_nothing_without_its_own_lock() {
+        jobvisor::store::conformance::postgres_claim_statement_takes_nothing_without_its_own_lock()
+            .await;
+    }
 }
 
 mod mysql {

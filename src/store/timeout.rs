@@ -251,8 +251,8 @@ where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
     /// Marks the connection so the pool closes it when this lease is dropped (for one whose
+    /// session settings are about to be changed, or whose transaction state is in doubt).
     #[cfg(feature = "postgres")]
-    /// session settings are about to be changed).
     pub(crate) fn poison(&mut self) {
         self.conn.poisoned = true;
     }

@@ -534,3 +534,71 @@ pub async fn a_resume_or_a_changed_limit_wakes_listeners(b: Backend) {
         .unwrap();
     next(&mut l).await;
 }
+
+/// PostgreSQL sends a controlled claim's `BEGIN`, lock, claim statement and `COMMIT` in one
+/// round trip, which is safe only because the claim statement takes nothing unless it sees
+/// the queue row as its own transaction locked it. Run without that lock — as if it had
+/// reached the server first, or outside the transaction — it must take nothing; after the
+/// lock, in the same transaction, it takes up to the limit. (The other backends wait for
+/// the lock before they send the claim.)
+pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
+    use super::postgres::sql::{PgClaimControlled, PgLockQueue};
+    use super::rows::{to_us, JobRow};
+    use diesel_async::RunQueryDsl as _;
+
+    let t = Bundle::new(Backend::Postgres).await;
+    enqueue_n(&t, "q", 5).await;
+    t.store
+        .queue_set_limits("q", QueueLimits::default().concurrency(3), t.at(0))
+        .await
+        .unwrap();
+    let now = to_us(t.at(1).unwrap());
+    let claim = || PgClaimControlled {
+        now: Some(now),
+        lease_us: 30_000_000,
+        limit: 10,
+        queue_running: "q".into(),
+        limit_again: 10,
+        queue_row: "q".into(),
+        owner: "n1".into(),
+        token: "t1".into(),
+        queue: "q".into(),
+        any_kind: true,
+        kinds: Vec::new(),
+    };
+    let mut c = AsyncPgConnection::establish(&t.db.url).await.unwrap();
+    let alone: Vec<JobRow> = claim().load(&mut c).await.unwrap();
+    assert!(alone.is_empty(), "claimed outside the lock's transaction");
+    let unlocked: Vec<JobRow> = c
+        .transaction(async |c| claim().load(c).await)
+        .await
+        .unwrap();
+    assert!(
+        unlocked.is_empty(),
+        "claimed in a transaction that took no lock"
+    );
+    // A lock taken by another transaction, committed, does not count either.
+    let bumped = PgLockQueue { queue: "q".into() }
+        .execute(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(bumped, 1);
+    let after_other: Vec<JobRow> = claim().load(&mut c).await.unwrap();
+    assert!(
+        after_other.is_empty(),
+        "claimed under a lock it did not take"
+    );
+    let locked: Vec<JobRow> = c
+        .transaction(async |c| {
+            PgLockQueue { queue: "q".into() }.execute(c).await?;
+            claim().load(c).await
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        locked.len(),
+        3,
+        "under its own lock the claim takes the free slots"
+    );
+    assert_eq!(running_in(&t, "q").await, 3);
+}

@@ -133,48 +133,62 @@ impl PgDriver {
         .await?)
     }
 
-    /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): the queue
-    /// row's lock ([`sql::LOCK_QUEUE_PG`]), then the claim within its global limit
-    /// ([`sql::CLAIM_CONTROLLED_PG`]), in one transaction: two statements where the
-    /// portable claim takes eight. A row with a partition or rate limit rolls the lock back
-    /// (nothing written) and answers [`ControlledFast::Portable`]; the store then skips this
-    /// for the queue until a portable claim finds those limits lifted.
+    /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): `BEGIN`, the
+    /// queue row's lock ([`sql::LOCK_QUEUE_PG`]), the claim within its global limit
+    /// ([`sql::CLAIM_CONTROLLED_PG`]) and `COMMIT`, sent together in one round trip. The
+    /// server runs them in order, and the claim takes nothing unless it sees the row as its
+    /// own transaction locked it, so no reordering could let it count without the lock. A
+    /// row with a partition or rate limit claims nothing here and answers
+    /// [`ControlledFast::Portable`]; the store then skips this for the queue until a portable
+    /// claim finds those limits lifted.
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
         let mut c = self.conn(false).await?;
-        let out = diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-            let locked: Vec<LockedQueue> = sql::PgLockQueue {
-                queue: a.queue.clone(),
-            }
-            .load(c)
-            .await?;
-            match <[LockedQueue]>::first(&locked) {
-                None => return Ok(ControlledFast::Uncontrolled),
-                // Rolled back: the portable claim takes the lock in a transaction of its own.
-                Some(q) if q.involved => return Err(diesel::result::Error::RollbackTransaction),
-                Some(_) => {}
-            }
-            let rows: Vec<JobRow> = sql::PgClaimControlled {
-                now: a.now,
-                lease_us: a.lease_us,
-                limit: a.limit,
-                queue_running: a.queue.clone(),
-                limit_again: a.limit,
-                queue_row: a.queue.clone(),
-                owner: a.owner.clone(),
-                token: a.token.clone(),
-                queue: a.queue.clone(),
-                any_kind: a.kinds.is_none(),
-                kinds: a.kinds.clone().unwrap_or_default(),
-            }
-            .load(c)
-            .await?;
-            Ok::<_, diesel::result::Error>(ControlledFast::Claimed(rows))
-        })
+        let conn: &AsyncPgConnection = &c;
+        let lock = sql::PgLockQueue {
+            queue: a.queue.clone(),
+        };
+        let claim = sql::PgClaimControlled {
+            now: a.now,
+            lease_us: a.lease_us,
+            limit: a.limit,
+            queue_running: a.queue.clone(),
+            limit_again: a.limit,
+            queue_row: a.queue.clone(),
+            owner: a.owner.clone(),
+            token: a.token.clone(),
+            queue: a.queue.clone(),
+            any_kind: a.kinds.is_none(),
+            kinds: a.kinds.clone().unwrap_or_default(),
+        };
+        // Polled in this order, so sent in it (a statement still being prepared holds the
+        // connection's statement cache, and the ones after it wait for it).
+        let sent = futures_util::future::join4(
+            sql::PgBegin.execute(&mut &*conn),
+            lock.load::<LockedQueue>(&mut &*conn),
+            claim.load::<JobRow>(&mut &*conn),
+            sql::PgCommit.execute(&mut &*conn),
+        )
         .await;
-        match out {
-            Err(diesel::result::Error::RollbackTransaction) => Ok(ControlledFast::Portable),
-            other => Ok(other?),
-        }
+        let (locked, rows) = match sent {
+            (Ok(_), Ok(locked), Ok(rows), Ok(_)) => (locked, rows),
+            (begin, locked, rows, commit) => {
+                // A failed statement aborts the transaction and the `COMMIT` rolls it back;
+                // should anything have left it open, the connection is closed, not pooled.
+                c.poison();
+                let e = [begin.err(), locked.err(), rows.err(), commit.err()]
+                    .into_iter()
+                    .flatten()
+                    .next();
+                return Err(e
+                    .unwrap_or(diesel::result::Error::RollbackTransaction)
+                    .into());
+            }
+        };
+        Ok(match <[LockedQueue]>::first(&locked) {
+            None => ControlledFast::Uncontrolled,
+            Some(q) if q.involved => ControlledFast::Portable,
+            Some(_) => ControlledFast::Claimed(rows),
+        })
     }
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW_PG`]).

@@ -183,10 +183,46 @@ prepared_statement!(
     }
 );
 
-/// Locks a controlled queue's row for a claim (the portable controlled claim's first step,
-/// `Store::claim_controlled`), answering what the claim statement after it cannot decide:
-/// whether the row exists, and whether it has a setting only the portable claim handles
-/// (a per-partition or rate limit).
+/// A statement without parameters, prepared once per connection like the others, so that
+/// it can be sent in the same round trip as the statements around it (the simple-query
+/// `BEGIN` of a diesel transaction is a round trip of its own).
+macro_rules! fixed_statement {
+    ($(#[$doc:meta])* $name:ident, $sql:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, diesel::query_builder::QueryId)]
+        pub(crate) struct $name;
+
+        impl diesel::query_builder::Query for $name {
+            type SqlType = diesel::sql_types::Untyped;
+        }
+
+        impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for $name {
+            fn walk_ast<'b>(
+                &'b self,
+                mut out: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
+            ) -> diesel::result::QueryResult<()> {
+                out.push_sql($sql);
+                Ok(())
+            }
+        }
+    };
+}
+
+fixed_statement!(
+    /// Opens a transaction (pipelined; see [`fixed_statement`]).
+    PgBegin,
+    "BEGIN"
+);
+fixed_statement!(
+    /// Commits it — or, after a failed statement, rolls it back.
+    PgCommit,
+    "COMMIT"
+);
+
+/// Locks a controlled queue's row for a claim (as the portable controlled claim's first step
+/// does, `Store::claim_controlled`), answering what the claim statement after it cannot
+/// decide: whether the row exists, and whether it has a setting only the portable claim
+/// handles (a per-partition or rate limit).
 pub(crate) const LOCK_QUEUE_PG: &str = "\
 UPDATE jobvisor_queues SET claims = claims + 1 WHERE name = $1
 RETURNING (partition_limit IS NOT NULL OR rate_limit IS NOT NULL) AS involved";
@@ -199,14 +235,16 @@ prepared_statement!(
 );
 
 /// The claim of a queue under a pause and at most a global concurrency limit, run after
-/// [`LOCK_QUEUE_PG`] has answered, in its transaction. Under READ COMMITTED a statement's
-/// snapshot is taken when it starts — here, after the lock was granted — so it sees every
-/// claim of the queue committed before, and none can commit until this transaction does:
-/// the count of running jobs is exact, and the claim takes at most `concurrency_limit −
-/// running`. (Sent in the same round trip as the lock it would not be: a statement that
-/// needs preparing on a fresh connection could run after a cached one sent later.) The row
-/// is read again here, in the statement that claims: a paused queue, one without a row,
-/// and one with a partition or rate limit claim nothing (`LIMIT 0`).
+/// [`LOCK_QUEUE_PG`] in its transaction. Under READ COMMITTED a statement's snapshot is taken
+/// when it starts — here, after the lock was granted — so it sees every claim of the queue
+/// committed before, and none can commit until this transaction does: the count of running
+/// jobs is exact, and the claim takes at most `concurrency_limit − running`. The row is read
+/// again here, in the statement that claims: a paused queue, one without a row, and one with
+/// a partition or rate limit claim nothing (`LIMIT 0`) — and so does a claim that does not
+/// see the row *as this transaction wrote it* (`xmin` is this transaction's id), which is
+/// what makes sending the lock and this claim in one round trip safe: a claim executed
+/// before its lock, or outside its transaction, finds the row's `xmin` another
+/// transaction's and takes nothing.
 pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
     claim_now!(),
     ", q AS (
@@ -217,6 +255,7 @@ pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
     FROM jobvisor_queues AS q
     WHERE q.name = $6 AND q.paused_at IS NULL
       AND q.partition_limit IS NULL AND q.rate_limit IS NULL
+      AND q.xmin::text::bigint = txid_current() % 4294967296
 )
 ",
     claim_update!(),
