@@ -493,6 +493,69 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     assert_eq!(total, 1000, "every job ran");
 }
 
+/// A node remembers which queues have settings, and which of those need the portable claim;
+/// when the settings change under it, its next claim follows the new ones exactly.
+pub async fn claims_follow_a_queue_whose_limits_change(b: Backend) {
+    let t = Bundle::new(b).await;
+    let jobs: Vec<NewJob> = (0..20)
+        .map(|i| {
+            NewJob::new("k", json!(i))
+                .queue("s")
+                .partition(format!("p{}", i % 2))
+        })
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    let set = |limits: QueueLimits, at: i64| {
+        let store = t.store.clone();
+        let now = t.at(at);
+        async move { store.queue_set_limits("s", limits, now).await.unwrap() }
+    };
+    let per_partition = |got: &[ClaimedJob], p: &str| {
+        got.iter()
+            .filter(|c| c.job.partition.as_deref() == Some(p))
+            .count()
+    };
+    set(QueueLimits::default().per_partition(1), 0).await;
+    let first = t.claim("s", "n1", 10, 1).await;
+    assert_eq!(
+        (per_partition(&first, "p0"), per_partition(&first, "p1")),
+        (1, 1)
+    );
+    // A global limit instead: 3 − 2 running.
+    set(QueueLimits::default().concurrency(3), 2).await;
+    let second = t.claim("s", "n1", 10, 3).await;
+    assert_eq!(second.len(), 1, "the global limit, not the partition one");
+    // Partitions again, at 2: only the partition with one running has room.
+    set(QueueLimits::default().per_partition(2), 4).await;
+    let p0 = per_partition(&first, "p0") + per_partition(&second, "p0");
+    let third = t.claim("s", "n1", 10, 5).await;
+    assert_eq!(third.len(), 1);
+    let roomy = if p0 == 2 { "p1" } else { "p0" };
+    assert_eq!(per_partition(&third, roomy), 1);
+    // Both limits: 4 running, a global limit of 4.
+    set(QueueLimits::default().per_partition(5).concurrency(4), 6).await;
+    assert!(t.claim("s", "n1", 10, 7).await.is_empty());
+    set(QueueLimits::default().per_partition(5).concurrency(6), 8).await;
+    assert_eq!(t.claim("s", "n1", 10, 9).await.len(), 2);
+    // A rate limit on top: the portable claim, within every limit.
+    set(
+        QueueLimits::default()
+            .per_partition(5)
+            .concurrency(7)
+            .rate(RateLimit::new(1, Duration::from_secs(60)).unwrap()),
+        10,
+    )
+    .await;
+    assert_eq!(t.claim("s", "n1", 10, 11).await.len(), 1);
+    assert_eq!(running_in(&t, "s").await, 7);
+    // No limits: the uncontrolled claim takes the rest.
+    set(QueueLimits::default(), 12).await;
+    assert_eq!(t.claim("s", "n1", 100, 13).await.len(), 13);
+}
+
 /// PostgreSQL: a resume or a changed limit notifies the queue on the jobs channel, so idle
 /// fetchers on every node claim at once; other backends have no listener.
 pub async fn a_resume_or_a_changed_limit_wakes_listeners(b: Backend) {
