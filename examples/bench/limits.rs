@@ -1,6 +1,6 @@
 //! The `limits` mode: the drain of `modes::drain` with queue limits set, each as a ratio to
 //! an unlimited drain measured in the same run, alternating so drift hits both alike:
-//! `drain-limit-global` (a global concurrency limit equal to the node's concurrency, so it
+//! `drain-limit-global` (a global concurrency limit equal to the nodes' concurrency, so it
 //! binds: prefetched jobs count, and every claim and finalization carries at most that many
 //! jobs), `drain-limit-loose` (a limit of 100,000, which never binds: the cost of the
 //! controlled claim alone) and `drain-limit-partitions` (jobs spread over 100 partitions,
@@ -39,12 +39,13 @@ async fn fill_partitioned(store: &jobvisor::Store, n: usize) {
     }
 }
 
-/// One drain of `n` jobs at concurrency `c` under `limit`, each job taking `work`: jobs per
-/// second and the drain's statement counts.
+/// One drain of `n` jobs by `nodes` nodes at concurrency `c` each under `limit`, each job
+/// taking `work`: jobs per second and the drain's statement counts.
 pub(crate) async fn drain_limited(
     backend: Backend,
     n: usize,
     c: u32,
+    nodes: usize,
     prefetch: Option<u32>,
     limit: Limit,
     work: Duration,
@@ -52,12 +53,13 @@ pub(crate) async fn drain_limited(
     let db = TestDb::create(backend).await;
     let store = db.store().await;
     let client = Client::new(store.clone());
+    let total = c.saturating_mul(u32::try_from(nodes).unwrap_or(u32::MAX));
     match limit {
         Limit::None => fill(&store, n).await,
         Limit::Global => {
             fill(&store, n).await;
             client
-                .set_queue_limits("default", QueueLimits::default().concurrency(c))
+                .set_queue_limits("default", QueueLimits::default().concurrency(total))
                 .await
                 .expect("limit");
         }
@@ -76,5 +78,9 @@ pub(crate) async fn drain_limited(
                 .expect("limit");
         }
     }
-    drain_working(store, n, c, prefetch, work).await
+    let mut stores = vec![store];
+    for _ in 1..nodes {
+        stores.push(db.store().await);
+    }
+    drain_working(stores, n, c, prefetch, work).await
 }

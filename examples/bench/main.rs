@@ -22,6 +22,8 @@
 //!   drain's `ratio_to_unlimited` is to the median unlimited drain of those rounds.
 //!   `--job-ms M` makes every job of these drains take M ms (a sleep), so the node's
 //!   concurrency, not the database, bounds the unlimited drain: the limit's own cost.
+//!   `--nodes K` drains with K nodes in this process, each with its own store (pool) and
+//!   `--concurrency`; the global limit is then their total.
 //! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
@@ -81,6 +83,9 @@ struct Args {
     rounds: usize,
     /// How long each job of the `limits` mode takes (a sleep; default none).
     job_ms: u64,
+    /// Nodes the `limits` mode drains with, each with its own store and `--concurrency`
+    /// (default 1); a global limit is their total concurrency.
+    nodes: usize,
     only: Option<Vec<String>>,
 }
 
@@ -95,6 +100,7 @@ fn parse_args() -> Args {
         in_flight: 10_000,
         rounds: 3,
         job_ms: 0,
+        nodes: 1,
         only: None,
     };
     let mut it = std::env::args().skip(1);
@@ -122,6 +128,7 @@ fn parse_args() -> Args {
             "--in-flight" => args.in_flight = val().parse().expect("--in-flight takes a number"),
             "--rounds" => args.rounds = val().parse().expect("--rounds takes a number"),
             "--job-ms" => args.job_ms = val().parse().expect("--job-ms takes a number"),
+            "--nodes" => args.nodes = val().parse().expect("--nodes takes a number"),
             "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
             other => panic!("unknown argument {other:?}"),
         }
@@ -256,7 +263,8 @@ async fn main() {
             for _ in 0..args.rounds {
                 for limit in [Limit::None, Limit::Global, Limit::Loose, Limit::Partitions] {
                     let work = std::time::Duration::from_millis(args.job_ms);
-                    let (r, extra) = drain_limited(b, n, c, args.prefetch, limit, work).await;
+                    let (r, extra) =
+                        drain_limited(b, n, c, args.nodes, args.prefetch, limit, work).await;
                     eprintln!("  {limit:?}: {r:.0} jobs/s");
                     runs.push((limit, r, extra));
                 }
@@ -276,6 +284,7 @@ async fn main() {
                 let (med, lo, hi) = median(limit);
                 let mut extra = json!({
                     "concurrency": c,
+                    "nodes": args.nodes,
                     "job_ms": args.job_ms,
                     "rounds": args.rounds,
                     "min": lo.round(),

@@ -39,50 +39,63 @@ pub(crate) async fn drain_on(
     c: u32,
     prefetch: Option<u32>,
 ) -> (f64, Value) {
-    drain_working(store, n, c, prefetch, Duration::ZERO).await
+    drain_working(vec![store], n, c, prefetch, Duration::ZERO).await
 }
 
-/// [`drain_on`] with handlers that each take `work` (a sleep) instead of returning at once.
+/// [`drain_on`] with handlers that each take `work` (a sleep) instead of returning at once,
+/// on one node per store (each with concurrency `c`), until they have finished `n` between
+/// them.
 pub(crate) async fn drain_working(
-    store: Store,
+    stores: Vec<Store>,
     n: usize,
     c: u32,
     prefetch: Option<u32>,
     work: Duration,
 ) -> (f64, Value) {
-    let handle = Scheduler::builder(store)
-        .queue("default", {
-            let q = QueueConfig::default().concurrency(c);
-            match prefetch {
-                Some(p) => q.prefetch(p),
-                None => q,
-            }
+    let handles: Vec<_> = stores
+        .into_iter()
+        .map(|store| {
+            Scheduler::builder(store)
+                .queue("default", {
+                    let q = QueueConfig::default().concurrency(c);
+                    match prefetch {
+                        Some(p) => q.prefetch(p),
+                        None => q,
+                    }
+                })
+                .handler(
+                    "noop",
+                    handler_fn(move |_: Value, _ctx| async move {
+                        if !work.is_zero() {
+                            tokio::time::sleep(work).await;
+                        }
+                        JobOutcome::done()
+                    }),
+                )
+                .start()
+                .expect("scheduler")
         })
-        .handler(
-            "noop",
-            handler_fn(move |_: Value, _ctx| async move {
-                if !work.is_zero() {
-                    tokio::time::sleep(work).await;
-                }
-                JobOutcome::done()
-            }),
-        )
-        .start()
-        .expect("scheduler");
+        .collect();
+    let finished = || handles.iter().map(|h| h.stats().finished).sum::<u64>();
     let t0 = Instant::now();
-    while handle.stats().finished < n as u64 {
+    while finished() < n as u64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
         if t0.elapsed() > Duration::from_secs(600) {
-            panic!("drain did not finish: {:?}", handle.stats());
+            panic!("drain did not finish: {} of {n}", finished());
         }
     }
     let secs = t0.elapsed().as_secs_f64();
-    let st = handle.stats();
-    handle.shutdown().await;
+    let (mut claims, mut finals) = (0, 0);
+    for h in handles {
+        let st = h.stats();
+        claims += st.claim_statements;
+        finals += st.finalize_statements;
+        h.shutdown().await;
+    }
     let per = |x: u64| (x as f64 / n as f64 * 1000.0).round() / 1000.0;
     let stats = json!({
-        "claim_stmts_per_job": per(st.claim_statements),
-        "finalize_stmts_per_job": per(st.finalize_statements),
+        "claim_stmts_per_job": per(claims),
+        "finalize_stmts_per_job": per(finals),
     });
     (n as f64 / secs, stats)
 }
