@@ -248,9 +248,9 @@ impl Driver {
 
     /// A controlled claim in fewer round trips than the portable one
     /// (`Store::claim_controlled`), for a queue whose row has at most a pause and a global
-    /// limit: on PostgreSQL the row lock and one claim statement, so the lock every claim
-    /// of the queue waits for is held through one statement and the commit instead of six
-    /// statements and the commit. Same contract;
+    /// limit: on PostgreSQL the row lock and one claim statement in one round trip with its
+    /// `BEGIN` and `COMMIT`, so the lock every claim of the queue waits for is held through
+    /// one statement and the commit instead of six statements and the commit. Same contract;
     /// other backends and other settings answer [`ControlledFast::Portable`].
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
         match self {
