@@ -10,6 +10,12 @@ mod postgres {
         jobvisor::store::conformance::postgres_claim_statement_takes_nothing_without_its_own_lock()
             .await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_abandoned_controlled_claim_takes_nothing_when_the_lock_frees() {
+        jobvisor::store::conformance::postgres_an_abandoned_controlled_claim_takes_nothing_when_the_lock_frees()
+            .await;
+    }
 }
 
 mod mysql {

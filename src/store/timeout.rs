@@ -256,6 +256,13 @@ where
     pub(crate) fn poison(&mut self) {
         self.conn.poisoned = true;
     }
+
+    /// Lifts this lease's own mark, once what it guarded has answered (an operation abandoned
+    /// later still marks the connection when the lease is dropped).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn keep(&mut self) {
+        self.conn.poisoned = false;
+    }
 }
 
 /// Checks a connection out of `pool` for the current operation.

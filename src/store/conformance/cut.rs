@@ -416,3 +416,65 @@ async fn a_hung_sqlite_writer_bounds_the_other_writes(b: Backend) {
     let renewed = s.job_renew_leases(renew_params(&held)).await.unwrap();
     assert!(renewed[0].1.is_applied());
 }
+
+/// PostgreSQL sends a controlled claim's `COMMIT` with the rest of it, so a claim its client
+/// abandons — the queue's row lock held elsewhere past the client's bound, and the network
+/// cut so the server never hears of the abandonment — would still commit once the lock
+/// frees, leaving jobs `running` for a node that never received them. The claim bounds its
+/// wait for the lock below the client's bound, so the server gives up first: once the lock
+/// frees, nothing has been claimed.
+pub async fn postgres_an_abandoned_controlled_claim_takes_nothing_when_the_lock_frees() {
+    use diesel_async::SimpleAsyncConnection;
+
+    let bound = Duration::from_millis(1000);
+    let net = Cut::new(
+        Backend::Postgres,
+        StoreOptions::default()
+            .pool_size(1)
+            .statement_timeout(bound),
+    )
+    .await;
+    let s = &net.store;
+    for i in 0..3 {
+        s.job_enqueue(NewJob::new("k", json!(i)), None)
+            .await
+            .unwrap();
+    }
+    s.queue_set_limits("default", QueueLimits::default().concurrency(5), None)
+        .await
+        .unwrap();
+    // A claim of a kind nobody enqueued: the node learns the queue is controlled, and the
+    // pool's one connection prepares every statement of the claim.
+    let none = ClaimParams {
+        kinds: Some(vec!["none".into()]),
+        ..claim_params(3)
+    };
+    assert!(s.job_claim(none).await.unwrap().is_empty());
+    let mut holder = AsyncPgConnection::establish(&net._db.url).await.unwrap();
+    holder
+        .batch_execute("BEGIN; UPDATE jobvisor_queues SET claims = claims WHERE name = 'default'")
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let s = s.clone();
+        async move { timed(s.job_claim(claim_params(3))).await }
+    });
+    // The claim is at the server, waiting for the lock; then the network goes silent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    net.proxy.freeze_open();
+    let (res, took) = claim.await.unwrap();
+    assert!(res.is_err(), "{res:?}");
+    assert!(took < bound + SLACK, "abandoned after {took:?}");
+    // The lock frees well after the client gave up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let direct = net._db.store().await;
+    let counts = direct.job_counts().await.unwrap();
+    let running: u64 = counts
+        .iter()
+        .filter(|c| c.state == JobState::Running)
+        .map(|c| c.count)
+        .sum();
+    assert_eq!(running, 0, "an abandoned claim took jobs: {counts:?}");
+}

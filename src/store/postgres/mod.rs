@@ -57,6 +57,9 @@ pub(crate) struct PgDriver {
     pub(crate) connector: PgConnector,
     /// The connection large batches are copied over.
     copy: CopyConn,
+    /// How long a controlled claim waits for its queue's row lock (`lock_timeout`): half the
+    /// client's bound on the claim, so the server gives up first (see `claim_controlled`).
+    claim_lock_wait: String,
 }
 
 impl PgDriver {
@@ -92,6 +95,7 @@ impl PgDriver {
             renew_pool: pool(opts, RENEW_LANE_SIZE, false, setup(&connector)),
             connector,
             copy: CopyConn::default(),
+            claim_lock_wait: lock_wait(opts.statement_timeout),
         })
     }
 
@@ -133,17 +137,28 @@ impl PgDriver {
         .await?)
     }
 
-    /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): `BEGIN`, the
-    /// queue row's lock ([`sql::LOCK_QUEUE_PG`]), the claim within its global limit
-    /// ([`sql::CLAIM_CONTROLLED_PG`]) and `COMMIT`, sent together in one round trip. The
-    /// server runs them in order, and the claim takes nothing unless it sees the row as its
-    /// own transaction locked it, so no reordering could let it count without the lock. A
-    /// row with a partition or rate limit claims nothing here and answers
-    /// [`ControlledFast::Portable`]; the store then skips this for the queue until a portable
-    /// claim finds those limits lifted.
+    /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): `BEGIN`, a
+    /// bound on the wait for the queue row's lock, the lock ([`sql::LOCK_QUEUE_PG`]), the
+    /// claim within its global limit ([`sql::CLAIM_CONTROLLED_PG`]) and `COMMIT`, sent
+    /// together in one round trip. The server runs them in order, and the claim takes nothing
+    /// unless it sees the row as its own transaction locked it, so no reordering could let it
+    /// count without the lock. A row with a partition or rate limit claims nothing here and
+    /// answers [`ControlledFast::Portable`]; the store then skips this for the queue until a
+    /// portable claim finds those limits lifted.
+    ///
+    /// The `COMMIT` is on its way with the rest, so a claim the client abandons (its bound
+    /// passed while the lock was held elsewhere) would still commit once the lock frees,
+    /// taking jobs no node received: the lock wait is bounded below the client's bound
+    /// (`lock_timeout`), so the server gives up first and the `COMMIT` rolls back. The
+    /// connection is marked for closing until all five have answered, so one left inside a
+    /// transaction is never pooled, whoever abandons the claim.
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
         let mut c = self.conn(false).await?;
+        c.poison();
         let conn: &AsyncPgConnection = &c;
+        let wait = sql::PgSetLockWait {
+            wait: self.claim_lock_wait.clone(),
+        };
         let lock = sql::PgLockQueue {
             queue: a.queue.clone(),
         };
@@ -161,29 +176,37 @@ impl PgDriver {
             kinds: a.kinds.clone().unwrap_or_default(),
         };
         // Polled in this order, so sent in it (a statement still being prepared holds the
-        // connection's statement cache, and the ones after it wait for it).
-        let sent = futures_util::future::join4(
+        // connection's statement cache, and the ones after it wait for it; none of these
+        // binds a type that needs looking up first).
+        let sent = futures_util::future::join5(
             sql::PgBegin.execute(&mut &*conn),
+            wait.execute(&mut &*conn),
             lock.load::<LockedQueue>(&mut &*conn),
             claim.load::<JobRow>(&mut &*conn),
             sql::PgCommit.execute(&mut &*conn),
         )
         .await;
         let (locked, rows) = match sent {
-            (Ok(_), Ok(locked), Ok(rows), Ok(_)) => (locked, rows),
-            (begin, locked, rows, commit) => {
-                // A failed statement aborts the transaction and the `COMMIT` rolls it back;
-                // should anything have left it open, the connection is closed, not pooled.
-                c.poison();
-                let e = [begin.err(), locked.err(), rows.err(), commit.err()]
-                    .into_iter()
-                    .flatten()
-                    .next();
+            (Ok(_), Ok(_), Ok(locked), Ok(rows), Ok(_)) => (locked, rows),
+            // A failed statement aborts the transaction and the `COMMIT` rolls it back; the
+            // connection stays marked and is closed all the same.
+            (begin, wait, locked, rows, commit) => {
+                let e = [
+                    begin.err(),
+                    wait.err(),
+                    locked.err(),
+                    rows.err(),
+                    commit.err(),
+                ]
+                .into_iter()
+                .flatten()
+                .next();
                 return Err(e
                     .unwrap_or(diesel::result::Error::RollbackTransaction)
                     .into());
             }
         };
+        c.keep();
         Ok(match <[LockedQueue]>::first(&locked) {
             None => ControlledFast::Uncontrolled,
             Some(q) if q.involved => ControlledFast::Portable,
@@ -246,6 +269,12 @@ struct LockedQueue {
     /// The queue has a partition or rate limit.
     #[diesel(sql_type = diesel::sql_types::Bool)]
     involved: bool,
+}
+
+/// `lock_timeout` for a controlled claim under a client bound of `bound`: half of it, at
+/// least 1 ms.
+fn lock_wait(bound: std::time::Duration) -> String {
+    format!("{}ms", (bound.as_millis() / 2).max(1))
 }
 
 /// The latest migration version embedded.

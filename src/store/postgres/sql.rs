@@ -219,6 +219,17 @@ fixed_statement!(
     "COMMIT"
 );
 
+/// Bounds this transaction's waits for locks (`lock_timeout`, transaction-local): a
+/// prepared `set_config`, since `SET` takes no parameters.
+pub(crate) const SET_LOCK_WAIT_PG: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+prepared_statement!(
+    /// Sets `lock_timeout` for the transaction (see [`SET_LOCK_WAIT_PG`]).
+    PgSetLockWait, SET_LOCK_WAIT_PG, {
+        wait: String => Text,
+    }
+);
+
 /// Locks a controlled queue's row for a claim (as the portable controlled claim's first step
 /// does, `Store::claim_controlled`), answering what the claim statement after it cannot
 /// decide: whether the row exists, and whether it has a setting only the portable claim
@@ -241,7 +252,9 @@ prepared_statement!(
 /// jobs is exact, and the claim takes at most `concurrency_limit − running`. The row is read
 /// again here, in the statement that claims: a paused queue, one without a row, and one with
 /// a partition or rate limit claim nothing (`LIMIT 0`) — and so does a claim that does not
-/// see the row *as this transaction wrote it* (`xmin` is this transaction's id), which is
+/// see the row *as this transaction wrote it* (`xmin` is this transaction's top-level id:
+/// the lock is an `UPDATE`, never in a savepoint — a `SELECT … FOR UPDATE` would leave
+/// `xmin` alone and every claim would take nothing), which is
 /// what makes sending the lock and this claim in one round trip safe: a claim executed
 /// before its lock, or outside its transaction, finds the row's `xmin` another
 /// transaction's and takes nothing.
