@@ -456,7 +456,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     };
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
-        Backend::Postgres => [
+        Backend::Postgres => vec![
+            include_str!("../../../migrations/postgres/2026-12-01-000014_running_index/down.sql"),
             include_str!(
                 "../../../migrations/postgres/2026-11-30-000013_schedule_declared/down.sql"
             ),
@@ -466,7 +467,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-26-000009_gauges/down.sql"),
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
-        Backend::Mysql => [
+        Backend::Mysql => vec![
             include_str!("../../../migrations/mysql/2026-11-30-000013_schedule_declared/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-28-000011_leader/down.sql"),
@@ -474,7 +475,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-26-000009_gauges/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
-        Backend::Sqlite => [
+        Backend::Sqlite => vec![
             include_str!("../../../migrations/sqlite/2026-11-30-000013_schedule_declared/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-28-000011_leader/down.sql"),
@@ -484,9 +485,13 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
+    let expected = match b {
+        Backend::Postgres => "20261201000014",
+        Backend::Mysql | Backend::Sqlite => "20261130000013",
+    };
     assert_eq!(
-        latest, "20261130000013",
-        "a newer migration: revert it here too, before the schedule_declared one"
+        latest, expected,
+        "a newer migration: revert it here too, newest first"
     );
     for sql in later {
         exec_sql(&t.store, sql).await.unwrap();
@@ -497,7 +502,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         "DELETE FROM __diesel_schema_migrations \
          WHERE version IN ('20261124000007', '20261125000008', '20261126000009', \
                            '20261127000010', '20261128000011', '20261129000012', \
-                           '20261130000013')",
+                           '20261130000013', '20261201000014')",
     )
     .await
     .unwrap();
