@@ -150,6 +150,15 @@ impl PrefetchWindow {
         }
     }
 
+    /// A claim of a queue with shared settings took fewer jobs than asked: a limit may be
+    /// holding the queue back, and then every job held here in the prefetch is a slot of
+    /// the limit that no worker runs — while another node's idle workers could. The window
+    /// halves, so under a limit that keeps binding this node soon holds only what its
+    /// workers run; full claims open it again.
+    fn on_held_back(&mut self) {
+        self.window /= 2;
+    }
+
     /// Jobs were written; one of them waited `longest_wait` in the prefetch for a worker.
     fn on_freed(&mut self, longest_wait: Duration) {
         if longest_wait > PREFETCH_MAX_WAIT {
@@ -200,14 +209,18 @@ impl Handler<FetchNow> for Fetcher {
             let res = shared.store.job_claim_waiting(params).await;
             let took = t0.elapsed();
             tracing::trace!(limit, took_us = took.as_micros() as u64, "claim");
-            if let Ok((jobs, _)) = &res {
-                metrics.claimed(jobs.len(), took);
+            if let Ok(claim) = &res {
+                metrics.claimed(claim.jobs.len(), took);
             }
             res
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
             move |res, act, ctx| match res {
-                Ok((jobs, wait)) => {
+                Ok(crate::store::Claim {
+                    jobs,
+                    wait,
+                    controlled,
+                }) => {
                     let n = jobs.len();
                     // The queue's rate limit holds claims back: try again when the window
                     // frees (a wake meanwhile may claim earlier, if it frees sooner).
@@ -225,6 +238,9 @@ impl Handler<FetchNow> for Fetcher {
                     // Checked before this claim's supervisors start taking permits.
                     act.window
                         .on_claim(full, act.workers.available_permits() > 0);
+                    if controlled && !full {
+                        act.window.on_held_back();
+                    }
                     act.start_all(jobs, sent_at);
                     // A full claim: more may be due. Claim the next chunk while these run.
                     if full && act.free() >= act.chunk() && !act.wake_queued && !act.stopped {

@@ -106,7 +106,7 @@ pub(crate) enum ControlledFast {
     /// Its settings need the portable controlled claim (or the backend has no claim of its
     /// own); nothing was claimed.
     Portable,
-    /// Claimed within the pause and the global limit (possibly nothing).
+    /// Claimed within the pause and the global and per-partition limits (possibly nothing).
     Claimed(Vec<JobRow>),
 }
 
@@ -247,11 +247,12 @@ impl Driver {
     }
 
     /// A controlled claim in fewer round trips than the portable one
-    /// (`Store::claim_controlled`), for a queue whose row has at most a pause and a global
-    /// limit: on PostgreSQL the row lock and one claim statement in one round trip with its
-    /// `BEGIN` and `COMMIT`, so the lock every claim of the queue waits for is held through
-    /// one statement and the commit instead of six statements and the commit. Same contract;
-    /// other backends and other settings answer [`ControlledFast::Portable`].
+    /// (`Store::claim_controlled`), for a queue whose row has at most a pause, a global
+    /// limit and a per-partition limit: on PostgreSQL the row lock and one claim statement in
+    /// one round trip with its `BEGIN` and `COMMIT`, so the lock every claim of the queue
+    /// waits for is held through one statement and the commit instead of up to nine
+    /// statements and the commit. Same contract; other backends, and a queue with a rate
+    /// limit, answer [`ControlledFast::Portable`].
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
         match self {
             #[cfg(feature = "postgres")]

@@ -82,9 +82,9 @@ pub use options::{
 };
 pub use outbox::OutboxConnection;
 pub(crate) use params::{
-    ArchiveParams, CancelParams, ClaimParams, ClaimedJob, EnqueueParams, Finalization, Finalize,
-    FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams, Renewed,
-    RetryParams,
+    ArchiveParams, CancelParams, Claim, ClaimParams, ClaimedJob, EnqueueParams, Finalization,
+    Finalize, FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams,
+    Renewed, RetryParams,
 };
 pub use params::{
     CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, StateCount,

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::batch::bound;
 use super::driver::{ClaimArgs, RenewArgs};
+use super::params::Claim;
 use super::rows::{dur_us, from_us, JobRow};
 use super::timeout::{enqueue_bound, Op};
 use super::{
@@ -147,24 +148,23 @@ impl Store {
     /// itself stands, and the sweeper reclaims it when its lease expires).
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))] // tests: crate::testing
     pub(crate) async fn job_claim(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
-        Ok(self.job_claim_waiting(p).await?.0)
+        Ok(self.job_claim_waiting(p).await?.jobs)
     }
 
-    /// [`job_claim`](Store::job_claim), and how long the queue's rate limit holds claims back
-    /// when it took nothing for that reason (the fetcher sleeps that long).
-    pub(crate) async fn job_claim_waiting(
-        &self,
-        p: ClaimParams,
-    ) -> Result<(Vec<ClaimedJob>, Option<std::time::Duration>)> {
+    /// [`job_claim`](Store::job_claim), with what the fetcher needs besides the jobs: how
+    /// long the queue's rate limit holds claims back when it took nothing for that reason
+    /// (the fetcher sleeps that long), and whether the queue's settings controlled the claim.
+    pub(crate) async fn job_claim_waiting(&self, p: ClaimParams) -> Result<Claim> {
         self.bounded(Op::Claim, self.claim_unbounded(p)).await
     }
 
-    async fn claim_unbounded(
-        &self,
-        p: ClaimParams,
-    ) -> Result<(Vec<ClaimedJob>, Option<std::time::Duration>)> {
+    async fn claim_unbounded(&self, p: ClaimParams) -> Result<Claim> {
         if p.limit == 0 {
-            return Ok((Vec::new(), None));
+            return Ok(Claim {
+                jobs: Vec::new(),
+                wait: None,
+                controlled: false,
+            });
         }
         let token = LeaseToken::generate();
         let args = ClaimArgs {
@@ -193,6 +193,7 @@ impl Store {
             let got = self.claim_controlled(&args).await?;
             if got.uncontrolled {
                 modes.set(&p.queue, false);
+                controlled = false;
                 rows = self.inner.driver.claim(&args).await?;
             } else {
                 rows = got.rows;
@@ -234,7 +235,11 @@ impl Store {
         }
         // RETURNING order is unspecified: restore the claim order.
         claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
-        Ok((claimed, wait))
+        Ok(Claim {
+            jobs: claimed,
+            wait,
+            controlled,
+        })
     }
 
     /// Renews many leases in one statement; each comes back applied (with its new expiry and

@@ -106,6 +106,19 @@ pub struct ClaimedJob {
     pub token: LeaseToken,
 }
 
+/// A claim's answer, for the fetcher ([`Store::job_claim_waiting`](crate::Store)).
+#[derive(Debug)]
+pub(crate) struct Claim {
+    /// The jobs claimed, in claim order.
+    pub(crate) jobs: Vec<ClaimedJob>,
+    /// How long the queue's rate limit holds claims back, when it took nothing for that
+    /// reason.
+    pub(crate) wait: Option<std::time::Duration>,
+    /// The queue has shared settings (a pause or a limit), so the claim was a controlled
+    /// one: fewer jobs than asked may mean a limit held them back, not that none were due.
+    pub(crate) controlled: bool,
+}
+
 /// One lease to renew.
 #[derive(Debug, Clone)]
 pub struct LeaseRef {

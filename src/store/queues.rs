@@ -554,9 +554,12 @@ impl Store {
                 .select(QueueRow::as_select())
                 .first(c)
                 .await?;
+            // PostgreSQL's own controlled claim takes every setting but a rate limit; the
+            // other backends have none.
+            let own = self.inner.driver.backend() == crate::Backend::Postgres;
             modes.set_portable(
                 &q,
-                row.partition_limit.is_some() || row.rate_limit.is_some(),
+                row.rate_limit.is_some() || (!own && row.partition_limit.is_some()),
             );
             if row.paused_at.is_some() {
                 return Ok(ControlledClaim::default());

@@ -256,36 +256,40 @@ pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
         )
         .await
         .unwrap();
-    let (first, wait) = t
+    let first = t
         .store
         .job_claim_waiting(params("api", "n1", 4, t.at(0)))
         .await
         .unwrap();
-    assert_eq!((first.len(), wait), (4, None));
-    let (second, _) = t
+    assert_eq!((first.jobs.len(), first.wait), (4, None));
+    assert!(
+        first.controlled,
+        "a rate-limited queue's claim is a controlled one"
+    );
+    let second = t
         .store
         .job_claim_waiting(params("api", "n1", 50, t.at(3)))
         .await
         .unwrap();
-    assert_eq!(second.len(), 6, "the rest of the window");
-    let (none, wait) = t
+    assert_eq!(second.jobs.len(), 6, "the rest of the window");
+    let none = t
         .store
         .job_claim_waiting(params("api", "n1", 50, t.at(4)))
         .await
         .unwrap();
-    assert!(none.is_empty());
+    assert!(none.jobs.is_empty());
     assert_eq!(
-        wait,
+        none.wait,
         Some(Duration::from_secs(6)),
         "until the first claim leaves"
     );
     // (t − 10 s, t]: at +10 s the 4 claimed at 0 have left, the 6 at +3 s have not.
-    let (third, _) = t
+    let third = t
         .store
         .job_claim_waiting(params("api", "n1", 50, t.at(10)))
         .await
         .unwrap();
-    assert_eq!(third.len(), 4);
+    assert_eq!(third.jobs.len(), 4);
 
     // Concurrent claimers over a minute of test clock: from the claim times the database
     // stored on the jobs, no window of 10 s holds more than 10.
@@ -316,6 +320,7 @@ pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
     for claimed in [&first, &second, &third] {
         times.extend(
             claimed
+                .jobs
                 .iter()
                 .map(|c| c.job.lease.as_ref().unwrap().heartbeat_at.unwrap()),
         );
@@ -623,11 +628,12 @@ pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
         queue_running: "q".into(),
         limit_again: 10,
         queue_row: "q".into(),
-        owner: "n1".into(),
-        token: "t1".into(),
+        queue_parts: "q".into(),
         queue: "q".into(),
         any_kind: true,
         kinds: Vec::new(),
+        owner: "n1".into(),
+        token: "t1".into(),
     };
     let mut c = AsyncPgConnection::establish(&t.db.url).await.unwrap();
     let alone: Vec<JobRow> = claim().load(&mut c).await.unwrap();

@@ -139,12 +139,12 @@ impl PgDriver {
 
     /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): `BEGIN`, a
     /// bound on the wait for the queue row's lock, the lock ([`sql::LOCK_QUEUE_PG`]), the
-    /// claim within its global limit ([`sql::CLAIM_CONTROLLED_PG`]) and `COMMIT`, sent
-    /// together in one round trip. The server runs them in order, and the claim takes nothing
-    /// unless it sees the row as its own transaction locked it, so no reordering could let it
-    /// count without the lock. A row with a partition or rate limit claims nothing here and
-    /// answers [`ControlledFast::Portable`]; the store then skips this for the queue until a
-    /// portable claim finds those limits lifted.
+    /// claim within its global and per-partition limits ([`sql::CLAIM_CONTROLLED_PG`]) and
+    /// `COMMIT`, sent together in one round trip. The server runs them in order, and the
+    /// claim takes nothing unless it sees the row as its own transaction locked it, so no
+    /// reordering could let it count without the lock. A row with a rate limit claims
+    /// nothing here and answers [`ControlledFast::Portable`]; the store then skips this for
+    /// the queue until a portable claim finds the rate limit lifted.
     ///
     /// The `COMMIT` is on its way with the rest, so a claim the client abandons (its bound
     /// passed while the lock was held elsewhere) would still commit once the lock frees,
@@ -169,11 +169,12 @@ impl PgDriver {
             queue_running: a.queue.clone(),
             limit_again: a.limit,
             queue_row: a.queue.clone(),
-            owner: a.owner.clone(),
-            token: a.token.clone(),
+            queue_parts: a.queue.clone(),
             queue: a.queue.clone(),
             any_kind: a.kinds.is_none(),
             kinds: a.kinds.clone().unwrap_or_default(),
+            owner: a.owner.clone(),
+            token: a.token.clone(),
         };
         // Polled in this order, so sent in it (a statement still being prepared holds the
         // connection's statement cache, and the ones after it wait for it; none of these
@@ -266,7 +267,7 @@ impl PgDriver {
 /// [`sql::LOCK_QUEUE_PG`]'s answer.
 #[derive(QueryableByName)]
 struct LockedQueue {
-    /// The queue has a partition or rate limit.
+    /// The queue has a rate limit.
     #[diesel(sql_type = diesel::sql_types::Bool)]
     involved: bool,
 }

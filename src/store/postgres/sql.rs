@@ -233,10 +233,10 @@ prepared_statement!(
 /// Locks a controlled queue's row for a claim (as the portable controlled claim's first step
 /// does, `Store::claim_controlled`), answering what the claim statement after it cannot
 /// decide: whether the row exists, and whether it has a setting only the portable claim
-/// handles (a per-partition or rate limit).
+/// handles (a rate limit).
 pub(crate) const LOCK_QUEUE_PG: &str = "\
 UPDATE jobvisor_queues SET claims = claims + 1 WHERE name = $1
-RETURNING (partition_limit IS NOT NULL OR rate_limit IS NOT NULL) AS involved";
+RETURNING rate_limit IS NOT NULL AS involved";
 
 prepared_statement!(
     /// Takes a queue row's write lock (see [`LOCK_QUEUE_PG`]).
@@ -245,48 +245,73 @@ prepared_statement!(
     }
 );
 
-/// The claim of a queue under a pause and at most a global concurrency limit, run after
-/// [`LOCK_QUEUE_PG`] in its transaction. Under READ COMMITTED a statement's snapshot is taken
-/// when it starts — here, after the lock was granted — so it sees every claim of the queue
-/// committed before, and none can commit until this transaction does: the count of running
-/// jobs is exact, and the claim takes at most `concurrency_limit − running`. The row is read
-/// again here, in the statement that claims: a paused queue, one without a row, and one with
-/// a partition or rate limit claim nothing (`LIMIT 0`) — and so does a claim that does not
-/// see the row *as this transaction wrote it* (`xmin` is this transaction's top-level id:
-/// the lock is an `UPDATE`, never in a savepoint — a `SELECT … FOR UPDATE` would leave
-/// `xmin` alone and every claim would take nothing), which is
-/// what makes sending the lock and this claim in one round trip safe: a claim executed
-/// before its lock, or outside its transaction, finds the row's `xmin` another
-/// transaction's and takes nothing.
+/// The claim of a queue under a pause, a global concurrency limit and a per-partition limit
+/// (any of them), run after [`LOCK_QUEUE_PG`] in its transaction. Under READ COMMITTED a
+/// statement's snapshot is taken when it starts — here, after the lock was granted — so it
+/// sees every claim of the queue committed before, and none can commit until this
+/// transaction does: the counts of running jobs are exact. The claim takes at most
+/// `concurrency_limit − running` jobs and, per partition, at most `partition_limit −
+/// running in it`: it counts the running jobs per partition (`p`), leaves the partitions at
+/// their limit out of its search, so a backlog of one never hides the others' due jobs,
+/// takes a window of candidates in claim order (`cand`: 4 × the budget, at most 4,000, as
+/// the portable claim does) and ranks each within its partition. The row is read again here,
+/// in the statement that claims: a paused queue, one without a row, and one with a rate
+/// limit claim nothing (`LIMIT 0`) — and so does a claim that does not see the row *as this
+/// transaction wrote it* (`xmin` is this transaction's top-level id: the lock is an
+/// `UPDATE`, never in a savepoint — a `SELECT … FOR UPDATE` would leave `xmin` alone and
+/// every claim would take nothing), which is what makes sending the lock and this claim in
+/// one round trip safe: a claim executed before its lock, or outside its transaction, finds
+/// the row's `xmin` another transaction's and takes nothing.
 pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
     claim_now!(),
     ", q AS (
     SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
         SELECT count(*) FROM jobvisor_jobs AS r
         WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
-    ), $5::bigint))) AS budget
+    ), $5::bigint))) AS budget, q.partition_limit AS per
     FROM jobvisor_queues AS q
-    WHERE q.name = $6 AND q.paused_at IS NULL
-      AND q.partition_limit IS NULL AND q.rate_limit IS NULL
+    WHERE q.name = $6 AND q.paused_at IS NULL AND q.rate_limit IS NULL
       AND q.xmin::text::bigint = txid_current() % 4294967296
+), p AS MATERIALIZED (
+    SELECT r.partition_key AS key, count(*) AS running
+    FROM jobvisor_jobs AS r
+    WHERE (SELECT per FROM q) IS NOT NULL
+      AND r.queue = $7 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+      AND r.partition_key IS NOT NULL
+    GROUP BY r.partition_key
+), cand AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, c.partition_key
+    FROM jobvisor_jobs AS c
+    WHERE c.queue = $8 AND c.state IN ('pending', 'retrying')
+      AND ($9::boolean OR c.kind = ANY($10::text[]))
+      AND c.run_at <= (SELECT now FROM n)
+      AND (c.partition_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM p WHERE p.key = c.partition_key AND p.running >= (SELECT per FROM q)))
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT COALESCE((SELECT CASE WHEN per IS NULL THEN budget
+                                ELSE LEAST(budget * 4, 4000) END FROM q), 0)
+    FOR UPDATE SKIP LOCKED
 )
 ",
     claim_update!(),
     "
-    SELECT c.id FROM jobvisor_jobs AS c
-    WHERE c.queue = $9 AND c.state IN ('pending', 'retrying')
-      AND ($10::boolean OR c.kind = ANY($11::text[]))
-      AND c.run_at <= (SELECT now FROM n)
-    ORDER BY c.priority, c.run_at, c.id
+    SELECT r.id FROM (
+        SELECT cand.*, row_number() OVER (
+            PARTITION BY cand.partition_key ORDER BY cand.priority, cand.run_at, cand.id) AS k
+        FROM cand
+    ) AS r
+    LEFT JOIN p ON p.key = r.partition_key
+    WHERE r.partition_key IS NULL OR (SELECT per FROM q) IS NULL
+       OR r.k <= (SELECT per FROM q) - COALESCE(p.running, 0)
+    ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE((SELECT budget FROM q), 0)
-    FOR UPDATE SKIP LOCKED
 ))
 RETURNING ",
     job_columns!()
 );
 
 prepared_statement!(
-    /// Claims up to `limit` due jobs of a controlled queue within its global limit (see
+    /// Claims up to `limit` due jobs of a controlled queue within its limits (see
     /// [`CLAIM_CONTROLLED_PG`]).
     PgClaimControlled, CLAIM_CONTROLLED_PG, {
         now: Option<i64> => Nullable<BigInt>,
@@ -295,11 +320,12 @@ prepared_statement!(
         queue_running: String => Text,
         limit_again: i64 => BigInt,
         queue_row: String => Text,
-        owner: String => Text,
-        token: String => Text,
+        queue_parts: String => Text,
         queue: String => Text,
         any_kind: bool => diesel::sql_types::Bool,
         kinds: Vec<String> => diesel::sql_types::Array<Text>,
+        owner: String => Text,
+        token: String => Text,
     }
 );
 
@@ -400,7 +426,7 @@ mod tests {
         assert_eq!(segments(FINALIZE_PG).len(), 9);
         assert_eq!(segments(CLAIM_PG).len(), 10);
         assert_eq!(segments(LOCK_QUEUE_PG).len(), 2);
-        assert_eq!(segments(CLAIM_CONTROLLED_PG).len(), 12);
+        assert_eq!(segments(CLAIM_CONTROLLED_PG).len(), 13);
         assert_eq!(segments(RENEW_PG).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 14);
     }
