@@ -89,6 +89,25 @@ struct Args {
     only: Option<Vec<String>>,
 }
 
+/// `--help`: the flags, their defaults and the modes (the module doc has what each measures).
+const USAGE: &str = "\
+usage: bench [flags]
+  --backend postgres|mysql|sqlite|all   (default all)
+  --jobs N          jobs per drain (default 20000)
+  --concurrency C   queue concurrency per node (default 10)
+  --prefetch P      the queue's prefetch (default: jobvisor's)
+  --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
+                    latency-remote (default: these);
+                    metrics, gauges, maintenance, drain-backlog, drain-archive,
+                    archive-cycle, rss, scale (only when named)
+  --rounds R        rounds of limits / metrics (default 3)
+  --job-ms M        each job of the limits mode sleeps M ms (default 0)
+  --nodes K         nodes the limits mode drains with (default 1)
+  --backlog N       jobs waiting / archived beforehand (default 1000000)
+  --through N       jobs through the live table in archive-cycle (default 1000000)
+  --in-flight N     handlers running at once in rss (default 10000)
+PostgreSQL and MariaDB from JOBVISOR_PG_URL / JOBVISOR_MYSQL_URL.";
+
 fn parse_args() -> Args {
     let mut args = Args {
         backends: vec![Backend::Postgres, Backend::Mysql, Backend::Sqlite],
@@ -130,7 +149,14 @@ fn parse_args() -> Args {
             "--job-ms" => args.job_ms = val().parse().expect("--job-ms takes a number"),
             "--nodes" => args.nodes = val().parse().expect("--nodes takes a number"),
             "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
-            other => panic!("unknown argument {other:?}"),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                eprintln!("unknown argument {other:?}\n\n{USAGE}");
+                std::process::exit(2);
+            }
         }
     }
     args
