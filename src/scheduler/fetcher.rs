@@ -456,6 +456,17 @@ mod tests {
     }
 
     #[test]
+    fn the_window_halves_while_a_limit_holds_claims_back() {
+        let mut w = PrefetchWindow::new(33, 1000);
+        for expect in [16, 8, 4, 2, 1, 0, 0] {
+            w.on_held_back();
+            assert_eq!(w.get(), expect);
+        }
+        w.on_claim(true, true);
+        assert_eq!(w.get(), 1, "a full claim to idle workers opens it again");
+    }
+
+    #[test]
     fn no_prefetch_stays_off() {
         let mut w = PrefetchWindow::new(10, 0);
         assert_eq!(w.get(), 0);

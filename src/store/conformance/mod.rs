@@ -229,6 +229,7 @@ macro_rules! conformance_tests {
             a_concurrency_limit_is_never_exceeded_by_concurrent_claimers,
             a_rate_limit_bounds_claims_in_every_window,
             partitions_at_their_limit_are_skipped_and_others_run,
+            a_global_and_a_partition_limit_hold_together,
             claims_follow_a_queue_whose_limits_change,
             a_resume_or_a_changed_limit_wakes_listeners,
             bad_queue_settings_get_clear_errors_and_change_nothing,

@@ -498,6 +498,55 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     assert_eq!(total, 1000, "every job ran");
 }
 
+/// Both limits at once, under 8 concurrent claimers over 1,000 jobs in 10 partitions: never
+/// more than 5 of the queue held, never more than 2 of one partition — the global count and
+/// the per-partition counts taken by one claim must agree.
+pub async fn a_global_and_a_partition_limit_hold_together(b: Backend) {
+    let t = Bundle::new(b).await;
+    let jobs: Vec<NewJob> = (0..1000)
+        .map(|i| {
+            NewJob::new(format!("k{}", i % 4), json!(i))
+                .queue("t")
+                .partition(format!("p{}", i % 10))
+        })
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits(
+            "t",
+            QueueLimits::default().concurrency(5).per_partition(2),
+            t.at(0),
+        )
+        .await
+        .unwrap();
+    #[derive(Default)]
+    struct Held {
+        all: i64,
+        peak: i64,
+        parts: std::collections::HashMap<String, i64>,
+    }
+    let held: Arc<std::sync::Mutex<Held>> = Default::default();
+    let h = held.clone();
+    let total = claim_in_parallel(&t, "t", 4, move |got, sign| {
+        let mut h = h.lock().unwrap();
+        h.all += sign * i64::try_from(got.len()).unwrap();
+        h.peak = h.peak.max(h.all);
+        assert!(h.all <= 5, "{} jobs held under a global limit of 5", h.all);
+        for c in got {
+            let p = c.job.partition.clone().unwrap();
+            let e = h.parts.entry(p.clone()).or_insert(0);
+            *e += sign;
+            assert!(*e <= 2, "{e} jobs of {p} held under a limit of 2");
+        }
+    })
+    .await;
+    assert_eq!(total, 1000, "every job ran");
+    assert!(held.lock().unwrap().peak >= 2, "claimers overlapped");
+}
+
 /// A node remembers which queues have settings, and which of those need the portable claim;
 /// when the settings change under it, its next claim follows the new ones exactly.
 pub async fn claims_follow_a_queue_whose_limits_change(b: Backend) {
