@@ -107,7 +107,12 @@ pub(crate) enum ControlledFast {
     /// own); nothing was claimed.
     Portable,
     /// Claimed within the pause and the global and per-partition limits (possibly nothing).
-    Claimed(Vec<JobRow>),
+    Claimed {
+        rows: Vec<JobRow>,
+        /// The global limit's free slots before this claim; `None` without a global limit,
+        /// or when nothing was claimed (the statement answers only with claimed rows).
+        room: Option<i64>,
+    },
 }
 
 /// What a renewal needs (see the module doc).

@@ -291,6 +291,9 @@ pub(crate) struct ControlledClaim {
     pub(crate) rows: Vec<JobRow>,
     /// The rate window is full until this much later.
     pub(crate) wait: Option<Duration>,
+    /// The global limit's free slots before this claim (`None`: no global limit, or not
+    /// known because nothing was claimed).
+    pub(crate) room: Option<i64>,
 }
 
 /// The `(partition, running)` pairs of a queue.
@@ -527,9 +530,10 @@ impl Store {
                     ..ControlledClaim::default()
                 })
             }
-            ControlledFast::Claimed(rows) => {
+            ControlledFast::Claimed { rows, room } => {
                 return Ok(ControlledClaim {
                     rows,
+                    room,
                     ..ControlledClaim::default()
                 })
             }
@@ -566,6 +570,7 @@ impl Store {
             }
             let mut now: i64 = diesel::select(DbNow::new(a.now)).get_result(c).await?;
             let mut budget = a.limit;
+            let mut room = None;
             if let Some(limit) = row.concurrency_limit {
                 let running: i64 = jobs::table
                     .filter(jobs::queue.eq(&q))
@@ -574,6 +579,7 @@ impl Store {
                     .count()
                     .get_result(c)
                     .await?;
+                room = Some(i64::from(limit) - running);
                 budget = budget.min(i64::from(limit) - running);
             }
             let mut wait = None;
@@ -615,6 +621,7 @@ impl Store {
             if budget <= 0 {
                 return Ok(ControlledClaim {
                     wait,
+                    room,
                     ..ControlledClaim::default()
                 });
             }
@@ -701,7 +708,10 @@ impl Store {
                     .await?
             };
             if ids.is_empty() {
-                return Ok(ControlledClaim::default());
+                return Ok(ControlledClaim {
+                    room,
+                    ..ControlledClaim::default()
+                });
             }
             diesel::update(
                 jobs::table
@@ -740,6 +750,7 @@ impl Store {
             }
             Ok::<_, diesel::result::Error>(ControlledClaim {
                 rows,
+                room,
                 ..ControlledClaim::default()
             })
         })?;
