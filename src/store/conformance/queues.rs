@@ -417,6 +417,33 @@ pub async fn bad_queue_settings_get_clear_errors_and_change_nothing(b: Backend) 
     assert!(!after[0].is_paused());
 }
 
+/// Enqueues `n` jobs on `queue`, spread in turn over `kinds` kinds (`k0`, `k1`, …) and
+/// `parts` partitions (`p0`, `p1`, …).
+async fn enqueue_spread(t: &Bundle, queue: &str, n: usize, kinds: usize, parts: usize) {
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| {
+            NewJob::new(format!("k{}", i % kinds), json!(i))
+                .queue(queue)
+                .partition(format!("p{}", i % parts))
+        })
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+}
+
+/// A queue `t` of 1,000 jobs of four kinds in 10 partitions, under `limits`.
+async fn partitioned(b: Backend, limits: QueueLimits) -> Bundle {
+    let t = Bundle::new(b).await;
+    enqueue_spread(&t, "t", 1000, 4, 10).await;
+    t.store
+        .queue_set_limits("t", limits, t.at(0))
+        .await
+        .unwrap();
+    t
+}
+
 pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let t = Bundle::new(b).await;
     // A's backlog comes first in claim order; B and C behind it; keyless jobs last.
@@ -468,22 +495,7 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
 
     // Concurrent claimers over 1,000 jobs in 10 partitions limited to 2 each: never more
     // than 2 of a partition held at once, counted as in the global-limit case.
-    let t = Bundle::new(b).await;
-    let jobs: Vec<NewJob> = (0..1000)
-        .map(|i| {
-            NewJob::new(format!("k{}", i % 4), json!(i))
-                .queue("t")
-                .partition(format!("p{}", i % 10))
-        })
-        .collect();
-    t.store
-        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
-        .await
-        .unwrap();
-    t.store
-        .queue_set_limits("t", QueueLimits::default().per_partition(2), t.at(0))
-        .await
-        .unwrap();
+    let t = partitioned(b, QueueLimits::default().per_partition(2)).await;
     let held: std::sync::Mutex<std::collections::HashMap<String, i64>> = Default::default();
     let total = claim_in_parallel(&t, "t", 5, move |got, sign| {
         let mut h = held.lock().unwrap();
@@ -502,26 +514,7 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
 /// more than 5 of the queue held, never more than 2 of one partition — the global count and
 /// the per-partition counts taken by one claim must agree.
 pub async fn a_global_and_a_partition_limit_hold_together(b: Backend) {
-    let t = Bundle::new(b).await;
-    let jobs: Vec<NewJob> = (0..1000)
-        .map(|i| {
-            NewJob::new(format!("k{}", i % 4), json!(i))
-                .queue("t")
-                .partition(format!("p{}", i % 10))
-        })
-        .collect();
-    t.store
-        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
-        .await
-        .unwrap();
-    t.store
-        .queue_set_limits(
-            "t",
-            QueueLimits::default().concurrency(5).per_partition(2),
-            t.at(0),
-        )
-        .await
-        .unwrap();
+    let t = partitioned(b, QueueLimits::default().concurrency(5).per_partition(2)).await;
     #[derive(Default)]
     struct Held {
         all: i64,
@@ -551,17 +544,7 @@ pub async fn a_global_and_a_partition_limit_hold_together(b: Backend) {
 /// when the settings change under it, its next claim follows the new ones exactly.
 pub async fn claims_follow_a_queue_whose_limits_change(b: Backend) {
     let t = Bundle::new(b).await;
-    let jobs: Vec<NewJob> = (0..20)
-        .map(|i| {
-            NewJob::new("k", json!(i))
-                .queue("s")
-                .partition(format!("p{}", i % 2))
-        })
-        .collect();
-    t.store
-        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
-        .await
-        .unwrap();
+    enqueue_spread(&t, "s", 20, 1, 2).await;
     let set = |limits: QueueLimits, at: i64| {
         let store = t.store.clone();
         let now = t.at(at);
