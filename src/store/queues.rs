@@ -553,9 +553,10 @@ impl Store {
                     ..ControlledClaim::default()
                 });
             }
-            let row: QueueRow = queues::table
+            // The settings and the database's "now" in one statement.
+            let (row, mut now): (QueueRow, i64) = queues::table
                 .filter(queues::name.eq(&q))
-                .select(QueueRow::as_select())
+                .select((QueueRow::as_select(), DbNow::new(a.now)))
                 .first(c)
                 .await?;
             // PostgreSQL's own controlled claim takes every setting but a rate limit; the
@@ -568,7 +569,6 @@ impl Store {
             if row.paused_at.is_some() {
                 return Ok(ControlledClaim::default());
             }
-            let mut now: i64 = diesel::select(DbNow::new(a.now)).get_result(c).await?;
             let mut budget = a.limit;
             let mut room = None;
             if let Some(limit) = row.concurrency_limit {
