@@ -9,7 +9,7 @@
 //! * [`ReleaseHold`], [`RetakeHold`]: a `while_active` job releasing its unique key as it
 //!   ends, or taking it again on a manual retry.
 //!
-//! * [`StateIn`], [`SkipLocked`], `prepared_statement!`, `job_columns!`.
+//! * [`StateIn`], [`SkipLocked`], [`ForUpdate`], `prepared_statement!`, `job_columns!`.
 //!
 //! All render static SQL for a given backend and type, so prepared statements stay cached.
 //! Each dialect's rendering (its "now", JSON append, row-value comparison, `SKIP LOCKED`)
@@ -271,6 +271,16 @@ where
 pub(crate) struct SkipLocked<Q>(pub(crate) Q);
 
 impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for SkipLocked<Q> {
+    type SqlType = Q::SqlType;
+}
+
+/// A select that locks the rows it reads until the transaction ends: `… FOR UPDATE` on
+/// PostgreSQL and MySQL; plain on SQLite, whose `BEGIN IMMEDIATE` already makes the
+/// transaction the only writer.
+#[derive(Debug, Clone, QueryId)]
+pub(crate) struct ForUpdate<Q>(pub(crate) Q);
+
+impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for ForUpdate<Q> {
     type SqlType = Q::SqlType;
 }
 

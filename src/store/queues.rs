@@ -9,9 +9,11 @@
 //! uncontrolled claim came back empty looks, and one whose controlled claim found no row
 //! goes back to the fast path.
 //!
-//! A *controlled* claim is one transaction: it bumps the queue row's `claims` counter (an
-//! `UPDATE`, so it holds the row's write lock until commit; on SQLite `BEGIN IMMEDIATE`
-//! already makes it the only writer), reads the settings, then — in statements that start
+//! A *controlled* claim is one transaction: it locks the queue's row until commit and reads
+//! its settings in one statement (`SELECT … FOR UPDATE`, a locking read of the latest
+//! committed row; PostgreSQL's own claim takes the lock with an `UPDATE` of the `claims`
+//! counter, see its `sql.rs`; on SQLite `BEGIN IMMEDIATE` already makes it the only
+//! writer), then — in statements that start
 //! after the lock was taken, so under READ COMMITTED they see every claim committed before —
 //! counts what it must: the queue's `running` jobs, per partition those of the candidates'
 //! partitions, and the jobs claimed inside the rate window. Claims are the only way a job
@@ -36,7 +38,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::{with_conn, with_tx, ClaimArgs, ControlledFast};
-use super::expr::{ClaimableIn, DbNow};
+use super::expr::{ClaimableIn, DbNow, ForUpdate};
 use super::rows::{dur_us, from_us, JobRow};
 use super::schema::{
     jobvisor_jobs as jobs, jobvisor_nodes as nodes, jobvisor_queue_claims as claims_log,
@@ -543,22 +545,20 @@ impl Store {
         let kinds = a.kinds.clone().unwrap_or_default();
         let q = a.queue.clone();
         let out: ControlledClaim = with_tx!(self, |c| {
-            let locked = diesel::update(queues::table.filter(queues::name.eq(&q)))
-                .set(queues::claims.eq(queues::claims + 1))
-                .execute(c)
-                .await?;
-            if locked == 0 {
+            // The row's lock, its settings and the database's "now", in one statement.
+            let found: Vec<(QueueRow, i64)> = ForUpdate(
+                queues::table
+                    .filter(queues::name.eq(&q))
+                    .select((QueueRow::as_select(), DbNow::new(a.now))),
+            )
+            .load(c)
+            .await?;
+            let Some((row, mut now)) = found.into_iter().next() else {
                 return Ok(ControlledClaim {
                     uncontrolled: true,
                     ..ControlledClaim::default()
                 });
-            }
-            // The settings and the database's "now" in one statement.
-            let (row, mut now): (QueueRow, i64) = queues::table
-                .filter(queues::name.eq(&q))
-                .select((QueueRow::as_select(), DbNow::new(a.now)))
-                .first(c)
-                .await?;
+            };
             // PostgreSQL's own controlled claim takes every setting but a rate limit; the
             // other backends have none.
             let own = self.inner.driver.backend() == crate::Backend::Postgres;

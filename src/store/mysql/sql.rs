@@ -13,7 +13,9 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
 
-use crate::store::expr::{prepared_statement, ClaimableSql, ClockSql, JsonAppend, SkipLocked};
+use crate::store::expr::{
+    prepared_statement, ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked,
+};
 use crate::store::schema::jobvisor_jobs;
 
 /// "Now" in epoch microseconds. `UTC_TIMESTAMP` is independent of the session time zone (no
@@ -92,6 +94,14 @@ where
 impl QueryFragment<Mysql> for LeasePairs {
     fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
         pairs_list(self, out)
+    }
+}
+
+impl<Q: QueryFragment<Mysql>> QueryFragment<Mysql> for ForUpdate<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" FOR UPDATE");
+        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Json, Nullable, Text};
 
 use crate::store::expr::{job_columns, prepared_statement};
-use crate::store::expr::{ClaimableSql, ClockSql, JsonAppend, SkipLocked};
+use crate::store::expr::{ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked};
 
 /// "Now" in epoch microseconds. `now()` is the transaction's start: stable within a
 /// statement, so indexes stay usable.
@@ -36,6 +36,14 @@ impl QueryFragment<Pg> for JsonAppend {
         out.push_sql("(COALESCE(errors::jsonb, '[]'::jsonb) || jsonb_build_array(");
         out.push_bind_param::<Json, _>(&self.value)?;
         out.push_sql("::jsonb))::json");
+        Ok(())
+    }
+}
+
+impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for ForUpdate<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" FOR UPDATE");
         Ok(())
     }
 }

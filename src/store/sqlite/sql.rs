@@ -10,7 +10,7 @@ use diesel::sql_types::{BigInt, Json, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
 use crate::store::expr::{job_columns, prepared_statement};
-use crate::store::expr::{ClaimableSql, ClockSql, JsonAppend, SkipLocked};
+use crate::store::expr::{ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked};
 
 /// "Now" in epoch microseconds.
 macro_rules! now_us {
@@ -34,6 +34,12 @@ impl QueryFragment<Sqlite> for JsonAppend {
         out.push_bind_param::<Json, _>(&self.value)?;
         out.push_sql("))");
         Ok(())
+    }
+}
+
+impl<Q: QueryFragment<Sqlite>> QueryFragment<Sqlite> for ForUpdate<Q> {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        self.0.walk_ast(out)
     }
 }
 
