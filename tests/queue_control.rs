@@ -1,9 +1,8 @@
 //! Queue control through the runtime, in simulation (actors on a real store, a manual clock,
 //! fetches driven by the test): a pause stops every node's claims and a resume restarts
 //! them, a rate-limited fetcher sleeps until its window frees and then claims by itself, and
-//! a global limit hands its slots from node to node without ever being exceeded, and a node
-//! that used the limit up does not keep its slots in its prefetch. The hand-off and the
-//! prefetch cases run on PostgreSQL, MySQL and SQLite.
+//! a global limit hands its slots from node to node without ever being exceeded. The
+//! hand-off runs on PostgreSQL, MySQL and SQLite.
 
 #![allow(clippy::unwrap_used)]
 
@@ -230,80 +229,6 @@ async fn a_global_limit_hands_its_slots_between_nodes(backend: Backend) {
         peak, LIMIT,
         "never more than the limit at once, and the limit was used"
     );
-}
-
-/// A node that claims first under a global limit must not keep the limit's slots in its
-/// prefetch while another node's workers are idle: once its claim uses the limit up it holds
-/// only what its own workers run, so the slots its finished jobs free go to the other node.
-async fn a_node_does_not_hoard_a_used_up_limit_in_its_prefetch(backend: Backend) {
-    let db = Arc::new(TestDb::create(backend).await);
-    let clock = ManualClock::at_fixed_start();
-    let gate = Arc::new(Semaphore::new(0));
-    let gauge = Arc::new(Gauge::default());
-    let mut nodes = Vec::new();
-    for name in ["a", "b"] {
-        let handler = counted(gate.clone(), gauge.clone());
-        nodes.push(
-            Simulation::on_store(db.store().await, clock.clone(), name, |b| {
-                b.queue("q", QueueConfig::default().concurrency(2).prefetch(4))
-                    .handler("w", handler)
-            })
-            .keep(db.clone()),
-        );
-    }
-    let (b, a) = (nodes.pop().unwrap(), nodes.pop().unwrap());
-    let ids = enqueue(&a, "w", 12).await;
-    a.client
-        .set_queue_limits("q", QueueLimits::default().concurrency(4))
-        .await
-        .unwrap();
-    // a claims 2 for its idle workers, deepens its prefetch, and claims the limit's other 2.
-    a.fetch("q").await;
-    until(|| a.handle.stats().claimed == 4).await;
-    assert_eq!(b.fetch("q").await, 0, "the limit is used up");
-    // Two of a's jobs finish: a's prefetched two start, and the freed slots are b's.
-    gate.add_permits(2);
-    until(|| a.handle.stats().finished == 2).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        a.handle.stats().claimed,
-        4,
-        "a claimed again while its workers were busy with its prefetch"
-    );
-    // b's idle workers get the freed slots (half its budget per claim, the rest by itself).
-    b.fetch("q").await;
-    until(|| b.handle.stats().claimed == 2).await;
-    assert_eq!(a.handle.stats().claimed, 4);
-    gate.add_permits(100);
-    for _ in 0..10 {
-        a.fetch("q").await;
-        b.fetch("q").await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for id in &ids {
-        let job = a.client.wait(*id, Duration::from_secs(20)).await.unwrap();
-        assert_eq!((job.state, job.attempts), (JobState::Succeeded, 1));
-    }
-    assert!(gauge.peak.load(Ordering::SeqCst) <= 4, "the limit held");
-}
-
-mod no_hoarding {
-    use super::*;
-
-    #[actix::test]
-    async fn postgres() {
-        a_node_does_not_hoard_a_used_up_limit_in_its_prefetch(Backend::Postgres).await;
-    }
-
-    #[actix::test]
-    async fn mysql() {
-        a_node_does_not_hoard_a_used_up_limit_in_its_prefetch(Backend::Mysql).await;
-    }
-
-    #[actix::test]
-    async fn sqlite() {
-        a_node_does_not_hoard_a_used_up_limit_in_its_prefetch(Backend::Sqlite).await;
-    }
 }
 
 mod hand_off {

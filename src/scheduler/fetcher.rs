@@ -150,14 +150,6 @@ impl PrefetchWindow {
         }
     }
 
-    /// A claim used up the queue's global limit (or took nothing from a controlled queue):
-    /// every job this node holds beyond what its workers run is a slot of the limit that no
-    /// one runs, while another node's idle workers could. The window closes; full claims
-    /// open it again.
-    fn on_used_up(&mut self) {
-        self.window = 0;
-    }
-
     /// A claim of a queue with shared settings took fewer jobs than asked: a limit may be
     /// holding the queue back, and then every job held here in the prefetch is a slot of
     /// the limit that no worker runs — while another node's idle workers could. The window
@@ -228,7 +220,6 @@ impl Handler<FetchNow> for Fetcher {
                     jobs,
                     wait,
                     controlled,
-                    used_up,
                 }) => {
                     let n = jobs.len();
                     // The queue's rate limit holds claims back: try again when the window
@@ -247,9 +238,7 @@ impl Handler<FetchNow> for Fetcher {
                     // Checked before this claim's supervisors start taking permits.
                     act.window
                         .on_claim(full, act.workers.available_permits() > 0);
-                    if used_up {
-                        act.window.on_used_up();
-                    } else if controlled && !full {
+                    if controlled && !full {
                         act.window.on_held_back();
                     }
                     act.start_all(jobs, sent_at);
@@ -475,9 +464,6 @@ mod tests {
         }
         w.on_claim(true, true);
         assert_eq!(w.get(), 1, "a full claim to idle workers opens it again");
-        let mut w = PrefetchWindow::new(33, 1000);
-        w.on_used_up();
-        assert_eq!(w.get(), 0, "a used-up limit closes it at once");
     }
 
     #[test]

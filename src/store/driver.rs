@@ -107,12 +107,7 @@ pub(crate) enum ControlledFast {
     /// own); nothing was claimed.
     Portable,
     /// Claimed within the pause and the global and per-partition limits (possibly nothing).
-    Claimed {
-        rows: Vec<JobRow>,
-        /// The global limit's free slots before this claim; `None` without a global limit,
-        /// or when nothing was claimed (the statement answers only with claimed rows).
-        room: Option<i64>,
-    },
+    Claimed(Vec<JobRow>),
 }
 
 /// What a renewal needs (see the module doc).

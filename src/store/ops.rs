@@ -164,7 +164,6 @@ impl Store {
                 jobs: Vec::new(),
                 wait: None,
                 controlled: false,
-                used_up: false,
             });
         }
         let token = LeaseToken::generate();
@@ -181,7 +180,6 @@ impl Store {
         // any, so an empty answer may mean "controlled now".
         let modes = &self.inner.queue_modes;
         let mut wait = None;
-        let mut room = None;
         let mut rows: Vec<JobRow> = Vec::new();
         let mut controlled = modes.is_controlled(&p.queue);
         if !controlled {
@@ -200,7 +198,6 @@ impl Store {
             } else {
                 rows = got.rows;
                 wait = got.wait;
-                room = got.room;
             }
         }
         let mut claimed = Vec::with_capacity(rows.len());
@@ -238,13 +235,10 @@ impl Store {
         }
         // RETURNING order is unspecified: restore the claim order.
         claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
-        let taken = i64::try_from(claimed.len()).unwrap_or(i64::MAX);
-        let used_up = controlled && (taken == 0 || room.is_some_and(|r| r <= taken));
         Ok(Claim {
             jobs: claimed,
             wait,
             controlled,
-            used_up,
         })
     }
 

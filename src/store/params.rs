@@ -117,10 +117,6 @@ pub(crate) struct Claim {
     /// The queue has shared settings (a pause or a limit), so the claim was a controlled
     /// one: fewer jobs than asked may mean a limit held them back, not that none were due.
     pub(crate) controlled: bool,
-    /// A controlled claim that left no free slot of the queue's global limit, or took
-    /// nothing: a job this node holds beyond what its workers run is a slot of the limit
-    /// no one runs.
-    pub(crate) used_up: bool,
 }
 
 /// One lease to renew.

@@ -293,9 +293,6 @@ pub(crate) struct ControlledClaim {
     pub(crate) rows: Vec<JobRow>,
     /// The rate window is full until this much later.
     pub(crate) wait: Option<Duration>,
-    /// The global limit's free slots before this claim (`None`: no global limit, or not
-    /// known because nothing was claimed).
-    pub(crate) room: Option<i64>,
 }
 
 /// The `(partition, running)` pairs of a queue.
@@ -532,10 +529,9 @@ impl Store {
                     ..ControlledClaim::default()
                 })
             }
-            ControlledFast::Claimed { rows, room } => {
+            ControlledFast::Claimed(rows) => {
                 return Ok(ControlledClaim {
                     rows,
-                    room,
                     ..ControlledClaim::default()
                 })
             }
@@ -570,7 +566,6 @@ impl Store {
                 return Ok(ControlledClaim::default());
             }
             let mut budget = a.limit;
-            let mut room = None;
             if let Some(limit) = row.concurrency_limit {
                 let running: i64 = jobs::table
                     .filter(jobs::queue.eq(&q))
@@ -579,7 +574,6 @@ impl Store {
                     .count()
                     .get_result(c)
                     .await?;
-                room = Some(i64::from(limit) - running);
                 budget = budget.min(i64::from(limit) - running);
             }
             let mut wait = None;
@@ -621,7 +615,6 @@ impl Store {
             if budget <= 0 {
                 return Ok(ControlledClaim {
                     wait,
-                    room,
                     ..ControlledClaim::default()
                 });
             }
@@ -708,10 +701,7 @@ impl Store {
                     .await?
             };
             if ids.is_empty() {
-                return Ok(ControlledClaim {
-                    room,
-                    ..ControlledClaim::default()
-                });
+                return Ok(ControlledClaim::default());
             }
             diesel::update(
                 jobs::table
@@ -750,7 +740,6 @@ impl Store {
             }
             Ok::<_, diesel::result::Error>(ControlledClaim {
                 rows,
-                room,
                 ..ControlledClaim::default()
             })
         })?;

@@ -165,10 +165,10 @@ impl PgDriver {
         let claim = sql::PgClaimControlled {
             now: a.now,
             lease_us: a.lease_us,
-            queue_running: a.queue.clone(),
-            queue_row: a.queue.clone(),
             limit: a.limit,
+            queue_running: a.queue.clone(),
             limit_again: a.limit,
+            queue_row: a.queue.clone(),
             queue_parts: a.queue.clone(),
             queue: a.queue.clone(),
             any_kind: a.kinds.is_none(),
@@ -183,7 +183,7 @@ impl PgDriver {
             sql::PgBegin.execute(&mut &*conn),
             wait.execute(&mut &*conn),
             lock.load::<LockedQueue>(&mut &*conn),
-            claim.load::<ControlledRow>(&mut &*conn),
+            claim.load::<JobRow>(&mut &*conn),
             sql::PgCommit.execute(&mut &*conn),
         )
         .await;
@@ -211,10 +211,7 @@ impl PgDriver {
         Ok(match <[LockedQueue]>::first(&locked) {
             None => ControlledFast::Uncontrolled,
             Some(q) if q.involved => ControlledFast::Portable,
-            Some(_) => ControlledFast::Claimed {
-                room: <[ControlledRow]>::first(&rows).and_then(|r| r.room),
-                rows: rows.into_iter().map(|r| r.job).collect(),
-            },
+            Some(_) => ControlledFast::Claimed(rows),
         })
     }
 
@@ -265,16 +262,6 @@ impl PgDriver {
         })?;
         PgListener::start(conn, limit).await
     }
-}
-
-/// A row of [`sql::CLAIM_CONTROLLED_PG`]: the job, and the global limit's room before the
-/// claim (the same on every row).
-#[derive(QueryableByName)]
-struct ControlledRow {
-    #[diesel(embed)]
-    job: JobRow,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
-    room: Option<i64>,
 }
 
 /// [`sql::LOCK_QUEUE_PG`]'s answer.

@@ -272,17 +272,14 @@ prepared_statement!(
 /// the row's `xmin` another transaction's and takes nothing.
 pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
     claim_now!(),
-    ", q0 AS (
-    SELECT q.concurrency_limit - (
+    ", q AS (
+    SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
         SELECT count(*) FROM jobvisor_jobs AS r
-        WHERE r.queue = $3 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
-    ) AS room, q.partition_limit AS per
+        WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+    ), $5::bigint))) AS budget, q.partition_limit AS per
     FROM jobvisor_queues AS q
-    WHERE q.name = $4 AND q.paused_at IS NULL AND q.rate_limit IS NULL
+    WHERE q.name = $6 AND q.paused_at IS NULL AND q.rate_limit IS NULL
       AND q.xmin::text::bigint = txid_current() % 4294967296
-), q AS (
-    SELECT GREATEST(0, LEAST($5::bigint, COALESCE(room, $6::bigint))) AS budget, room, per
-    FROM q0
 ), p AS MATERIALIZED (
     SELECT r.partition_key AS key, count(*) AS running
     FROM jobvisor_jobs AS r
@@ -317,7 +314,7 @@ pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
     ORDER BY r.priority, r.run_at, r.id
     LIMIT COALESCE((SELECT budget FROM q), 0)
 ))
-RETURNING (SELECT room FROM q) AS room, ",
+RETURNING ",
     job_columns!()
 );
 
@@ -327,10 +324,10 @@ prepared_statement!(
     PgClaimControlled, CLAIM_CONTROLLED_PG, {
         now: Option<i64> => Nullable<BigInt>,
         lease_us: i64 => BigInt,
-        queue_running: String => Text,
-        queue_row: String => Text,
         limit: i64 => BigInt,
+        queue_running: String => Text,
         limit_again: i64 => BigInt,
+        queue_row: String => Text,
         queue_parts: String => Text,
         queue: String => Text,
         any_kind: bool => diesel::sql_types::Bool,
