@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1432,6 +1432,72 @@ async fn a_detected_pause_holds_starts_until_a_fresh_renewal_answers() {
     );
     gate.add_permits(1);
     assert_eq!(sim.finished(second).await, JobState::Succeeded);
+}
+
+/// Sets its flag when dropped: the handler future was stopped (or returned).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[actix::test]
+async fn a_handler_stops_in_time_while_the_actors_arbiter_is_blocked() {
+    // The application shares the actors' arbiter and can block it (a synchronous call in one
+    // of its own actors, a starved thread). The lease manager's deadline check cannot run
+    // then, so the handler's own task must stop it before its lease can expire. A 1.2 s
+    // lease (fence margin 0.2 s): the task's watch wakes 1 s after the start, the clock has
+    // moved 1.05 s by then, and the arbiter — this test's thread — is blocked throughout.
+    let stopped = Arc::new(AtomicBool::new(false));
+    let flag = stopped.clone();
+    let mut sim = Simulation::sqlite(|b| {
+        b.config(
+            jobvisor::testing::sim_config()
+                .lease(Duration::from_millis(1200))
+                .renew_every(Duration::from_millis(400)),
+        )
+        .queue("default", QueueConfig::default().concurrency(1))
+        .handler(
+            "work",
+            handler_fn(move |_: Value, _ctx| {
+                let guard = SetOnDrop(flag.clone());
+                async move {
+                    let _guard = guard;
+                    // Ignores cancellation: only dropping its future stops it.
+                    std::future::pending::<()>().await;
+                    JobOutcome::success("never")
+                }
+            }),
+        )
+    })
+    .await;
+    let id = enqueue(&sim, NewJob::new("work", json!({}))).await;
+    sim.fetch("default").await;
+    sim.next_event(|e| matches!(e, Event::Started { .. })).await;
+    sim.advance(Duration::from_millis(1050));
+    let blocked = std::time::Instant::now();
+    while !stopped.load(Ordering::SeqCst) && blocked.elapsed() < 3 * SEC {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        stopped.load(Ordering::SeqCst),
+        "the handler ran on past its fence margin while the arbiter was blocked"
+    );
+    // Once the arbiter runs again: given back as a counted `fenced` failure, announced once
+    // even though the deadline check finds the lease short too.
+    assert_eq!(sim.finished(id).await, JobState::Retrying);
+    sim.check_deadlines().await;
+    let job = sim.client.get(id).await.unwrap();
+    let codes: Vec<&str> = job.errors.iter().map(|e| e.code.as_str()).collect();
+    assert_eq!(codes, vec!["fenced"]);
+    let fences = sim
+        .seen()
+        .iter()
+        .filter(|e| matches!(e, Event::SelfFenced { .. }))
+        .count();
+    assert_eq!(fences, 1, "{:?}", sim.seen());
 }
 
 // ---- answers that arrive late: each applies only to the attempt whose token it carried ---

@@ -21,7 +21,7 @@
 //!
 //! [`Clock::monotonic`]: crate::clock::Clock::monotonic
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use super::ProgressCell;
@@ -36,6 +36,8 @@ const DROPPED: i64 = i64::MIN + 1;
 pub(crate) struct Attempt {
     valid_until_us: AtomicI64,
     started_us: AtomicI64,
+    /// The running handler was self-fenced (by the lease manager or by its own task).
+    fenced: AtomicBool,
     progress: ProgressCell,
 }
 
@@ -58,6 +60,7 @@ impl Attempt {
         Attempt {
             valid_until_us: AtomicI64::new(us(valid_until)),
             started_us: AtomicI64::new(NOT_STARTED),
+            fenced: AtomicBool::new(false),
             progress: ProgressCell::default(),
         }
     }
@@ -97,6 +100,13 @@ impl Attempt {
             .compare_exchange(NOT_STARTED, to, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
             && safe
+    }
+
+    /// Records that the running handler is being self-fenced; true only for the first caller
+    /// (the lease manager's deadline check and the handler task's own watch may both see the
+    /// lease run short), so the fence is announced once.
+    pub(crate) fn fence(&self) -> bool {
+        !self.fenced.swap(true, Ordering::AcqRel)
     }
 
     /// When the handler started (monotonic µs), if it did.
@@ -166,6 +176,13 @@ mod tests {
         let b = Attempt::new(2 * S);
         assert!(!b.try_start(3 * S, S), "estimate expired: dropped");
         assert_eq!(b.revoke(), Revoked::AlreadyDropped);
+    }
+
+    #[test]
+    fn a_fence_is_announced_once() {
+        let a = Attempt::new(10 * S);
+        assert!(a.fence());
+        assert!(!a.fence());
     }
 
     #[test]

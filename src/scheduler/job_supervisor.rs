@@ -6,6 +6,10 @@
 //! its lease estimate still holds with the fence margin ([`Attempt::try_start`], ARCHITECTURE.md §6
 //! invariant 9); otherwise the job is given back unstarted, its attempt not counted.
 //!
+//! The handler's task also watches the lease estimate itself and drops the handler when it
+//! comes within the fence margin, so a handler stops in time even while the actors' arbiter
+//! (shared with the application) is blocked and the lease manager cannot run.
+//!
 //! Told to stop ([`StopJob`]) it signals and aborts the handler. On timeout it writes a
 //! `timeout` failure, on release (shutdown) it gives the lease back, and on self-fencing (the
 //! lease could not be renewed in time) it gives the job back as a `fenced` failure to run
@@ -27,9 +31,10 @@ use tokio::task::{AbortHandle, JoinError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::attempt::{fence_margin, Attempt};
+use super::attempt::{fence_margin, us, Attempt};
 use super::lease_manager::JobFinished;
 use super::{Event, Shared, StopActor};
+use crate::clock::Clock;
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
 use crate::job::{Job, JobFailure};
 use crate::lease::LeaseToken;
@@ -156,21 +161,26 @@ impl JobSupervisor {
         ctx.stop();
     }
 
-    fn handler_done(&mut self, res: Result<Option<JobResult>, JoinError>, ctx: &mut Context<Self>) {
+    fn handler_done(&mut self, res: Result<Ran, JoinError>, ctx: &mut Context<Self>) {
         if self.done {
             return;
         }
         let res = match res {
             // The lease might be gone before the handler started: give the job back, its
             // attempt not counted.
-            Ok(None) => {
+            Ok(Ran::NotStarted) => {
                 let outcome = Finalization::Requeue {
                     delay: Duration::ZERO,
                 };
                 self.report_as(outcome, false, ctx);
                 return;
             }
-            Ok(Some(r)) => Ok(r),
+            Ok(Ran::Returned(r)) => Ok(r),
+            // Stopped by its own task's lease watch: as if told to self-fence.
+            Ok(Ran::Fenced) => {
+                self.fenced = true;
+                Ok(Err(JobError::retry("stopped: the lease ran short")))
+            }
             Err(e) => Err(e),
         };
         if let Some(outcome) = self.decided.take() {
@@ -217,6 +227,39 @@ impl JobSupervisor {
             }
         };
         self.report(outcome, ctx);
+    }
+}
+
+/// How a handler task ended.
+#[derive(Debug)]
+enum Ran {
+    /// The lease was not safe to start on (or was taken away first): never started.
+    NotStarted,
+    /// The handler returned.
+    Returned(JobResult),
+    /// The lease estimate came within the fence margin while the handler ran, and the task
+    /// dropped it (see [`lease_lapse`]).
+    Fenced,
+}
+
+/// Resolves once the attempt's lease estimate is within `margin` of its end (at once when
+/// revoked), re-reading the estimate each time it wakes, since renewals move it on. The
+/// handler task races its handler against this, so a handler stops in time even while the
+/// actors' arbiter is blocked and the lease manager's deadline check cannot run.
+async fn lease_lapse(gate: &Attempt, clock: &dyn Clock, margin: Duration) {
+    let margin = us(margin);
+    loop {
+        let left = gate
+            .valid_until_us()
+            .saturating_sub(margin)
+            .saturating_sub(us(clock.monotonic()));
+        let Ok(left) = u64::try_from(left) else {
+            return;
+        };
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_micros(left)).await;
     }
 }
 
@@ -275,7 +318,7 @@ impl Actor for JobSupervisor {
             self.attempt.clone(),
             self.shared.clone(),
         );
-        let (id, attempt) = (self.job.id, self.job.attempts);
+        let (id, attempt, kind) = (self.job.id, self.job.attempts, self.job.kind.clone());
         let (metrics, due) = (self.metrics.clone(), self.job.run_at);
         let margin = fence_margin(shared.config.lease);
         let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
@@ -285,7 +328,7 @@ impl Actor for JobSupervisor {
                 let _permit = workers.acquire_owned().await.ok();
                 shared.start_hold.wait().await;
                 if !gate.try_start(shared.clock.monotonic(), margin) {
-                    return None;
+                    return Ran::NotStarted;
                 }
                 let now = shared.clock.now();
                 job_ctx.deadline = now + timeout;
@@ -293,9 +336,20 @@ impl Actor for JobSupervisor {
                 let pickup = (now - due).to_std().unwrap_or(Duration::ZERO);
                 metrics.started(pickup);
                 let t0 = std::time::Instant::now();
-                let res = reg.handler.call(job_ctx).await;
+                // The task fences itself too: the lease manager's deadline check runs on the
+                // actors' arbiter, which the application shares and can block.
+                let ran = tokio::select! {
+                    biased;
+                    res = reg.handler.call(job_ctx) => Ran::Returned(res),
+                    () = lease_lapse(&gate, &*shared.clock, margin) => {
+                        if gate.fence() {
+                            shared.events.emit(Event::SelfFenced { id, kind });
+                        }
+                        Ran::Fenced
+                    }
+                };
                 metrics.handler_ran(t0.elapsed());
-                Some(res)
+                ran
             }
             .instrument(span),
         );

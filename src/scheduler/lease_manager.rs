@@ -703,10 +703,13 @@ impl LeaseManager {
             Revoked::Started(_) => {
                 l.fenced = true;
                 l.stop(StopReason::SelfFence, now + grace);
-                self.shared.events.emit(Event::SelfFenced {
-                    id: key.0,
-                    kind: l.kind.clone(),
-                });
+                // Its task's own watch may have stopped it first (and said so).
+                if l.attempt.fence() {
+                    self.shared.events.emit(Event::SelfFenced {
+                        id: key.0,
+                        kind: l.kind.clone(),
+                    });
+                }
             }
         }
     }
