@@ -1500,6 +1500,65 @@ async fn a_handler_stops_in_time_while_the_actors_arbiter_is_blocked() {
     assert_eq!(fences, 1, "{:?}", sim.seen());
 }
 
+#[actix::test]
+async fn an_actor_stopped_with_a_sqlite_call_in_flight_neither_panics_nor_blocks() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    // Another process holds SQLite's write lock, so the node's renewal waits in SQLite's busy
+    // handler on a blocking thread when its lease manager is stopped (as at the end of a
+    // shutdown), dropping the renewal's future on the arbiter — a current-thread runtime,
+    // which refuses to block in place: that drop must let the call run on, not panic (the
+    // panic took the actor down, and a node so stopped never finished shutting down).
+    let blocking_panics = Arc::new(AtomicU32::new(0));
+    let seen = blocking_panics.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.to_string().contains("blocking") {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let gate = Arc::new(Semaphore::new(0));
+    let mut sim = Simulation::on_store(
+        db.store().await,
+        jobvisor::clock::ManualClock::at_fixed_start(),
+        "stopping",
+        |b| b.handler("work", gated(gate.clone(), "x")),
+    )
+    .keep(db.clone());
+    let id = enqueue(&sim, NewJob::new("work", json!({}))).await;
+    sim.fetch("default").await;
+    sim.next_event(|e| matches!(e, Event::Started { .. })).await;
+    let path = db.url.strip_prefix("sqlite://").unwrap().to_string();
+    let mut locker = diesel::SqliteConnection::establish(&path).unwrap();
+    locker.batch_execute("BEGIN IMMEDIATE").unwrap();
+    let lm = sim.lease_manager();
+    lm.do_send(jobvisor::testing::RenewLeases);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sim.stop_lease_manager();
+    // The arbiter goes on (reads do not wait for the writer under WAL), lock still held.
+    let job = tokio::time::timeout(2 * SEC, sim.client.get(id))
+        .await
+        .expect("the arbiter is not blocked")
+        .unwrap();
+    assert_eq!(job.state, JobState::Running);
+    locker.batch_execute("COMMIT").unwrap();
+    assert_eq!(
+        blocking_panics.load(Ordering::SeqCst),
+        0,
+        "dropping an unfinished SQLite call panicked"
+    );
+    // The renewal ran to its end on its blocking thread; its connection was closed, and the
+    // store's next writes get fresh ones.
+    let other = enqueue(&sim, NewJob::new("work", json!(2))).await;
+    assert_eq!(
+        sim.client.get(other).await.unwrap().state,
+        JobState::Pending
+    );
+    gate.add_permits(1);
+}
+
 // ---- answers that arrive late: each applies only to the attempt whose token it carried ---
 
 /// PostgreSQL: the next UPDATE of the job table whose text matches `pattern` (a `LIKE`

@@ -10,12 +10,15 @@
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::time::{Duration, Instant};
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use diesel_async::AsyncConnection;
 
 use super::driver::Driver;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::timeout::{ConnPool, Manager};
 use super::{Backend, Inner, Store, StoreOptions};
 use crate::error::{redact_url, Error, Result};
@@ -156,6 +159,7 @@ where
 /// connection (it can for PostgreSQL, and SQLite has no server): after a server restart every
 /// pooled connection would otherwise stay dead forever. Elsewhere a ping would double the cost
 /// of every short statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn pool<C>(
     opts: &StoreOptions,
     size: u32,

@@ -495,7 +495,7 @@ macro_rules! with_tx {
             #[cfg(feature = "sqlite")]
             $crate::store::driver::Driver::Sqlite(d) => {
                 let mut c = d.writer(false).await?;
-                c.immediate_transaction(async |$conn| $body).await
+                $crate::store::sqlite::immediate(&mut c, async |$conn| $body).await
             }
         }
     };

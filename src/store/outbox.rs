@@ -17,7 +17,15 @@ use super::mysql::enqueue_mysql;
 #[cfg(feature = "postgres")]
 use super::postgres::enqueue_pg;
 #[cfg(feature = "sqlite")]
-use super::sqlite::{enqueue_sqlite, SqliteConn};
+use super::sqlite::{enqueue_sqlite, SqliteAsync};
+#[cfg(feature = "sqlite")]
+use diesel::sqlite::SqliteConnection;
+#[cfg(feature = "sqlite")]
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+/// An application's SQLite connection, as diesel-async makes it by default.
+#[cfg(feature = "sqlite")]
+type UserSqliteConn = SyncConnectionWrapper<SqliteConnection>;
 use super::{Backend, EnqueueParams, Enqueued, Store};
 use crate::error::{Error, Result, StoreError};
 use crate::job::NewJob;
@@ -62,7 +70,7 @@ impl sealed::Sealed for AsyncPgConnection {}
 #[cfg(feature = "mysql")]
 impl sealed::Sealed for AsyncMysqlConnection {}
 #[cfg(feature = "sqlite")]
-impl sealed::Sealed for SqliteConn {}
+impl<S> sealed::Sealed for SyncConnectionWrapper<SqliteConnection, S> {}
 
 #[cfg(feature = "postgres")]
 impl OutboxConnection for AsyncPgConnection {
@@ -100,8 +108,12 @@ impl OutboxConnection for AsyncMysqlConnection {
     }
 }
 
+/// An application's SQLite connection (diesel-async's default), and the store's own.
 #[cfg(feature = "sqlite")]
-impl OutboxConnection for SqliteConn {
+impl<S> OutboxConnection for SyncConnectionWrapper<SqliteConnection, S>
+where
+    Self: SqliteAsync,
+{
     fn backend(&self) -> Backend {
         Backend::Sqlite
     }
@@ -165,7 +177,7 @@ macro_rules! pooled_outbox {
 
 pooled_outbox!("postgres", AsyncPgConnection);
 pooled_outbox!("mysql", AsyncMysqlConnection);
-pooled_outbox!("sqlite", SqliteConn);
+pooled_outbox!("sqlite", UserSqliteConn);
 
 impl Store {
     /// MariaDB 10.6+: `INSERT … RETURNING` (see the `mysql` module).

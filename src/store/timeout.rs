@@ -17,7 +17,7 @@
 //! dropped.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,16 +149,45 @@ fn timeout_error(op: Op, limit: Duration, phase: Phase) -> Error {
 pub(crate) struct Tracked<C> {
     pub(crate) conn: C,
     poisoned: bool,
+    /// Calls still running on the connection, where they can outlive their future (SQLite's,
+    /// see `sqlite/conn.rs`): one returned while a call runs is closed, not reused.
+    busy: Option<Arc<AtomicUsize>>,
 }
+
+/// Opens a connection whose calls can outlive their futures, with the count of those
+/// running (SQLite's, see `sqlite/conn.rs`).
+pub(crate) type Connector<C> = Box<
+    dyn Fn() -> futures_util::future::BoxFuture<'static, Result<(C, Arc<AtomicUsize>), PoolError>>
+        + Send
+        + Sync,
+>;
 
 /// The store's pool manager: diesel-async's, plus the poison mark.
 pub(crate) struct Manager<C> {
     inner: AsyncDieselConnectionManager<C>,
+    /// Opens connections instead of `inner`, when set.
+    connector: Option<Connector<C>>,
 }
 
 impl<C> Manager<C> {
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn new(inner: AsyncDieselConnectionManager<C>) -> Self {
-        Manager { inner }
+        Manager {
+            inner,
+            connector: None,
+        }
+    }
+
+    /// A manager that opens its connections with `connector`.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn with_connector(
+        inner: AsyncDieselConnectionManager<C>,
+        connector: Connector<C>,
+    ) -> Self {
+        Manager {
+            inner,
+            connector: Some(connector),
+        }
     }
 }
 
@@ -177,10 +206,19 @@ where
     type Error = PoolError;
 
     async fn connect(&self) -> Result<Tracked<C>, PoolError> {
+        if let Some(open) = &self.connector {
+            let (conn, busy) = open().await?;
+            return Ok(Tracked {
+                conn,
+                poisoned: false,
+                busy: Some(busy),
+            });
+        }
         let conn = self.inner.connect().await?;
         Ok(Tracked {
             conn,
             poisoned: false,
+            busy: None,
         })
     }
 
@@ -194,7 +232,11 @@ where
     }
 
     fn has_broken(&self, c: &mut Tracked<C>) -> bool {
-        c.poisoned || self.inner.has_broken(&mut c.conn)
+        c.poisoned
+            || c.busy
+                .as_ref()
+                .is_some_and(|b| b.load(Ordering::Acquire) > 0)
+            || self.inner.has_broken(&mut c.conn)
     }
 }
 

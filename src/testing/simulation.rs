@@ -129,6 +129,11 @@ impl Simulation {
         self.fetcher(queue).send(FetchNow).await.unwrap_or(0)
     }
 
+    /// Stops the lease manager, as the end of a shutdown does, whatever it is doing.
+    pub fn stop_lease_manager(&self) {
+        self.lease_manager().do_send(crate::scheduler::StopActor);
+    }
+
     /// Sends the heartbeat.
     pub async fn renew(&self) -> RenewReport {
         self.lease_manager()

@@ -27,8 +27,12 @@ use chrono::{DateTime, TimeZone, Utc};
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, AsyncPgConnection};
 use serde_json::json;
 
-use super::sqlite::SqliteConn;
 use super::*;
+
+/// An application's SQLite connection, as diesel-async opens it (the outbox cases enqueue on
+/// one).
+type SqliteConn =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::sqlite::SqliteConnection>;
 
 mod bad_input;
 mod claim;

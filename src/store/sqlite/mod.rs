@@ -17,35 +17,51 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel::result::ConnectionError;
 use diesel::sqlite::SqliteConnection;
-use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::batch::{
     batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
     LastId, RenewedRow, KEYED_TRIES,
 };
-use super::connect::pool;
 use super::driver::{ClaimArgs, RenewArgs};
 use super::rows::{dur_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
-use super::timeout::{checkout, in_bounded_op, set_phase, ConnPool, Lease, Phase};
+use super::timeout::{
+    checkout, in_bounded_op, set_phase, ConnPool, Connector, Lease, Manager, Phase,
+};
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_SQLITE_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob};
 
+mod conn;
 pub(crate) mod sql;
+
+pub(crate) use conn::{immediate, SqliteConn};
+
+/// A SQLite connection diesel-async drives: the store's own, or an application's (the
+/// outbox enqueues on it).
+pub(crate) trait SqliteAsync:
+    diesel_async::AsyncConnection<Backend = diesel::sqlite::Sqlite> + Send
+{
+}
+
+impl<C> SqliteAsync for C where
+    C: diesel_async::AsyncConnection<Backend = diesel::sqlite::Sqlite> + Send
+{
+}
+use conn::Detached;
 
 /// The migrations, embedded.
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
-
-/// A SQLite connection as diesel-async drives it (on a blocking thread).
-pub(crate) type SqliteConn = SyncConnectionWrapper<SqliteConnection>;
 
 /// A SQLite store's connections and its writer lock.
 pub(crate) struct SqliteDriver {
@@ -94,20 +110,13 @@ impl SqliteDriver {
     ) -> std::result::Result<SqliteDriver, String> {
         check_sqlite_path(Path::new(path))?;
         let busy_ms = opts.busy_timeout.as_millis();
-        open_sqlite(path, busy_ms)
+        open_sqlite(path.to_string(), busy_ms)
             .await
             .map_err(|e| format!("{e}; expected a writable SQLite file"))?;
-        let setup = |path: &str| -> diesel_async::pooled_connection::SetupCallback<SqliteConn> {
-            let path = path.to_string();
-            Box::new(move |_: &str| {
-                let path = path.clone();
-                Box::pin(async move { open_sqlite(&path, busy_ms).await })
-            })
-        };
         let size = opts.pool_size.unwrap_or(DEFAULT_SQLITE_POOL_SIZE);
         Ok(SqliteDriver {
-            pool: pool(opts, size, false, setup(path)),
-            renew_pool: pool(opts, RENEW_LANE_SIZE, false, setup(path)),
+            pool: sqlite_pool(opts, size, path),
+            renew_pool: sqlite_pool(opts, RENEW_LANE_SIZE, path),
             writer: tokio::sync::Mutex::new(()),
             lock_bound,
         })
@@ -150,17 +159,14 @@ impl SqliteDriver {
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         let mut c = self.writer(false).await?;
-        Ok(
-            c.immediate_transaction(async |c| enqueue_sqlite(c, batch, now).await)
-                .await?,
-        )
+        Ok(immediate(&mut c, async |c| enqueue_sqlite(c, batch, now).await).await?)
     }
 
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING`
     /// ([`sql::CLAIM_SQLITE`]) in `BEGIN IMMEDIATE`.
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
         let mut c = self.writer(false).await?;
-        Ok(c.immediate_transaction(async |c| {
+        Ok(immediate(&mut c, async |c| {
             sql::SqliteClaim {
                 now: a.now,
                 owner: a.owner.clone(),
@@ -252,8 +258,38 @@ fn check_sqlite_path(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-async fn open_sqlite(path: &str, busy_ms: u128) -> diesel::ConnectionResult<SqliteConn> {
-    let mut c = SqliteConn::establish(path).await?;
+/// A pool of the store's SQLite connections to `path` (see [`open_sqlite`]).
+fn sqlite_pool(opts: &StoreOptions, size: u32, path: &str) -> ConnPool<SqliteConn> {
+    let busy_ms = opts.busy_timeout.as_millis();
+    let path = path.to_string();
+    let connector: Connector<SqliteConn> = Box::new(move || {
+        let path = path.clone();
+        Box::pin(async move {
+            open_sqlite(path, busy_ms)
+                .await
+                .map_err(diesel_async::pooled_connection::PoolError::ConnectionError)
+        })
+    });
+    // The diesel-async manager only answers whether a connection is broken; the connector
+    // opens them.
+    let mgr = Manager::with_connector(AsyncDieselConnectionManager::new(""), connector);
+    bb8::Pool::builder()
+        .max_size(size)
+        .connection_timeout(opts.connect_timeout)
+        .build_unchecked(mgr)
+}
+
+/// Opens one of the store's connections to `path` (WAL mode, the busy timeout set), with the
+/// count of its calls still running.
+async fn open_sqlite(
+    path: String,
+    busy_ms: u128,
+) -> diesel::ConnectionResult<(SqliteConn, Arc<AtomicUsize>)> {
+    let raw = tokio::task::spawn_blocking(move || SqliteConnection::establish(&path))
+        .await
+        .map_err(|e| ConnectionError::BadConnection(e.to_string()))??;
+    let busy = Arc::new(AtomicUsize::new(0));
+    let mut c = SqliteConn::with_runtime(raw, Detached::counting(busy.clone()));
     // Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
     // locked" at once, without its busy handler, while another connection opens the same
     // file: retry within the busy timeout.
@@ -267,7 +303,7 @@ async fn open_sqlite(path: &str, busy_ms: u128) -> diesel::ConnectionResult<Sqli
             ))
             .await;
         match res {
-            Ok(()) => return Ok(c),
+            Ok(()) => return Ok((c, busy)),
             Err(e)
                 if e.to_string().contains("is locked") && std::time::Instant::now() < deadline =>
             {
@@ -280,8 +316,8 @@ async fn open_sqlite(path: &str, busy_ms: u128) -> diesel::ConnectionResult<Sqli
 
 /// SQLite: jobs without unique keys in one cached `INSERT … SELECT FROM json_each(?)`
 /// (a `VALUES` list compiles in time quadratic in its binds). Ids ascend in array order.
-async fn insert_many_sqlite(
-    conn: &mut SqliteConn,
+async fn insert_many_sqlite<C: SqliteAsync>(
+    conn: &mut C,
     jobs: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<i64>> {
@@ -296,8 +332,8 @@ async fn insert_many_sqlite(
 /// one multi-row insert; a keyed job (or a lone one, whose insert is a cached prepared
 /// statement) is one `INSERT … ON CONFLICT DO NOTHING RETURNING` — statements are in-process
 /// calls, but each still costs its preparation and step.
-pub(crate) async fn enqueue_sqlite(
-    conn: &mut SqliteConn,
+pub(crate) async fn enqueue_sqlite<C: SqliteAsync>(
+    conn: &mut C,
     batch: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
@@ -320,8 +356,8 @@ pub(crate) async fn enqueue_sqlite(
 
 /// SQLite, one row: `INSERT … ON CONFLICT DO NOTHING RETURNING id`; `None`: another job
 /// holds the key.
-async fn insert_one_sqlite(
-    conn: &mut SqliteConn,
+async fn insert_one_sqlite<C: SqliteAsync>(
+    conn: &mut C,
     j: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<i64>> {
@@ -339,8 +375,8 @@ async fn insert_one_sqlite(
 /// duplicate, or inserted in its place if the holder's period has ended (its hold released
 /// by a guarded `UPDATE`; the caller's transaction — the writer's `BEGIN IMMEDIATE` — makes
 /// the two one step, and the only one). `None` when the key kept changing hands.
-async fn enqueue_one_sqlite(
-    conn: &mut SqliteConn,
+async fn enqueue_one_sqlite<C: SqliteAsync>(
+    conn: &mut C,
     j: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<Enqueued>> {
@@ -410,9 +446,7 @@ async fn finalize_sqlite(
     let batch = serde_json::to_string(&batch)
         .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
     let q = sql::SqliteFinalize { now, batch };
-    let rows: Vec<Finalized> = conn
-        .immediate_transaction(async |c| q.load(c).await)
-        .await?;
+    let rows: Vec<Finalized> = immediate(conn, async |c| q.load(c).await).await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))

@@ -1,0 +1,161 @@
+//! The store's SQLite connection: diesel-async's `SyncConnectionWrapper`, whose blocking calls
+//! run to their end when the future awaiting them is dropped.
+//!
+//! diesel-async's default waits for an unfinished call in that future's `drop`, through
+//! `tokio::task::block_in_place` — which panics on a current-thread runtime, and the
+//! scheduler's actors await the store on one (an actix arbiter). An operation abandoned there
+//! (its bound passed, or its actor stopped at shutdown while a statement ran) panicked and
+//! took its actor down: a lease manager stopped mid-renewal left its node unable to shut down.
+//!
+//! Here the call finishes on its blocking thread, holding its own handle on the connection,
+//! and the connection counts its calls still running ([`Detached::busy`]): the pool closes
+//! a connection returned while one runs instead of handing it out again (and instead of
+//! asking its transaction state, which diesel-async refuses with a panic while a call holds
+//! the connection). [`immediate`] is `BEGIN IMMEDIATE … COMMIT` for this connection type.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use diesel::connection::AnsiTransactionManager;
+use diesel::sqlite::SqliteConnection;
+use diesel_async::sync_connection_wrapper::{
+    SpawnBlocking, SyncConnectionWrapper, SyncTransactionManagerWrapper,
+};
+use diesel_async::TransactionManager;
+use futures_util::future::BoxFuture;
+use tokio::runtime::Handle;
+
+/// The store's SQLite connection.
+pub(crate) type SqliteConn = SyncConnectionWrapper<SqliteConnection, Detached>;
+
+/// Runs a connection's blocking calls on tokio's blocking threads; a call whose future is
+/// dropped runs to its end regardless.
+pub(crate) struct Detached {
+    /// Calls started and not yet finished.
+    busy: Arc<AtomicUsize>,
+    /// The runtime the connection was opened on, for calls made outside any runtime.
+    opened_on: Option<Handle>,
+}
+
+impl Detached {
+    /// A runner whose running calls are counted in `busy`.
+    pub(crate) fn counting(busy: Arc<AtomicUsize>) -> Self {
+        Detached {
+            busy,
+            opened_on: Handle::try_current().ok(),
+        }
+    }
+}
+
+impl SpawnBlocking for Detached {
+    fn spawn_blocking<'a, R>(
+        &mut self,
+        task: impl FnOnce() -> R + Send + 'static,
+    ) -> BoxFuture<'a, Result<R, Box<dyn StdError + Send + Sync + 'static>>>
+    where
+        R: Send + 'static,
+    {
+        let Some(handle) = Handle::try_current()
+            .ok()
+            .or_else(|| self.opened_on.clone())
+        else {
+            return Box::pin(std::future::ready(Err(
+                "no tokio runtime to run the SQLite call on".into(),
+            )));
+        };
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        let busy = self.busy.clone();
+        // `task` owns a handle on the connection and drops it when it returns, before the
+        // count goes down: a count of zero means no call holds the connection.
+        let join = handle.spawn_blocking(move || {
+            let out = task();
+            busy.fetch_sub(1, Ordering::AcqRel);
+            out
+        });
+        Box::pin(async move {
+            join.await
+                .map_err(|e| Box::new(e) as Box<dyn StdError + Send + Sync + 'static>)
+        })
+    }
+
+    fn get_runtime() -> Self {
+        Detached::counting(Arc::default())
+    }
+}
+
+/// An async closure over the connection whose future can be named (and so required `Send`):
+/// what [`immediate`] runs inside its transaction.
+pub(crate) trait TxBody<T, R>: AsyncFnOnce(T) -> R + FnOnce(T) -> Self::Fut {
+    /// The closure's future.
+    type Fut: Future<Output = R>;
+}
+
+impl<F, T, Fut, R> TxBody<T, R> for F
+where
+    F: AsyncFnOnce(T) -> R + FnOnce(T) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
+
+/// Runs `body` in a `BEGIN IMMEDIATE` transaction (the write lock taken up front, so a
+/// read-then-write never fails on a lock upgrade); commits on `Ok`, rolls back on `Err`.
+pub(crate) async fn immediate<R, E, F>(conn: &mut SqliteConn, body: F) -> Result<R, E>
+where
+    F: for<'r> TxBody<&'r mut SqliteConn, Result<R, E>, Fut: Send> + Send,
+    E: From<diesel::result::Error> + Send,
+    R: Send,
+{
+    conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE"))
+        .await?;
+    match body(&mut *conn).await {
+        Ok(v) => {
+            SyncTransactionManagerWrapper::<AnsiTransactionManager>::commit_transaction(conn)
+                .await?;
+            Ok(v)
+        }
+        Err(e) => {
+            // A failed rollback leaves the transaction manager marked broken, and the pool
+            // closes the connection; the body's error is the one to report.
+            let _ =
+                SyncTransactionManagerWrapper::<AnsiTransactionManager>::rollback_transaction(conn)
+                    .await;
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_call_runs_to_its_end_and_is_counted_until_then() {
+        let busy = Arc::new(AtomicUsize::new(0));
+        let mut d = Detached::counting(busy.clone());
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let call = d.spawn_blocking(move || rx.recv().is_ok());
+        assert_eq!(busy.load(Ordering::Acquire), 1);
+        // diesel-async's own runner would panic here, on a current-thread runtime.
+        drop(call);
+        assert_eq!(busy.load(Ordering::Acquire), 1, "still running");
+        tx.send(()).unwrap();
+        for _ in 0..500 {
+            if busy.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        panic!("the dropped call never finished");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_finished_call_answers_and_leaves_no_count() {
+        let busy = Arc::new(AtomicUsize::new(0));
+        let mut d = Detached::counting(busy.clone());
+        assert_eq!(d.spawn_blocking(|| 7).await.unwrap(), 7);
+        assert_eq!(busy.load(Ordering::Acquire), 0);
+    }
+}
