@@ -24,7 +24,9 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel::result::ConnectionError;
 use diesel::sqlite::SqliteConnection;
-use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
@@ -271,11 +273,17 @@ fn sqlite_pool(opts: &StoreOptions, size: u32, path: &str) -> ConnPool<SqliteCon
         })
     });
     // The diesel-async manager only answers whether a connection is broken; the connector
-    // opens them.
-    let mgr = Manager::with_connector(AsyncDieselConnectionManager::new(""), connector);
+    // opens them. No ping at checkout: there is no server to lose.
+    let mut cfg = ManagerConfig::<SqliteConn>::default();
+    cfg.recycling_method = RecyclingMethod::Fast;
+    let mgr = Manager::with_connector(
+        AsyncDieselConnectionManager::new_with_config("", cfg),
+        connector,
+    );
     bb8::Pool::builder()
         .max_size(size)
         .connection_timeout(opts.connect_timeout)
+        .test_on_check_out(false)
         .build_unchecked(mgr)
 }
 
