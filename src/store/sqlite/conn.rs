@@ -3,7 +3,7 @@
 //!
 //! diesel-async's default waits for an unfinished call in that future's `drop`, through
 //! `tokio::task::block_in_place` — which panics on a current-thread runtime, and the
-//! scheduler's actors await the store on one (an actix arbiter). An operation abandoned there
+//! scheduler's actors await the store on one (their arbiter's). An operation abandoned there
 //! (its bound passed, or its actor stopped at shutdown while a statement ran) panicked and
 //! took its actor down: a lease manager stopped mid-renewal left its node unable to shut down.
 //!
