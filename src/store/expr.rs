@@ -3,6 +3,9 @@
 //! * [`DbNow`]: "now" as epoch microseconds — the bound test-clock instant if there is one,
 //!   else the database's clock — plus an offset. Every stored time and every comparison goes
 //!   through it, so production nodes never compare their own clocks.
+//! * [`DbClock`]: the database's clock as the statement runs, after the locks it waited
+//!   for (PostgreSQL's "now" is the transaction's start): the time a rate-limited claim
+//!   records.
 //! * [`JsonAppend`]: append one JSON value to a JSON array column (the `errors` history).
 //! * [`DbNowPlus`]: "now" plus an optional offset (`NULL` without one): the end of a
 //!   unique-key period.
@@ -58,7 +61,45 @@ impl<GB> ValidGrouping<GB> for DbNow {
 
 /// The database clock, in epoch microseconds, per backend.
 pub(crate) trait ClockSql: Backend {
+    /// "Now", stable within a statement (PostgreSQL: within a transaction).
     const NOW_US: &'static str;
+    /// The clock when the statement runs: later than every lock the transaction waited for
+    /// in earlier statements.
+    const CLOCK_US: &'static str;
+}
+
+/// The database's clock as the statement runs, in epoch microseconds: the bound test-clock
+/// instant if there is one. Unlike [`DbNow`] it is never earlier than the locks the
+/// transaction took before the statement.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbClock {
+    /// The test clock's instant, or `None` for the database clock.
+    pub(crate) bound: Option<i64>,
+}
+
+impl Expression for DbClock {
+    type SqlType = BigInt;
+}
+
+impl<QS> AppearsOnTable<QS> for DbClock {}
+impl<QS> SelectableExpression<QS> for DbClock {}
+impl<GB> ValidGrouping<GB> for DbClock {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for DbClock
+where
+    DB: Backend + ClockSql + diesel::sql_types::HasSqlType<BigInt>,
+    Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.bound)?;
+        out.push_sql(", ");
+        out.push_sql(DB::CLOCK_US);
+        out.push_sql(")");
+        Ok(())
+    }
 }
 
 impl<DB> QueryFragment<DB> for DbNow

@@ -38,7 +38,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::{with_conn, with_tx, ClaimArgs, ControlledFast};
-use super::expr::{ClaimableIn, DbNow, ForUpdate};
+use super::expr::{ClaimableIn, DbClock, DbNow, ForUpdate};
 use super::rows::{dur_us, from_us, JobRow};
 use super::schema::{
     jobvisor_jobs as jobs, jobvisor_nodes as nodes, jobvisor_queue_claims as claims_log,
@@ -580,25 +580,42 @@ impl Store {
             let rate = row.rate();
             if let Some(r) = rate {
                 let per = dur_us(r.per);
-                diesel::delete(
-                    claims_log::table
-                        .filter(claims_log::queue.eq(&q))
-                        .filter(claims_log::claimed_at.le(now - per)),
-                )
-                .execute(c)
-                .await?;
-                // At most `rate_limit` rows (each took at least one job), summed here: SUM's
-                // type differs by backend (DECIMAL on MySQL).
-                let window: Vec<(i64, i32)> = claims_log::table
-                    .filter(claims_log::queue.eq(&q))
-                    .filter(claims_log::claimed_at.gt(now - per))
-                    .select((claims_log::claimed_at, claims_log::jobs))
+                // The window's records with the clock read now that the row is locked: the
+                // time this claim records. The first statement's "now" may be much earlier —
+                // PostgreSQL's is the transaction's start, MySQL's the statement's, before the
+                // lock wait — and a claim recorded earlier than it commits would let the
+                // claims just after a window's end crowd into it in real time.
+                let found: Vec<(i64, Option<i64>, Option<i32>)> = queues::table
+                    .filter(queues::name.eq(&q))
+                    .left_join(claims_log::table.on(claims_log::queue.eq(queues::name)))
+                    .select((
+                        DbClock { bound: a.now },
+                        claims_log::claimed_at.nullable(),
+                        claims_log::jobs.nullable(),
+                    ))
                     .load(c)
                     .await?;
+                let window: Vec<(i64, i32)> = found
+                    .iter()
+                    .filter_map(|(_, t, n)| Some(((*t)?, (*n)?)))
+                    .collect();
                 // Claims of the queue are serialized by its row lock; their times must be
-                // too (PostgreSQL's now() is the transaction's start, which may precede the
-                // previous holder's): never earlier than the latest recorded claim.
-                now = window.iter().map(|(t, _)| *t).fold(now, i64::max);
+                // too, should the clock step back: never earlier than the latest recorded
+                // claim.
+                now = found
+                    .iter()
+                    .map(|(clock, _, _)| *clock)
+                    .chain(window.iter().map(|(t, _)| *t))
+                    .fold(now, i64::max);
+                if window.iter().any(|(t, _)| *t <= now - per) {
+                    diesel::delete(
+                        claims_log::table
+                            .filter(claims_log::queue.eq(&q))
+                            .filter(claims_log::claimed_at.le(now - per)),
+                    )
+                    .execute(c)
+                    .await?;
+                }
                 let since = now - per;
                 let inside = window.iter().filter(|(t, _)| *t > since);
                 let taken: i64 = inside.clone().map(|(_, n)| i64::from(*n)).sum();

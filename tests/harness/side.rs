@@ -102,6 +102,20 @@ pub(crate) struct Execution {
     pub(crate) held: Option<i16>,
 }
 
+/// One claim of a rate-limited queue as jobvisor recorded it, on the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
+pub(crate) struct ClaimRecord {
+    /// The record's key.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+    /// When the claim took the queue's lock, in microseconds since the Unix epoch.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) claimed_at: i64,
+    /// How many jobs it claimed.
+    #[diesel(sql_type = Integer)]
+    pub(crate) jobs: i32,
+}
+
 /// A `COUNT(*) AS n` answer.
 #[derive(QueryableByName)]
 struct CountRow {
@@ -459,6 +473,20 @@ impl SideDb {
                    ended_at_us, completed, held FROM crash_executions ORDER BY job_id, started_at_us, node"
             .to_string();
         on_side!(self, sql, load::<Execution>)
+    }
+
+    /// The claim records jobvisor keeps for a rate-limited queue (`jobvisor_queue_claims`,
+    /// see ARCHITECTURE.md §7.5): `(id, claimed_at, jobs)`. A record leaves once a later claim
+    /// finds it older than the period, so a reader polling faster than that sees each one.
+    ///
+    /// # Errors
+    /// The database's error, as text.
+    #[allow(dead_code)] // the test driver's
+    pub(crate) async fn claim_records(&self, queue: &str) -> SideResult<Vec<ClaimRecord>> {
+        let sql = self.sql(
+            "SELECT id, claimed_at, jobs FROM jobvisor_queue_claims WHERE queue = ? ORDER BY id",
+        );
+        on_side!(self, sql, load::<ClaimRecord>, Text => queue)
     }
 
     /// Adds a business row that should have a job (the crash test's reconciler finds it), or

@@ -232,6 +232,7 @@ macro_rules! conformance_tests {
             a_paused_queue_is_never_claimed_and_the_pause_is_shared_and_stored,
             a_concurrency_limit_is_never_exceeded_by_concurrent_claimers,
             a_rate_limit_bounds_claims_in_every_window,
+            a_rate_limited_claim_records_when_it_took_the_queue_lock,
             partitions_at_their_limit_are_skipped_and_others_run,
             a_global_and_a_partition_limit_hold_together,
             claims_follow_a_queue_whose_limits_change,

@@ -336,6 +336,83 @@ pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
     }
 }
 
+/// A rate-limited claim that waited for the queue's lock records the time it took it, not
+/// the time it asked: recorded earlier than it took effect, the claims right after a window
+/// could crowd into that window in real time.
+pub async fn a_rate_limited_claim_records_when_it_took_the_queue_lock(b: Backend) {
+    use diesel_async::SimpleAsyncConnection;
+
+    let t = Bundle::new(b).await;
+    // The database's clock throughout: due now, a window of a minute.
+    let jobs: Vec<NewJob> = (0..3)
+        .map(|i| NewJob::new("k", json!(i)).queue("api"))
+        .collect();
+    t.store
+        .job_enqueue_many(EnqueueParams::many(jobs))
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits(
+            "api",
+            QueueLimits::default().rate(RateLimit::new(100, Duration::from_secs(60)).unwrap()),
+            None,
+        )
+        .await
+        .unwrap();
+    // A claim of a kind nobody enqueued: the store learns how this queue is claimed (on
+    // PostgreSQL, with its rate limit, not by the one-statement claim).
+    let none = ClaimParams {
+        kinds: Some(vec!["none".into()]),
+        ..params("api", "n1", 3, None)
+    };
+    assert!(t.store.job_claim(none).await.unwrap().is_empty());
+    macro_rules! held {
+        ($conn:expr, $begin:expr) => {{
+            let holder = &mut $conn;
+            holder.batch_execute($begin).await.unwrap();
+            if $begin != "BEGIN IMMEDIATE" {
+                holder
+                    .batch_execute("UPDATE jobvisor_queues SET claims = claims WHERE name = 'api'")
+                    .await
+                    .unwrap();
+            }
+            let claim = tokio::spawn({
+                let s = t.store.clone();
+                async move { s.job_claim(params("api", "n1", 3, None)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let released = Utc::now();
+            holder.batch_execute("COMMIT").await.unwrap();
+            (claim.await.unwrap().unwrap(), released)
+        }};
+    }
+    let (claimed, released) = match b {
+        Backend::Postgres => held!(
+            AsyncPgConnection::establish(&t.db.url).await.unwrap(),
+            "BEGIN"
+        ),
+        Backend::Mysql => held!(
+            AsyncMysqlConnection::establish(&t.db.url).await.unwrap(),
+            "BEGIN"
+        ),
+        Backend::Sqlite => {
+            let path = t.db.url.trim_start_matches("sqlite://").to_string();
+            held!(
+                SqliteConn::establish(&path).await.unwrap(),
+                "BEGIN IMMEDIATE"
+            )
+        }
+    };
+    assert_eq!(claimed.len(), 3, "the claim went on once the lock freed");
+    let recorded = claimed[0].job.lease.as_ref().unwrap().heartbeat_at.unwrap();
+    // Both clocks are this machine's; the database's may round down to a millisecond.
+    assert!(
+        recorded >= released - chrono::Duration::milliseconds(5),
+        "the claim recorded {recorded}, before the lock it waited for was released at \
+         {released}"
+    );
+}
+
 pub async fn bad_queue_settings_get_clear_errors_and_change_nothing(b: Backend) {
     let t = Bundle::new(b).await;
     enqueue_n(&t, "q", 1).await;

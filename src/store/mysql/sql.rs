@@ -32,6 +32,8 @@ impl ClaimableSql for Mysql {
 
 impl ClockSql for Mysql {
     const NOW_US: &'static str = now_us!();
+    // `UTC_TIMESTAMP` is the statement's start: after every lock taken by earlier statements.
+    const CLOCK_US: &'static str = now_us!();
 }
 
 impl QueryFragment<Mysql> for JsonAppend {

@@ -29,6 +29,9 @@ impl ClaimableSql for Pg {
 
 impl ClockSql for Pg {
     const NOW_US: &'static str = now_us!();
+    // `clock_timestamp()` is read as the statement runs, after any lock the transaction
+    // waited for.
+    const CLOCK_US: &'static str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint";
 }
 
 impl QueryFragment<Pg> for JsonAppend {

@@ -26,6 +26,8 @@ impl ClaimableSql for Sqlite {
 
 impl ClockSql for Sqlite {
     const NOW_US: &'static str = now_us!();
+    // The write lock is taken by `BEGIN IMMEDIATE`, before any statement.
+    const CLOCK_US: &'static str = now_us!();
 }
 
 impl QueryFragment<Sqlite> for JsonAppend {
