@@ -441,7 +441,7 @@ async fn renew(
 ) -> diesel::QueryResult<Vec<RenewedRow>> {
     let mut out = Vec::with_capacity(leases.len());
     for chunk in leases.chunks(CHUNK) {
-        let mut sql = String::from("UPDATE jobvisor_jobs AS j JOIN (");
+        let mut sql = String::from(sql::UPDATE_BY_ID_HEAD);
         for i in 0..chunk.len() {
             sql.push_str(if i == 0 {
                 "SELECT CAST(? AS SIGNED) AS id, ? AS token, CAST(? AS SIGNED) AS ago, \
@@ -517,7 +517,7 @@ async fn finalize(
             .into_iter()
             .map(|(id, attempts, max)| (id, attempts >= max))
             .collect();
-        let mut sql = String::from("UPDATE jobvisor_jobs AS j JOIN (");
+        let mut sql = String::from(sql::UPDATE_BY_ID_HEAD);
         let mut rows = Vec::with_capacity(held.len());
         for f in chunk {
             let Some(&exhausted) = held.get(&f.id.0) else {

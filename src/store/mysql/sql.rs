@@ -226,6 +226,13 @@ SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
     j.progress = COALESCE(v.progress, j.progress)"
 );
 
+/// The head of the renewal's and the finalization's `UPDATE … JOIN (SELECT … UNION ALL …)`:
+/// the jobs are reached through the primary key only. Left to choose, the optimizer at times
+/// read them through the sweep index (`state = 'running'` is its prefix), locking the index
+/// entries of every running job on its way — other nodes' too — and two finalizations, each
+/// holding its own rows, deadlocked on each other's entries.
+pub(crate) const UPDATE_BY_ID_HEAD: &str = "UPDATE jobvisor_jobs AS j FORCE INDEX (PRIMARY) JOIN (";
+
 /// The tail of the finalize statement after its `UNION ALL` batch (see
 /// [`finalize`](super::finalize)). A job whose key is held `while_active` releases it in the
 /// same statement that ends it.
