@@ -4,7 +4,9 @@
 //! binds: prefetched jobs count, and every claim and finalization carries at most that many
 //! jobs), `drain-limit-loose` (a limit of 100,000, which never binds: the cost of the
 //! controlled claim alone) and `drain-limit-partitions` (jobs spread over 100 partitions,
-//! each limited to 1 running job).
+//! each limited to 1 running job). The named mode `limits-burst` drains the partitioned jobs
+//! with a backlog of one more partition ahead of them in claim order (`drain-limit-burst`:
+//! one tenant's burst), as a ratio to the same drain without it.
 
 use jobvisor::testing::{EnqueueParams, StoreEngine as _, TestDb};
 use jobvisor::{Backend, Client, NewJob, QueueLimits};
@@ -21,6 +23,8 @@ pub(crate) enum Limit {
     Global,
     Loose,
     Partitions,
+    /// `Partitions` behind a backlog of this many jobs of one more partition.
+    Burst(usize),
 }
 
 /// Enqueues `n` no-op jobs spread over 100 partitions.
@@ -30,6 +34,22 @@ async fn fill_partitioned(store: &jobvisor::Store, n: usize) {
         let k = (n - done).min(5_000);
         let jobs = (done..done + k)
             .map(|i| NewJob::new("noop", json!({})).partition(format!("p{}", i % 100)))
+            .collect();
+        store
+            .job_enqueue_many(EnqueueParams::many(jobs))
+            .await
+            .expect("pre-enqueue");
+        done += k;
+    }
+}
+
+/// Enqueues `n` no-op jobs of partition `key`.
+async fn fill_one_partition(store: &jobvisor::Store, n: usize, key: &str) {
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(5_000);
+        let jobs = (0..k)
+            .map(|_| NewJob::new("noop", json!({})).partition(key))
             .collect();
         store
             .job_enqueue_many(EnqueueParams::many(jobs))
@@ -70,7 +90,10 @@ pub(crate) async fn drain_limited(
                 .await
                 .expect("limit");
         }
-        Limit::Partitions => {
+        Limit::Partitions | Limit::Burst(_) => {
+            if let Limit::Burst(backlog) = limit {
+                fill_one_partition(&store, backlog, "burst").await;
+            }
             fill_partitioned(&store, n).await;
             client
                 .set_queue_limits("default", QueueLimits::default().per_partition(1))

@@ -24,6 +24,11 @@
 //!   concurrency, not the database, bounds the unlimited drain: the limit's own cost.
 //!   `--nodes K` drains with K nodes in this process, each with its own store (pool) and
 //!   `--concurrency`; the global limit is then their total.
+//! * `limits-burst` (only when named): the partitioned drain of `limits` with `--backlog` jobs
+//!   of one more partition enqueued first — one tenant's burst at the head of the queue, its
+//!   partition at its limit — against the same drain without it, `--rounds` pairs; the drain
+//!   ends when N jobs have finished (the burst's partition runs one job at a time meanwhile,
+//!   and those count).
 //! * `baseline`: the same drain by raw SQL — C workers, each claiming k jobs with
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
@@ -98,7 +103,7 @@ usage: bench [flags]
   --prefetch P      the queue's prefetch (default: jobvisor's)
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
                     latency-remote (default: these);
-                    metrics, gauges, maintenance, drain-backlog, drain-archive,
+                    metrics, gauges, maintenance, limits-burst, drain-backlog, drain-archive,
                     archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
   --job-ms M        each job of the limits mode sleeps M ms (default 0)
@@ -209,7 +214,7 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 3] = ["metrics", "gauges", "maintenance"];
+    const NAMED: [&str; 4] = ["metrics", "gauges", "maintenance", "limits-burst"];
     let want = |m: &str| match &args.only {
         // The scale modes take minutes: only when asked for (by name or as `scale`); the
         // observability modes only by name.
@@ -333,6 +338,48 @@ async fn main() {
                     },
                 );
             }
+        }
+        if want("limits-burst") {
+            let work = std::time::Duration::from_millis(args.job_ms);
+            let mut plain = Vec::new();
+            let mut burst = Vec::new();
+            for _ in 0..args.rounds {
+                for limit in [Limit::Partitions, Limit::Burst(args.backlog)] {
+                    let (r, _) =
+                        drain_limited(b, n, c, args.nodes, args.prefetch, limit, work).await;
+                    eprintln!("  {limit:?}: {r:.0} jobs/s");
+                    match limit {
+                        Limit::Burst(_) => burst.push(r),
+                        _ => plain.push(r),
+                    }
+                }
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                (v[v.len() / 2], v[0], v[v.len() - 1])
+            };
+            let (without, ..) = median(&mut plain);
+            let (med, lo, hi) = median(&mut burst);
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "drain-limit-burst".into(),
+                    jobs: n,
+                    per_sec: Some(med),
+                    extra: json!({
+                        "backlog": args.backlog,
+                        "concurrency": c,
+                        "nodes": args.nodes,
+                        "job_ms": args.job_ms,
+                        "rounds": args.rounds,
+                        "min": lo.round(),
+                        "max": hi.round(),
+                        "without_burst": without.round(),
+                        "ratio_to_without": (med / without * 100.0).round() / 100.0,
+                    }),
+                },
+            );
         }
         if want("metrics") {
             let (off, on, mut extra) =
