@@ -521,6 +521,71 @@ async fn partitioned(b: Backend, limits: QueueLimits) -> Bundle {
     t
 }
 
+/// A backlog of partitions at their limit longer than any window a claim reads: the due jobs
+/// behind it — other partitions', keyless ones — are still found, each partition given at
+/// most its room, in claim order, of the kinds asked for.
+pub async fn a_long_backlog_of_full_partitions_hides_no_others_due_jobs(b: Backend) {
+    let t = Bundle::new(b).await;
+    let mut jobs: Vec<NewJob> = (0..600)
+        .map(|i| NewJob::new("k", json!(i)).queue("t").partition("A"))
+        .collect();
+    jobs.extend((0..3).map(|i| NewJob::new("k", json!(i)).queue("t").partition("B")));
+    jobs.extend((0..2).map(|i| NewJob::new("other", json!(i)).queue("t").partition("D")));
+    jobs.extend((0..2).map(|i| NewJob::new("k", json!(i)).queue("t").partition("C")));
+    jobs.extend((0..2).map(|i| NewJob::new("k", json!(i)).queue("t")));
+    jobs.push(
+        NewJob::new("k", json!("later"))
+            .queue("t")
+            .partition("E")
+            .run_at(t.t0 + chrono::Duration::seconds(60)),
+    );
+    let ids = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    let id = |i: usize| ids[i].id;
+    t.store
+        .queue_set_limits("t", QueueLimits::default().per_partition(2), t.at(0))
+        .await
+        .unwrap();
+    let claim = async |limit: u32, at: i64| -> Vec<ClaimedJob> {
+        let mut got = t
+            .store
+            .job_claim(ClaimParams {
+                kinds: Some(vec!["k".into()]),
+                ..params("t", "n1", limit, t.at(at))
+            })
+            .await
+            .unwrap();
+        got.sort_by_key(|c| c.job.id);
+        got
+    };
+    let ids_of = |got: &[ClaimedJob]| got.iter().map(|c| c.job.id).collect::<Vec<_>>();
+    // The head of the queue: A's first two, all A may run.
+    assert_eq!(ids_of(&claim(2, 1).await), vec![id(0), id(1)]);
+    // A is at its limit, its 598 waiting jobs first in claim order: B's first two, C's two,
+    // the first keyless one — the first five claimable, in claim order; D's are of a kind
+    // this node does not run.
+    let second = claim(5, 2).await;
+    assert_eq!(
+        ids_of(&second),
+        vec![id(600), id(601), id(605), id(606), id(607)]
+    );
+    // A, B and C at their limit: the other keyless job; E's is not due.
+    assert_eq!(ids_of(&claim(10, 3).await), vec![id(608)]);
+    assert!(claim(10, 4).await.is_empty());
+    // One of B's ends: B's third.
+    t.finalize(
+        Finalize::succeeded(second[0].job.id, second[0].token.clone(), json!(null)),
+        5,
+    )
+    .await;
+    assert_eq!(ids_of(&claim(10, 6).await), vec![id(602)]);
+    // E's job once due.
+    assert_eq!(ids_of(&claim(10, 61).await), vec![id(609)]);
+}
+
 pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let t = Bundle::new(b).await;
     // A's backlog comes first in claim order; B and C behind it; keyless jobs last.
@@ -719,64 +784,79 @@ pub async fn a_resume_or_a_changed_limit_wakes_listeners(b: Backend) {
 /// lock, in the same transaction, it takes up to the limit. (The other backends wait for
 /// the lock before they send the claim.)
 pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
-    use super::postgres::sql::{PgClaimControlled, PgLockQueue};
+    use super::postgres::sql::{PgClaimControlled, PgClaimPartitioned, PgLockQueue};
     use super::rows::{to_us, JobRow};
     use diesel_async::RunQueryDsl as _;
 
-    let t = Bundle::new(Backend::Postgres).await;
-    enqueue_n(&t, "q", 5).await;
-    t.store
-        .queue_set_limits("q", QueueLimits::default().concurrency(3), t.at(0))
-        .await
-        .unwrap();
-    let now = to_us(t.at(1).unwrap());
-    let claim = || PgClaimControlled {
-        now: Some(now),
-        lease_us: 30_000_000,
-        limit: 10,
-        queue_running: "q".into(),
-        limit_again: 10,
-        queue_row: "q".into(),
-        queue_parts: "q".into(),
-        queue: "q".into(),
-        any_kind: true,
-        kinds: Vec::new(),
-        owner: "n1".into(),
-        token: "t1".into(),
-    };
-    let mut c = AsyncPgConnection::establish(&t.db.url).await.unwrap();
-    let alone: Vec<JobRow> = claim().load(&mut c).await.unwrap();
-    assert!(alone.is_empty(), "claimed outside the lock's transaction");
-    let unlocked: Vec<JobRow> = c
-        .transaction(async |c| claim().load(c).await)
-        .await
-        .unwrap();
-    assert!(
-        unlocked.is_empty(),
-        "claimed in a transaction that took no lock"
-    );
-    // A lock taken by another transaction, committed, does not count either.
-    let bumped = PgLockQueue { queue: "q".into() }
-        .execute(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(bumped, 1);
-    let after_other: Vec<JobRow> = claim().load(&mut c).await.unwrap();
-    assert!(
-        after_other.is_empty(),
-        "claimed under a lock it did not take"
-    );
-    let locked: Vec<JobRow> = c
-        .transaction(async |c| {
-            PgLockQueue { queue: "q".into() }.execute(c).await?;
-            claim().load(c).await
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        locked.len(),
-        3,
-        "under its own lock the claim takes the free slots"
-    );
-    assert_eq!(running_in(&t, "q").await, 3);
+    // Both claim statements, each under the settings it is chosen for.
+    for partitioned in [false, true] {
+        let t = Bundle::new(Backend::Postgres).await;
+        enqueue_n(&t, "q", 5).await;
+        let limits = QueueLimits::default().concurrency(3);
+        let limits = if partitioned {
+            limits.per_partition(2)
+        } else {
+            limits
+        };
+        t.store
+            .queue_set_limits("q", limits, t.at(0))
+            .await
+            .unwrap();
+        let now = to_us(t.at(1).unwrap());
+        let claim = || PgClaimControlled {
+            now: Some(now),
+            lease_us: 30_000_000,
+            limit: 10,
+            queue_running: "q".into(),
+            limit_again: 10,
+            queue_row: "q".into(),
+            queue_parts: "q".into(),
+            queue: "q".into(),
+            any_kind: true,
+            kinds: Vec::new(),
+            owner: "n1".into(),
+            token: "t1".into(),
+        };
+        macro_rules! run {
+            ($c:expr) => {
+                if partitioned {
+                    PgClaimPartitioned::from(claim()).load::<JobRow>($c).await
+                } else {
+                    claim().load::<JobRow>($c).await
+                }
+            };
+        }
+        let mut c = AsyncPgConnection::establish(&t.db.url).await.unwrap();
+        let alone: Vec<JobRow> = run!(&mut c).unwrap();
+        assert!(alone.is_empty(), "claimed outside the lock's transaction");
+        let unlocked: Vec<JobRow> = c.transaction(async |c| run!(c)).await.unwrap();
+        assert!(
+            unlocked.is_empty(),
+            "claimed in a transaction that took no lock"
+        );
+        // A lock taken by another transaction, committed, does not count either.
+        let bumped = PgLockQueue { queue: "q".into() }
+            .execute(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(bumped, 1);
+        let after_other: Vec<JobRow> = run!(&mut c).unwrap();
+        assert!(
+            after_other.is_empty(),
+            "claimed under a lock it did not take"
+        );
+        let locked: Vec<JobRow> = c
+            .transaction(async |c| {
+                PgLockQueue { queue: "q".into() }.execute(c).await?;
+                run!(c)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            locked.len(),
+            3,
+            "under its own lock the claim takes the free slots"
+        );
+        assert_eq!(running_in(&t, "q").await, 3);
+    }
 }

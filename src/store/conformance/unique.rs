@@ -457,6 +457,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!(
+                "../../../migrations/postgres/2026-12-02-000015_partition_claim_index/down.sql"
+            ),
             include_str!("../../../migrations/postgres/2026-12-01-000014_running_index/down.sql"),
             include_str!(
                 "../../../migrations/postgres/2026-11-30-000013_schedule_declared/down.sql"
@@ -486,7 +489,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
     let expected = match b {
-        Backend::Postgres => "20261201000014",
+        Backend::Postgres => "20261202000015",
         Backend::Mysql | Backend::Sqlite => "20261130000013",
     };
     assert_eq!(
@@ -502,7 +505,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         "DELETE FROM __diesel_schema_migrations \
          WHERE version IN ('20261124000007', '20261125000008', '20261126000009', \
                            '20261127000010', '20261128000011', '20261129000012', \
-                           '20261130000013', '20261201000014')",
+                           '20261130000013', '20261201000014', '20261202000015')",
     )
     .await
     .unwrap();

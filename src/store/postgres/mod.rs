@@ -60,6 +60,10 @@ pub(crate) struct PgDriver {
     /// How long a controlled claim waits for its queue's row lock (`lock_timeout`): half the
     /// client's bound on the claim, so the server gives up first (see `claim_controlled`).
     claim_lock_wait: String,
+    /// The queues whose lock last reported a per-partition limit: claimed with
+    /// [`sql::CLAIM_PARTITIONED_PG`]. Only a choice of statement — both are exact whatever
+    /// the row says.
+    partitioned: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl PgDriver {
@@ -96,6 +100,7 @@ impl PgDriver {
             connector,
             copy: CopyConn::default(),
             claim_lock_wait: lock_wait(opts.statement_timeout),
+            partitioned: std::sync::Mutex::default(),
         })
     }
 
@@ -139,8 +144,9 @@ impl PgDriver {
 
     /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): `BEGIN`, a
     /// bound on the wait for the queue row's lock, the lock ([`sql::LOCK_QUEUE_PG`]), the
-    /// claim within its global and per-partition limits ([`sql::CLAIM_CONTROLLED_PG`]) and
-    /// `COMMIT`, sent together in one round trip. The server runs them in order, and the
+    /// claim within its global and per-partition limits ([`sql::CLAIM_CONTROLLED_PG`], or
+    /// [`sql::CLAIM_PARTITIONED_PG`] for a queue whose lock last reported a per-partition
+    /// limit) and `COMMIT`, sent together in one round trip. The server runs them in order, and the
     /// claim takes nothing unless it sees the row as its own transaction locked it, so no
     /// reordering could let it count without the lock. A row with a rate limit claims
     /// nothing here and answers [`ControlledFast::Portable`]; the store then skips this for
@@ -162,6 +168,10 @@ impl PgDriver {
         let lock = sql::PgLockQueue {
             queue: a.queue.clone(),
         };
+        let partitioned = self
+            .partitioned
+            .lock()
+            .is_ok_and(|set| set.contains(&a.queue));
         let claim = sql::PgClaimControlled {
             now: a.now,
             lease_us: a.lease_us,
@@ -176,6 +186,13 @@ impl PgDriver {
             owner: a.owner.clone(),
             token: a.token.clone(),
         };
+        let claimed = if partitioned {
+            futures_util::future::Either::Left(
+                sql::PgClaimPartitioned::from(claim).load::<JobRow>(&mut &*conn),
+            )
+        } else {
+            futures_util::future::Either::Right(claim.load::<JobRow>(&mut &*conn))
+        };
         // Polled in this order, so sent in it (a statement still being prepared holds the
         // connection's statement cache, and the ones after it wait for it; none of these
         // binds a type that needs looking up first).
@@ -183,7 +200,7 @@ impl PgDriver {
             sql::PgBegin.execute(&mut &*conn),
             wait.execute(&mut &*conn),
             lock.load::<LockedQueue>(&mut &*conn),
-            claim.load::<JobRow>(&mut &*conn),
+            claimed,
             sql::PgCommit.execute(&mut &*conn),
         )
         .await;
@@ -207,6 +224,13 @@ impl PgDriver {
                     .into());
             }
         };
+        if let (Some(q), Ok(mut set)) = (<[LockedQueue]>::first(&locked), self.partitioned.lock()) {
+            if q.partitioned {
+                set.insert(a.queue.clone());
+            } else {
+                set.remove(&a.queue);
+            }
+        }
         c.keep();
         Ok(match <[LockedQueue]>::first(&locked) {
             None => ControlledFast::Uncontrolled,
@@ -270,6 +294,9 @@ struct LockedQueue {
     /// The queue has a rate limit.
     #[diesel(sql_type = diesel::sql_types::Bool)]
     involved: bool,
+    /// The queue has a per-partition limit.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    partitioned: bool,
 }
 
 /// `lock_timeout` for a controlled claim under a client bound of `bound`: half of it, at

@@ -63,8 +63,15 @@ impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for SkipLocked<Q> {
 /// the lease length (`$2`), in µs.
 macro_rules! claim_now {
     () => {
+        concat!("WITH ", claim_now_entry!())
+    };
+}
+
+/// `n` alone, for a statement whose `WITH` is `WITH RECURSIVE`.
+macro_rules! claim_now_entry {
+    () => {
         concat!(
-            "WITH n AS (\n    SELECT COALESCE($1::bigint, ",
+            "n AS (\n    SELECT COALESCE($1::bigint, ",
             now_us!(),
             ") AS now, $2::bigint AS lease_us\n)"
         )
@@ -247,7 +254,7 @@ prepared_statement!(
 /// handles (a rate limit).
 pub(crate) const LOCK_QUEUE_PG: &str = "\
 UPDATE jobvisor_queues SET claims = claims + 1 WHERE name = $1
-RETURNING rate_limit IS NOT NULL AS involved";
+RETURNING rate_limit IS NOT NULL AS involved, partition_limit IS NOT NULL AS partitioned";
 
 prepared_statement!(
     /// Takes a queue row's write lock (see [`LOCK_QUEUE_PG`]).
@@ -265,7 +272,10 @@ prepared_statement!(
 /// running in it`: it counts the running jobs per partition (`p`), leaves the partitions at
 /// their limit out of its search, so a backlog of one never hides the others' due jobs,
 /// takes a window of candidates in claim order (`cand`: 4 × the budget, at most 4,000, as
-/// the portable claim does) and ranks each within its partition. The row is read again here,
+/// the portable claim does) and ranks each within its partition. A queue whose lock last
+/// reported a per-partition limit is claimed by [`CLAIM_PARTITIONED_PG`] instead, which does
+/// not step over a backlog of full partitions; each of the two is exact whatever the row
+/// says, so a stale choice costs speed, never a limit. The row is read again here,
 /// in the statement that claims: a paused queue, one without a row, and one with a rate
 /// limit claim nothing (`LIMIT 0`) — and so does a claim that does not see the row *as this
 /// transaction wrote it* (`xmin` is this transaction's top-level id: the lock is an
@@ -339,6 +349,203 @@ prepared_statement!(
         token: String => Text,
     }
 );
+
+/// [`CLAIM_CONTROLLED_PG`] for a queue with a per-partition limit, as exact for any
+/// settings: run after [`LOCK_QUEUE_PG`] in its transaction, so its snapshot sees every claim
+/// of the queue committed before and none can commit until this transaction does. The claim
+/// takes at most `concurrency_limit − running` jobs (`q.budget`) and, per partition, at most
+/// `partition_limit − running in it` (`p` counts the running jobs per partition, as one
+/// JSON object: looked up by key, not joined — before the table has statistics the planner
+/// joined the head to it row by row).
+///
+/// Without a partition limit the candidates are the first `budget` due jobs in claim order
+/// (`cand`). With one, a search in claim order would have to step over every job of the
+/// partitions at their limit — a burst of one tenant at the head of the queue, 100,000 jobs
+/// long, made every claim read all of them (32 ms, holding the queue's lock). So the claim
+/// reads a bounded head of the queue instead (`head`: 4 × the budget, at least 128, at most
+/// 4,000 due jobs) and ranks each job within its partition (`ranked`: those within their
+/// partition's room). The head is a prefix in claim order, so what it yields are the first
+/// claimable jobs of all. The claim looks past the head (`keys`, `deep`) only if the head
+/// yields fewer jobs than the claim may take and is either all jobs of partitions at their
+/// limit or mostly the jobs of a few partitions (at most one distinct key per four jobs: a
+/// burst; a head of many partitions stands for the queue, and looking further would cost
+/// most claims a probe per partition for nothing) (`gate`). It walks the partitions that have waiting jobs, one
+/// index probe each (`jobvisor_jobs_partition_claim_idx`, which holds only jobs with a key:
+/// keyless jobs, most jobs of most queues, pay no extra index entry), and takes from each
+/// partition with room its first jobs up to that room — so a backlog of one partition never
+/// hides the others' due jobs, and costs a claim no more than a probe per partition. Keyless
+/// jobs past the head are looked for in the 1,000 due jobs after it: behind a longer backlog
+/// of full partitions they wait until it shortens (an index that found them anywhere would
+/// cost every enqueue of every queue an entry: a quarter of the batch enqueue rate). `pick` takes the first `budget` of the candidates in claim order, and `taken`
+/// locks them through the primary key (`SKIP LOCKED`; with any other condition there, a plan
+/// made before the table had statistics read the queue's whole index instead); the update
+/// takes those whose locked version is still claimable.
+///
+/// The row is read again here, in the statement that claims: a paused queue, one without a
+/// row, and one with a rate limit claim nothing (`LIMIT 0`) — and so does a claim that does
+/// not see the row *as this transaction wrote it* (`xmin` is this transaction's top-level
+/// id: the lock is an `UPDATE`, never in a savepoint — a `SELECT … FOR UPDATE` would leave
+/// `xmin` alone and every claim would take nothing), which is what makes sending the lock
+/// and this claim in one round trip safe: a claim executed before its lock, or outside its
+/// transaction, finds the row's `xmin` another transaction's and takes nothing.
+pub(crate) const CLAIM_PARTITIONED_PG: &str = concat!(
+    "WITH RECURSIVE ",
+    claim_now_entry!(),
+    ", q AS (
+    SELECT b.budget, b.per, LEAST(GREATEST(b.budget * 4, 128), 4000) AS head FROM (
+        SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
+            SELECT count(*) FROM jobvisor_jobs AS r
+            WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+        ), $5::bigint))) AS budget, q.partition_limit AS per
+        FROM jobvisor_queues AS q
+        WHERE q.name = $6 AND q.paused_at IS NULL AND q.rate_limit IS NULL
+          AND q.xmin::text::bigint = txid_current() % 4294967296
+    ) AS b
+), p AS MATERIALIZED (
+    SELECT COALESCE(jsonb_object_agg(r.key, r.running), '{}'::jsonb) AS running FROM (
+        SELECT r.partition_key AS key, count(*) AS running
+        FROM jobvisor_jobs AS r
+        WHERE (SELECT per FROM q) IS NOT NULL
+          AND r.queue = $7 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+          AND r.partition_key IS NOT NULL
+        GROUP BY r.partition_key
+    ) AS r
+), a AS (
+    SELECT $8::text AS queue, $9::boolean AS any_kind, $10::text[] AS kinds
+), cand AS MATERIALIZED (
+    SELECT c.id
+    FROM jobvisor_jobs AS c
+    WHERE (SELECT per FROM q) IS NULL
+      AND c.queue = (SELECT queue FROM a) AND c.state IN ('pending', 'retrying')
+      AND ((SELECT any_kind FROM a) OR c.kind = ANY((SELECT kinds FROM a)::text[]))
+      AND c.run_at <= (SELECT now FROM n)
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT COALESCE((SELECT budget FROM q), 0)
+    FOR UPDATE SKIP LOCKED
+), head AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, c.partition_key
+    FROM jobvisor_jobs AS c
+    WHERE (SELECT per FROM q) IS NOT NULL AND (SELECT budget FROM q) > 0
+      AND c.queue = (SELECT queue FROM a) AND c.state IN ('pending', 'retrying')
+      AND ((SELECT any_kind FROM a) OR c.kind = ANY((SELECT kinds FROM a)::text[]))
+      AND c.run_at <= (SELECT now FROM n)
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT (SELECT head FROM q)
+), ranked AS MATERIALIZED (
+    SELECT r.id, r.priority, r.run_at FROM (
+        SELECT head.*, row_number() OVER (
+            PARTITION BY head.partition_key ORDER BY head.priority, head.run_at, head.id) AS k
+        FROM head
+    ) AS r
+    WHERE r.partition_key IS NULL
+       OR r.k <= (SELECT per FROM q)
+                 - COALESCE(((SELECT running FROM p) ->> r.partition_key)::bigint, 0)
+), gate AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM head) >= (SELECT head FROM q)
+       AND (SELECT count(*) FROM ranked) < (SELECT budget FROM q)
+       AND (NOT EXISTS (SELECT 1 FROM ranked)
+            OR (SELECT count(DISTINCT partition_key) FROM head) * 4 <= (SELECT head FROM q))
+       AS deeper
+), keys (key) AS (
+    (SELECT c.partition_key FROM jobvisor_jobs AS c
+     WHERE (SELECT deeper FROM gate)
+       AND c.queue = (SELECT queue FROM a) AND c.state IN ('pending', 'retrying')
+       AND c.partition_key IS NOT NULL
+     ORDER BY c.partition_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.partition_key FROM jobvisor_jobs AS c
+            WHERE c.queue = (SELECT queue FROM a) AND c.state IN ('pending', 'retrying')
+              AND c.partition_key IS NOT NULL AND c.partition_key > k.key
+            ORDER BY c.partition_key LIMIT 1)
+    FROM keys AS k WHERE k.key IS NOT NULL
+), deep AS MATERIALIZED (
+    SELECT h.id, h.priority, h.run_at
+    FROM keys AS k
+    CROSS JOIN LATERAL (
+        SELECT c.id, c.priority, c.run_at FROM jobvisor_jobs AS c
+        WHERE c.queue = (SELECT queue FROM a) AND c.state IN ('pending', 'retrying')
+          AND c.partition_key IS NOT NULL AND c.partition_key = k.key
+          AND ((SELECT any_kind FROM a) OR c.kind = ANY((SELECT kinds FROM a)::text[]))
+          AND c.run_at <= (SELECT now FROM n)
+        ORDER BY c.priority, c.run_at, c.id
+        LIMIT (SELECT per FROM q) - COALESCE(((SELECT running FROM p) ->> k.key)::bigint, 0)
+    ) AS h
+    WHERE k.key IS NOT NULL
+      AND COALESCE(((SELECT running FROM p) ->> k.key)::bigint, 0) < (SELECT per FROM q)
+    UNION ALL
+    SELECT s.id, s.priority, s.run_at FROM (
+        SELECT c.id, c.priority, c.run_at, c.partition_key FROM jobvisor_jobs AS c
+        WHERE (SELECT deeper FROM gate)
+          AND c.queue = (SELECT queue FROM a) AND c.state IN ('pending', 'retrying')
+          AND ((SELECT any_kind FROM a) OR c.kind = ANY((SELECT kinds FROM a)::text[]))
+          AND c.run_at <= (SELECT now FROM n)
+          AND (c.priority, c.run_at, c.id) > (
+              SELECT h.priority, h.run_at, h.id FROM head AS h
+              ORDER BY h.priority DESC, h.run_at DESC, h.id DESC LIMIT 1)
+        ORDER BY c.priority, c.run_at, c.id
+        LIMIT 1000
+    ) AS s
+    WHERE s.partition_key IS NULL
+), pick AS MATERIALIZED (
+    SELECT u.id FROM (SELECT * FROM ranked UNION SELECT * FROM deep) AS u
+    ORDER BY u.priority, u.run_at, u.id
+    LIMIT COALESCE((SELECT budget FROM q), 0)
+), taken AS MATERIALIZED (
+    SELECT c.id, c.queue, c.state, c.kind, c.run_at FROM jobvisor_jobs AS c
+    WHERE c.id = ANY(ARRAY(SELECT id FROM pick))
+    FOR UPDATE SKIP LOCKED
+)
+",
+    claim_update!(),
+    "
+    SELECT id FROM cand
+    UNION ALL
+    SELECT t.id FROM taken AS t
+    WHERE t.queue = (SELECT queue FROM a) AND t.state IN ('pending', 'retrying')
+      AND ((SELECT any_kind FROM a) OR t.kind = ANY((SELECT kinds FROM a)::text[]))
+      AND t.run_at <= (SELECT now FROM n)
+))
+RETURNING ",
+    job_columns!()
+);
+
+prepared_statement!(
+    /// [`PgClaimControlled`] for a queue with a per-partition limit (see
+    /// [`CLAIM_PARTITIONED_PG`]).
+    PgClaimPartitioned, CLAIM_PARTITIONED_PG, {
+        now: Option<i64> => Nullable<BigInt>,
+        lease_us: i64 => BigInt,
+        limit: i64 => BigInt,
+        queue_running: String => Text,
+        limit_again: i64 => BigInt,
+        queue_row: String => Text,
+        queue_parts: String => Text,
+        queue: String => Text,
+        any_kind: bool => diesel::sql_types::Bool,
+        kinds: Vec<String> => diesel::sql_types::Array<Text>,
+        owner: String => Text,
+        token: String => Text,
+    }
+);
+
+impl From<PgClaimControlled> for PgClaimPartitioned {
+    fn from(c: PgClaimControlled) -> Self {
+        PgClaimPartitioned {
+            now: c.now,
+            lease_us: c.lease_us,
+            limit: c.limit,
+            queue_running: c.queue_running,
+            limit_again: c.limit_again,
+            queue_row: c.queue_row,
+            queue_parts: c.queue_parts,
+            queue: c.queue,
+            any_kind: c.any_kind,
+            kinds: c.kinds,
+            owner: c.owner,
+            token: c.token,
+        }
+    }
+}
 
 /// Renews a batch of leases, each guarded by its own token, and records the starts it
 /// carries: `started_at = now - ago` for a lease whose handler started (`ago` not NULL) and
@@ -438,6 +645,7 @@ mod tests {
         assert_eq!(segments(CLAIM_PG).len(), 10);
         assert_eq!(segments(LOCK_QUEUE_PG).len(), 2);
         assert_eq!(segments(CLAIM_CONTROLLED_PG).len(), 13);
+        assert_eq!(segments(CLAIM_PARTITIONED_PG).len(), 13);
         assert_eq!(segments(RENEW_PG).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 14);
     }
