@@ -27,29 +27,13 @@ pub(crate) enum Limit {
     Burst(usize),
 }
 
-/// Enqueues `n` no-op jobs spread over 100 partitions.
-async fn fill_partitioned(store: &jobvisor::Store, n: usize) {
+/// Enqueues `n` no-op jobs, the `i`-th in partition `key(i)`.
+async fn fill_keyed(store: &jobvisor::Store, n: usize, key: impl Fn(usize) -> String) {
     let mut done = 0;
     while done < n {
         let k = (n - done).min(5_000);
         let jobs = (done..done + k)
-            .map(|i| NewJob::new("noop", json!({})).partition(format!("p{}", i % 100)))
-            .collect();
-        store
-            .job_enqueue_many(EnqueueParams::many(jobs))
-            .await
-            .expect("pre-enqueue");
-        done += k;
-    }
-}
-
-/// Enqueues `n` no-op jobs of partition `key`.
-async fn fill_one_partition(store: &jobvisor::Store, n: usize, key: &str) {
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(5_000);
-        let jobs = (0..k)
-            .map(|_| NewJob::new("noop", json!({})).partition(key))
+            .map(|i| NewJob::new("noop", json!({})).partition(key(i)))
             .collect();
         store
             .job_enqueue_many(EnqueueParams::many(jobs))
@@ -92,9 +76,9 @@ pub(crate) async fn drain_limited(
         }
         Limit::Partitions | Limit::Burst(_) => {
             if let Limit::Burst(backlog) = limit {
-                fill_one_partition(&store, backlog, "burst").await;
+                fill_keyed(&store, backlog, |_| "burst".into()).await;
             }
-            fill_partitioned(&store, n).await;
+            fill_keyed(&store, n, |i| format!("p{}", i % 100)).await;
             client
                 .set_queue_limits("default", QueueLimits::default().per_partition(1))
                 .await

@@ -300,11 +300,7 @@ async fn main() {
                     runs.push((limit, r, extra));
                 }
             }
-            let median = |l: Limit| {
-                let mut v: Vec<f64> = runs.iter().filter(|x| x.0 == l).map(|x| x.1).collect();
-                v.sort_by(f64::total_cmp);
-                (v[v.len() / 2], v[0], v[v.len() - 1])
-            };
+            let median = |l: Limit| spread(runs.iter().filter(|x| x.0 == l).map(|x| x.1).collect());
             let (unlimited, ..) = median(Limit::None);
             for (limit, bench) in [
                 (Limit::None, "drain-unlimited"),
@@ -354,12 +350,8 @@ async fn main() {
                     }
                 }
             }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                (v[v.len() / 2], v[0], v[v.len() - 1])
-            };
-            let (without, ..) = median(&mut plain);
-            let (med, lo, hi) = median(&mut burst);
+            let (without, ..) = spread(plain);
+            let (med, lo, hi) = spread(burst);
             report(
                 &mut rows,
                 Row {
@@ -544,4 +536,10 @@ async fn main() {
             r.backend, r.bench, r.jobs, rate, notes
         );
     }
+}
+
+/// The median, lowest and highest of some runs' figures (at least one).
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
 }

@@ -820,7 +820,7 @@ pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
         macro_rules! run {
             ($c:expr) => {
                 if partitioned {
-                    PgClaimPartitioned::from(claim()).load::<JobRow>($c).await
+                    PgClaimPartitioned(claim()).load::<JobRow>($c).await
                 } else {
                     claim().load::<JobRow>($c).await
                 }

@@ -188,7 +188,7 @@ impl PgDriver {
         };
         let claimed = if partitioned {
             futures_util::future::Either::Left(
-                sql::PgClaimPartitioned::from(claim).load::<JobRow>(&mut &*conn),
+                sql::PgClaimPartitioned(claim).load::<JobRow>(&mut &*conn),
             )
         } else {
             futures_util::future::Either::Right(claim.load::<JobRow>(&mut &*conn))

@@ -509,43 +509,33 @@ RETURNING ",
     job_columns!()
 );
 
-prepared_statement!(
-    /// [`PgClaimControlled`] for a queue with a per-partition limit (see
-    /// [`CLAIM_PARTITIONED_PG`]).
-    PgClaimPartitioned, CLAIM_PARTITIONED_PG, {
-        now: Option<i64> => Nullable<BigInt>,
-        lease_us: i64 => BigInt,
-        limit: i64 => BigInt,
-        queue_running: String => Text,
-        limit_again: i64 => BigInt,
-        queue_row: String => Text,
-        queue_parts: String => Text,
-        queue: String => Text,
-        any_kind: bool => diesel::sql_types::Bool,
-        kinds: Vec<String> => diesel::sql_types::Array<Text>,
-        owner: String => Text,
-        token: String => Text,
-    }
-);
+/// [`PgClaimControlled`]'s binds for [`CLAIM_PARTITIONED_PG`], the claim of a queue with a
+/// per-partition limit: the same binds in the same order.
+#[derive(Debug, Clone, diesel::query_builder::QueryId)]
+pub(crate) struct PgClaimPartitioned(pub(crate) PgClaimControlled);
 
-impl From<PgClaimControlled> for PgClaimPartitioned {
-    fn from(c: PgClaimControlled) -> Self {
-        PgClaimPartitioned {
-            now: c.now,
-            lease_us: c.lease_us,
-            limit: c.limit,
-            queue_running: c.queue_running,
-            limit_again: c.limit_again,
-            queue_row: c.queue_row,
-            queue_parts: c.queue_parts,
-            queue: c.queue,
-            any_kind: c.any_kind,
-            kinds: c.kinds,
-            owner: c.owner,
-            token: c.token,
-        }
+impl std::ops::Deref for PgClaimPartitioned {
+    type Target = PgClaimControlled;
+
+    fn deref(&self) -> &PgClaimControlled {
+        &self.0
     }
 }
+
+prepared_statement!(@impl PgClaimPartitioned, Pg, crate::store::expr::segments(CLAIM_PARTITIONED_PG), {
+    now => Nullable<BigInt>,
+    lease_us => BigInt,
+    limit => BigInt,
+    queue_running => Text,
+    limit_again => BigInt,
+    queue_row => Text,
+    queue_parts => Text,
+    queue => Text,
+    any_kind => diesel::sql_types::Bool,
+    kinds => diesel::sql_types::Array<Text>,
+    owner => Text,
+    token => Text
+});
 
 /// Renews a batch of leases, each guarded by its own token, and records the starts it
 /// carries: `started_at = now - ago` for a lease whose handler started (`ago` not NULL) and
