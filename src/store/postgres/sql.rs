@@ -263,6 +263,40 @@ prepared_statement!(
     }
 );
 
+/// The controlled claims' row of settings, read in the claim statement (placeholders: the
+/// claim's limit, the queue, the limit again, the queue): `budget`, what the claim may take
+/// (`min(limit, concurrency_limit − running)`), and `per`, the per-partition limit — or no
+/// row for a paused queue, one with a rate limit, and one this transaction did not lock
+/// (see [`CLAIM_CONTROLLED_PG`]).
+macro_rules! controlled_budget {
+    () => {
+        "
+    SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
+        SELECT count(*) FROM jobvisor_jobs AS r
+        WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+    ), $5::bigint))) AS budget, q.partition_limit AS per
+    FROM jobvisor_queues AS q
+    WHERE q.name = $6 AND q.paused_at IS NULL AND q.rate_limit IS NULL
+      AND q.xmin::text::bigint = txid_current() % 4294967296
+"
+    };
+}
+
+/// The running jobs per partition of a queue with a per-partition limit, `(key, running)`
+/// (placeholder: the queue); none without a limit.
+macro_rules! running_per_partition {
+    () => {
+        "
+    SELECT r.partition_key AS key, count(*) AS running
+    FROM jobvisor_jobs AS r
+    WHERE (SELECT per FROM q) IS NOT NULL
+      AND r.queue = $7 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
+      AND r.partition_key IS NOT NULL
+    GROUP BY r.partition_key
+"
+    };
+}
+
 /// The claim of a queue under a pause, a global concurrency limit and a per-partition limit
 /// (any of them), run after [`LOCK_QUEUE_PG`] in its transaction. Under READ COMMITTED a
 /// statement's snapshot is taken when it starts — here, after the lock was granted — so it
@@ -285,22 +319,11 @@ prepared_statement!(
 /// the row's `xmin` another transaction's and takes nothing.
 pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
     claim_now!(),
-    ", q AS (
-    SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
-        SELECT count(*) FROM jobvisor_jobs AS r
-        WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
-    ), $5::bigint))) AS budget, q.partition_limit AS per
-    FROM jobvisor_queues AS q
-    WHERE q.name = $6 AND q.paused_at IS NULL AND q.rate_limit IS NULL
-      AND q.xmin::text::bigint = txid_current() % 4294967296
-), p AS MATERIALIZED (
-    SELECT r.partition_key AS key, count(*) AS running
-    FROM jobvisor_jobs AS r
-    WHERE (SELECT per FROM q) IS NOT NULL
-      AND r.queue = $7 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
-      AND r.partition_key IS NOT NULL
-    GROUP BY r.partition_key
-), cand AS MATERIALIZED (
+    ", q AS (",
+    controlled_budget!(),
+    "), p AS MATERIALIZED (",
+    running_per_partition!(),
+    "), cand AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, c.partition_key
     FROM jobvisor_jobs AS c
     WHERE c.queue = $8 AND c.state IN ('pending', 'retrying')
@@ -392,24 +415,13 @@ pub(crate) const CLAIM_PARTITIONED_PG: &str = concat!(
     "WITH RECURSIVE ",
     claim_now_entry!(),
     ", q AS (
-    SELECT b.budget, b.per, LEAST(GREATEST(b.budget * 4, 128), 4000) AS head FROM (
-        SELECT GREATEST(0, LEAST($3::bigint, COALESCE(q.concurrency_limit - (
-            SELECT count(*) FROM jobvisor_jobs AS r
-            WHERE r.queue = $4 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
-        ), $5::bigint))) AS budget, q.partition_limit AS per
-        FROM jobvisor_queues AS q
-        WHERE q.name = $6 AND q.paused_at IS NULL AND q.rate_limit IS NULL
-          AND q.xmin::text::bigint = txid_current() % 4294967296
-    ) AS b
+    SELECT b.budget, b.per, LEAST(GREATEST(b.budget * 4, 128), 4000) AS head FROM (",
+    controlled_budget!(),
+    ") AS b
 ), p AS MATERIALIZED (
-    SELECT COALESCE(jsonb_object_agg(r.key, r.running), '{}'::jsonb) AS running FROM (
-        SELECT r.partition_key AS key, count(*) AS running
-        FROM jobvisor_jobs AS r
-        WHERE (SELECT per FROM q) IS NOT NULL
-          AND r.queue = $7 AND r.state = 'running' AND r.lease_expires_at IS NOT NULL
-          AND r.partition_key IS NOT NULL
-        GROUP BY r.partition_key
-    ) AS r
+    SELECT COALESCE(jsonb_object_agg(r.key, r.running), '{}'::jsonb) AS running FROM (",
+    running_per_partition!(),
+    ") AS r
 ), a AS (
     SELECT $8::text AS queue, $9::boolean AS any_kind, $10::text[] AS kinds
 ), cand AS MATERIALIZED (
