@@ -44,6 +44,7 @@ mod nodes;
 mod ops;
 mod options;
 mod outbox;
+mod partitions;
 #[cfg(feature = "postgres")]
 mod postgres;
 // Public types in a crate-private module: the lease holder's part is reachable from outside

@@ -28,7 +28,7 @@
 //! most `rate_limit` claimed jobs. A claim that finds the window full reports when its oldest
 //! entry leaves it, and the fetcher sleeps until then (no polling in between).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -39,6 +39,9 @@ use diesel_async::RunQueryDsl;
 
 use super::driver::{with_conn, with_tx, ClaimArgs, ControlledFast};
 use super::expr::{ClaimableIn, DbClock, DbNow, ForUpdate};
+use super::partitions::{
+    self, Candidate, HeadJob, PartitionScan, Pick, Ranking, Rooms, ScanRow, Walk,
+};
 use super::rows::{dur_us, from_us, JobRow};
 use super::schema::{
     jobvisor_jobs as jobs, jobvisor_nodes as nodes, jobvisor_queue_claims as claims_log,
@@ -640,72 +643,90 @@ impl Store {
                 .or(jobs::kind.eq_any(kinds.clone()));
             let ids: Vec<i64> = if let Some(per) = row.partition_limit {
                 let per = i64::from(per);
-                // Partitions at their limit are skipped in the search, so a backlog of one
-                // never hides the others' due jobs behind it.
-                let full: Vec<PartitionCount> = jobs::table
+                // The running jobs per partition (few: they hold leases), then a bounded head
+                // of the queue ranked within its partitions, and past it, for a burst, a walk
+                // of the partitions (see `partitions`): a backlog of full partitions never
+                // hides the others' due jobs, and costs a claim one read of its first rows.
+                let running: Vec<PartitionCount> = jobs::table
                     .filter(jobs::queue.eq(&q))
                     .filter(jobs::state.eq(JobState::Running.as_str()))
                     .filter(jobs::lease_expires_at.is_not_null())
                     .filter(jobs::partition_key.is_not_null())
                     .group_by(jobs::partition_key)
                     .select((jobs::partition_key, count_star()))
-                    .having(count_star().ge(per))
                     .load(c)
                     .await?;
-                let full: Vec<String> = full.into_iter().filter_map(|(p, _)| p).collect();
-                let window = budget.saturating_mul(4).min(4000);
-                let candidates: Vec<(i64, Option<String>)> = jobs::table
+                let rooms = Rooms::new(per, running.into_iter().filter_map(|(p, n)| Some((p?, n))));
+                let head_len = partitions::head_len(budget);
+                let head: Vec<HeadJob> = jobs::table
                     .filter(ClaimableIn(q.clone()))
-                    .filter(kind_ok)
+                    .filter(kind_ok.clone())
                     .filter(jobs::run_at.le(now))
-                    .filter(
-                        jobs::partition_key
-                            .is_null()
-                            .or(jobs::partition_key.ne_all(full)),
-                    )
                     .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
-                    .limit(window)
-                    .select((jobs::id, jobs::partition_key))
-                    .load(c)
-                    .await?;
-                let parts: Vec<String> = candidates
-                    .iter()
-                    .filter_map(|(_, p)| p.clone())
-                    .collect::<HashSet<_>>()
+                    .limit(head_len)
+                    .select((jobs::id, jobs::partition_key, jobs::priority, jobs::run_at))
+                    .load::<(i64, Option<String>, i32, i64)>(c)
+                    .await?
                     .into_iter()
+                    .map(|(id, partition, priority, run_at)| HeadJob {
+                        id,
+                        partition,
+                        priority,
+                        run_at,
+                    })
                     .collect();
-                let running: Vec<PartitionCount> = if parts.is_empty() {
-                    Vec::new()
-                } else {
-                    jobs::table
-                        .filter(jobs::queue.eq(&q))
-                        .filter(jobs::state.eq(JobState::Running.as_str()))
-                        .filter(jobs::lease_expires_at.is_not_null())
-                        .filter(jobs::partition_key.eq_any(parts))
-                        .group_by(jobs::partition_key)
-                        .select((jobs::partition_key, count_star()))
-                        .load(c)
-                        .await?
-                };
-                let mut room: BTreeMap<String, i64> = running
-                    .into_iter()
-                    .filter_map(|(p, n)| p.map(|p| (p, per - n)))
-                    .collect();
-                let mut ids = Vec::new();
-                for (id, p) in candidates {
-                    if i64::try_from(ids.len()).unwrap_or(i64::MAX) >= budget {
-                        break;
-                    }
-                    if let Some(p) = p {
-                        let left = room.entry(p).or_insert(per);
-                        if *left <= 0 {
-                            continue;
+                let ranking = Ranking::new(&head, head_len, &rooms);
+                let mut candidates = ranking.picked.clone();
+                if ranking.needs_walk(budget) && (any_kind || !kinds.is_empty()) {
+                    for state in partitions::waiting_states(self.inner.driver.backend()) {
+                        let mut walk = Walk::new(&rooms, budget);
+                        while let Some((from, n)) = walk.read() {
+                            let rows: Vec<ScanRow> = PartitionScan {
+                                queue: &q,
+                                state,
+                                from,
+                                now,
+                                kinds: (!any_kind).then_some(kinds.as_slice()),
+                                n,
+                            }
+                            .load(c)
+                            .await?;
+                            walk.take(rows);
                         }
-                        *left -= 1;
+                        candidates.extend(walk.found);
                     }
-                    ids.push(id);
+                    // Keyless jobs are not in the partitions' index: those past the head
+                    // are looked for in the due jobs right after it.
+                    if let Some(last) = head.last() {
+                        let after_head: Vec<(i64, Option<String>, i32, i64)> = jobs::table
+                            .filter(ClaimableIn(q.clone()))
+                            .filter(kind_ok)
+                            .filter(jobs::run_at.le(now))
+                            .filter(
+                                jobs::priority.gt(last.priority).or(jobs::priority
+                                    .eq(last.priority)
+                                    .and(jobs::run_at.gt(last.run_at).or(
+                                        jobs::run_at.eq(last.run_at).and(jobs::id.gt(last.id)),
+                                    ))),
+                            )
+                            .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
+                            .limit(partitions::KEYLESS_PAST_HEAD)
+                            .select((jobs::id, jobs::partition_key, jobs::priority, jobs::run_at))
+                            .load(c)
+                            .await?;
+                        candidates.extend(after_head.into_iter().filter(|j| j.1.is_none()).map(
+                            |(id, _, priority, run_at)| Pick {
+                                at: Candidate {
+                                    priority,
+                                    run_at,
+                                    id,
+                                },
+                                key: None,
+                            },
+                        ));
+                    }
                 }
-                ids
+                partitions::pick(candidates, budget, &rooms)
             } else {
                 jobs::table
                     .filter(ClaimableIn(q.clone()))

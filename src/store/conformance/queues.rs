@@ -586,6 +586,68 @@ pub async fn a_long_backlog_of_full_partitions_hides_no_others_due_jobs(b: Backe
     assert_eq!(ids_of(&claim(10, 61).await), vec![id(609)]);
 }
 
+/// Behind a backlog of a full partition, more waiting jobs of other partitions than one
+/// statement of the walk reads (250 partitions × 3, two of each claimable) are all found, in
+/// claim order, a claim at a time — also with a rate limit, which sends PostgreSQL's claim
+/// down the same path as the others'.
+pub async fn a_walk_past_a_backlog_finds_every_partition_in_claim_order(b: Backend) {
+    let t = Bundle::new(b).await;
+    let mut jobs: Vec<NewJob> = (0..201)
+        .map(|i| NewJob::new("k", json!(i)).queue("t").partition("A"))
+        .collect();
+    // Keys in the reverse of claim order, so the walk's key order is not the answer.
+    jobs.extend((0..750).map(|i| {
+        NewJob::new("k", json!(i))
+            .queue("t")
+            .partition(format!("p{:03}", 249 - i / 3))
+    }));
+    let ids = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    t.store
+        .queue_set_limits(
+            "t",
+            QueueLimits::default()
+                .per_partition(2)
+                .rate(RateLimit::new(1_000_000, Duration::from_secs(1)).unwrap()),
+            t.at(0),
+        )
+        .await
+        .unwrap();
+    // Every partition's first two, in claim order.
+    let claimable: Vec<JobId> = (0..250)
+        .flat_map(|p| [ids[201 + 3 * p].id, ids[202 + 3 * p].id])
+        .collect();
+    let first = t.claim("t", "n1", 10, 1).await;
+    assert_eq!(
+        first.iter().map(|c| c.job.id).collect::<Vec<_>>(),
+        [ids[0].id, ids[1].id]
+            .into_iter()
+            .chain(claimable[..8].iter().copied())
+            .collect::<Vec<_>>(),
+        "A's first two, then the first eight others in claim order"
+    );
+    let mut next = 8;
+    for round in 0..50 {
+        let got = t.claim("t", "n1", 10, 2 + round).await;
+        let mut got: Vec<JobId> = got.iter().map(|c| c.job.id).collect();
+        got.sort();
+        let want = &claimable[next..(next + 10).min(claimable.len())];
+        assert_eq!(got, want, "claim {round} after the first");
+        next += want.len();
+        if next == claimable.len() {
+            break;
+        }
+    }
+    assert_eq!(next, claimable.len());
+    assert!(
+        t.claim("t", "n1", 10, 60).await.is_empty(),
+        "every partition at its limit"
+    );
+}
+
 pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let t = Bundle::new(b).await;
     // A's backlog comes first in claim order; B and C behind it; keyless jobs last.

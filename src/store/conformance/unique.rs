@@ -471,6 +471,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Mysql => vec![
+            include_str!(
+                "../../../migrations/mysql/2026-12-02-000015_partition_claim_index/down.sql"
+            ),
             include_str!("../../../migrations/mysql/2026-11-30-000013_schedule_declared/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/mysql/2026-11-28-000011_leader/down.sql"),
@@ -479,6 +482,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Sqlite => vec![
+            include_str!(
+                "../../../migrations/sqlite/2026-12-02-000015_partition_claim_index/down.sql"
+            ),
             include_str!("../../../migrations/sqlite/2026-11-30-000013_schedule_declared/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-29-000012_schedules/down.sql"),
             include_str!("../../../migrations/sqlite/2026-11-28-000011_leader/down.sql"),
@@ -488,10 +494,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    let expected = match b {
-        Backend::Postgres => "20261202000015",
-        Backend::Mysql | Backend::Sqlite => "20261130000013",
-    };
+    let expected = "20261202000015";
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"
