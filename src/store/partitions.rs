@@ -194,7 +194,7 @@ pub(crate) fn pick(mut candidates: Vec<Pick>, budget: i64, rooms: &Rooms) -> Vec
 
 /// Where a [`PartitionScan`] starts: at the first partition, after one, or within one.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum From<'a> {
+pub(crate) enum ScanFrom<'a> {
     Start,
     After(&'a str),
     Only(&'a str),
@@ -207,7 +207,7 @@ pub(crate) enum From<'a> {
 pub(crate) struct PartitionScan<'a> {
     pub(crate) queue: &'a str,
     pub(crate) state: &'static str,
-    pub(crate) from: From<'a>,
+    pub(crate) from: ScanFrom<'a>,
     pub(crate) now: i64,
     pub(crate) kinds: Option<&'a [String]>,
     pub(crate) n: i64,
@@ -240,12 +240,12 @@ where
         out.push_sql(" AND j.state ");
         out.push_sql(self.state);
         match self.from {
-            From::Start => out.push_sql(" AND j.partition_key IS NOT NULL"),
-            From::After(key) => {
+            ScanFrom::Start => out.push_sql(" AND j.partition_key IS NOT NULL"),
+            ScanFrom::After(key) => {
                 out.push_sql(" AND j.partition_key > ");
                 out.push_bind_param::<Text, _>(key)?;
             }
-            From::Only(key) => {
+            ScanFrom::Only(key) => {
                 out.push_sql(" AND j.partition_key = ");
                 out.push_bind_param::<Text, _>(key)?;
             }
@@ -313,7 +313,7 @@ impl<'a> Walk<'a> {
 
     /// Where the next statement reads from and how many rows it reads, or `None` when the
     /// walk is over.
-    pub(crate) fn read(&mut self) -> Option<(From<'_>, i64)> {
+    pub(crate) fn read(&mut self) -> Option<(ScanFrom<'_>, i64)> {
         self.asked = match &self.cursor {
             Cursor::Done => return None,
             // Read again from its first job: forget what was taken from it.
@@ -324,9 +324,9 @@ impl<'a> Walk<'a> {
             Cursor::Start | Cursor::After(_) => SCAN_ROWS,
         };
         let from = match &self.cursor {
-            Cursor::Start => From::Start,
-            Cursor::After(k) => From::After(k),
-            Cursor::Within(k) => From::Only(k),
+            Cursor::Start => ScanFrom::Start,
+            Cursor::After(k) => ScanFrom::After(k),
+            Cursor::Within(k) => ScanFrom::Only(k),
             Cursor::Done => return None,
         };
         Some((from, self.asked))
