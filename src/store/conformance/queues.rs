@@ -648,6 +648,48 @@ pub async fn a_walk_past_a_backlog_finds_every_partition_in_claim_order(b: Backe
     );
 }
 
+/// A job waiting for its retry behind a backlog of a full partition is found by the walk past
+/// the head as a pending one is (on MySQL each waiting state is walked on its own).
+pub async fn a_retrying_job_behind_a_backlog_is_found(b: Backend) {
+    let t = Bundle::new(b).await;
+    let mut jobs: Vec<NewJob> = (0..200)
+        .map(|i| NewJob::new("k", json!(i)).queue("t").partition("A"))
+        .collect();
+    jobs.push(NewJob::new("k", json!("r")).queue("t").partition("R"));
+    let ids = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    let r = ids[200].id;
+    t.store
+        .queue_set_limits("t", QueueLimits::default().per_partition(1), t.at(0))
+        .await
+        .unwrap();
+    assert_eq!(t.claim("t", "n1", 1, 1).await[0].job.id, ids[0].id);
+    let got = t.claim("t", "n1", 10, 2).await;
+    assert_eq!(got.iter().map(|c| c.job.id).collect::<Vec<_>>(), [r]);
+    let token = got[0].token.clone();
+    t.finalize(
+        Finalize::retry(r, token, err("flaky", 1), Duration::ZERO),
+        3,
+    )
+    .await;
+    assert_eq!(
+        t.store.job_get(r).await.unwrap().unwrap().state,
+        JobState::Retrying
+    );
+    let again = t.claim("t", "n1", 10, 4).await;
+    assert_eq!(
+        again
+            .iter()
+            .map(|c| (c.job.id, c.job.attempts))
+            .collect::<Vec<_>>(),
+        [(r, 2)],
+        "the retrying job of a partition with room, behind A's backlog"
+    );
+}
+
 pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let t = Bundle::new(b).await;
     // A's backlog comes first in claim order; B and C behind it; keyless jobs last.
