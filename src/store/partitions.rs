@@ -14,7 +14,8 @@
 //! (SQLite's also holds `kind`, so a claim of some kinds reads the index alone);
 //! MySQL, which has no partial indexes, `(queue, state, partition_key, priority, run_at)`
 //! over every job (and the primary key, as every InnoDB index) — so there each waiting
-//! state is read on its own ([`waiting_states`]).
+//! state is read on its own, and the partitions at their limit are left out by index ranges
+//! ([`scan_sql`]).
 //!
 //! Why not one probe per partition, as PostgreSQL's own claim does: MariaDB does not use a
 //! range on an outer reference inside a subquery (a recursive walk of the keys read the
@@ -38,18 +39,49 @@ pub(crate) fn head_len(budget: i64) -> i64 {
 /// Rows one [`PartitionScan`] statement reads.
 pub(crate) const SCAN_ROWS: i64 = 500;
 
-/// Keyless due jobs looked for past the head when the claim walks the partitions: behind a
-/// longer backlog of full partitions they wait until it shortens (an index that found them
-/// anywhere would cost every enqueue of every queue an entry).
+/// Keyless due jobs looked for past the head when the claim walks the partitions, where the
+/// index read holds only keyed jobs (PostgreSQL, SQLite): behind a longer backlog of full
+/// partitions they wait until it shortens (an index that found them anywhere would cost every
+/// enqueue of every queue an entry).
 pub(crate) const KEYLESS_PAST_HEAD: i64 = 1000;
 
-/// How a backend's SQL says "waiting", once per scan: the states in one condition
-/// where the index is partial (PostgreSQL, SQLite), each state on its own on MySQL, whose
-/// index leads with `state` (an `IN` there would read both ranges whole to merge them).
-pub(crate) fn waiting_states(backend: crate::Backend) -> &'static [&'static str] {
+/// How a backend's [`PartitionScan`] reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScanSql {
+    /// The table, with the index to read on MySQL: with a kind filter MariaDB otherwise
+    /// planned a read of every waiting job of the queue (`ref` on `(queue, state)`), from the
+    /// first, whatever the starting key.
+    pub(crate) table: &'static str,
+    /// "Waiting", once per scan: the states in one condition where the index is partial
+    /// (PostgreSQL, SQLite), each state on its own on MySQL, whose index leads with `state`
+    /// (an `IN` there would read both ranges whole to merge them).
+    pub(crate) states: &'static [&'static str],
+    /// Whether to leave out the partitions at their limit in the statement: MySQL's range
+    /// optimizer turns `partition_key NOT IN (…)` into ranges around them, so a full
+    /// partition's jobs are not read at all; elsewhere the same condition would be a filter
+    /// over rows still read, the whole burst before the `LIMIT` is reached.
+    pub(crate) skip_full: bool,
+    /// Whether the index read also holds the keyless jobs (`partition_key IS NULL`, in claim
+    /// order): MySQL's, over every job. Elsewhere keyless jobs past the head are looked for
+    /// only in the [`KEYLESS_PAST_HEAD`] due jobs after it.
+    pub(crate) keyless_indexed: bool,
+}
+
+/// How `backend` reads in a [`PartitionScan`].
+pub(crate) fn scan_sql(backend: crate::Backend) -> ScanSql {
     match backend {
-        crate::Backend::Mysql => &["= 'pending'", "= 'retrying'"],
-        crate::Backend::Postgres | crate::Backend::Sqlite => &["IN ('pending', 'retrying')"],
+        crate::Backend::Mysql => ScanSql {
+            table: "jobvisor_jobs j FORCE INDEX (jobvisor_jobs_partition_idx)",
+            states: &["= 'pending'", "= 'retrying'"],
+            skip_full: true,
+            keyless_indexed: true,
+        },
+        crate::Backend::Postgres | crate::Backend::Sqlite => ScanSql {
+            table: "jobvisor_jobs j",
+            states: &["IN ('pending', 'retrying')"],
+            skip_full: false,
+            keyless_indexed: false,
+        },
     }
 }
 
@@ -107,6 +139,18 @@ impl Rooms {
 
     fn of(&self, key: &str) -> i64 {
         self.room.get(key).copied().unwrap_or(self.limit)
+    }
+
+    /// The partitions at their limit.
+    pub(crate) fn full(&self) -> Vec<String> {
+        let mut full: Vec<String> = self
+            .room
+            .iter()
+            .filter(|(_, r)| **r <= 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        full.sort_unstable();
+        full
     }
 }
 
@@ -200,13 +244,16 @@ pub(crate) enum ScanFrom<'a> {
     Only(&'a str),
 }
 
-/// The due jobs with a partition key of `queue` in state `state` (see [`waiting_states`]),
+/// The due jobs with a partition key of `queue` in state `state` (see [`ScanSql`]), but those
+/// of the partitions in `skip`,
 /// of one of `kinds` (any kind when `None`), in partition order and claim order within
 /// each, from `from`, at most `n`.
 #[derive(Debug, Clone)]
 pub(crate) struct PartitionScan<'a> {
     pub(crate) queue: &'a str,
+    pub(crate) sql: ScanSql,
     pub(crate) state: &'static str,
+    pub(crate) skip: &'a [String],
     pub(crate) from: ScanFrom<'a>,
     pub(crate) now: i64,
     pub(crate) kinds: Option<&'a [String]>,
@@ -234,8 +281,10 @@ where
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql(
             "SELECT j.partition_key AS k, j.priority AS priority, j.run_at AS run_at, \
-             j.id AS id FROM jobvisor_jobs j WHERE j.queue = ",
+             j.id AS id FROM ",
         );
+        out.push_sql(self.sql.table);
+        out.push_sql(" WHERE j.queue = ");
         out.push_bind_param::<Text, _>(self.queue)?;
         out.push_sql(" AND j.state ");
         out.push_sql(self.state);
@@ -249,6 +298,16 @@ where
                 out.push_sql(" AND j.partition_key = ");
                 out.push_bind_param::<Text, _>(key)?;
             }
+        }
+        if !self.skip.is_empty() {
+            out.push_sql(" AND j.partition_key NOT IN (");
+            for (n, key) in self.skip.iter().enumerate() {
+                if n > 0 {
+                    out.push_sql(", ");
+                }
+                out.push_bind_param::<Text, _>(key)?;
+            }
+            out.push_sql(")");
         }
         out.push_sql(" AND j.run_at <= ");
         out.push_bind_param::<BigInt, _>(&self.now)?;
@@ -432,6 +491,14 @@ mod tests {
             .map(|i| job(i, Some(&format!("p{}", i % 40))))
             .collect();
         assert!(!Ranking::new(&spread, 128, &open).needs_walk(100));
+    }
+
+    #[test]
+    fn the_full_partitions_are_those_without_room() {
+        let rooms = Rooms::new(2, [("b".into(), 2), ("a".into(), 3), ("c".into(), 1)]);
+        assert_eq!(rooms.full(), ["a", "b"]);
+        assert_eq!(rooms.of("c"), 1);
+        assert_eq!(rooms.of("never-ran"), 2);
     }
 
     #[test]

@@ -678,12 +678,20 @@ impl Store {
                 let ranking = Ranking::new(&head, head_len, &rooms);
                 let mut candidates = ranking.picked.clone();
                 if ranking.needs_walk(budget) && (any_kind || !kinds.is_empty()) {
-                    for state in partitions::waiting_states(self.inner.driver.backend()) {
+                    let sql = partitions::scan_sql(self.inner.driver.backend());
+                    let skip = if sql.skip_full {
+                        rooms.full()
+                    } else {
+                        Vec::new()
+                    };
+                    for state in sql.states {
                         let mut walk = Walk::new(&rooms, budget);
                         while let Some((from, n)) = walk.read() {
                             let rows: Vec<ScanRow> = PartitionScan {
                                 queue: &q,
+                                sql,
                                 state,
+                                skip: &skip,
                                 from,
                                 now,
                                 kinds: (!any_kind).then_some(kinds.as_slice()),
@@ -695,9 +703,32 @@ impl Store {
                         }
                         candidates.extend(walk.found);
                     }
-                    // Keyless jobs are not in the partitions' index: those past the head
-                    // are looked for in the due jobs right after it.
-                    if let Some(last) = head.last() {
+                    // Keyless jobs past the head: on MySQL the partition index holds them too
+                    // (`partition_key IS NULL`, in claim order); elsewhere it does not, and
+                    // they are looked for in the due jobs right after the head.
+                    let keyless: Vec<(i64, i32, i64)> = if sql.keyless_indexed {
+                        let mut found = Vec::new();
+                        for st in [JobState::Pending, JobState::Retrying] {
+                            found.extend(
+                                jobs::table
+                                    .filter(jobs::queue.eq(&q))
+                                    .filter(jobs::state.eq(st.as_str()))
+                                    .filter(jobs::partition_key.is_null())
+                                    .filter(kind_ok.clone())
+                                    .filter(jobs::run_at.le(now))
+                                    .order((
+                                        jobs::priority.asc(),
+                                        jobs::run_at.asc(),
+                                        jobs::id.asc(),
+                                    ))
+                                    .limit(budget)
+                                    .select((jobs::id, jobs::priority, jobs::run_at))
+                                    .load::<(i64, i32, i64)>(c)
+                                    .await?,
+                            );
+                        }
+                        found
+                    } else if let Some(last) = head.last() {
                         let after_head: Vec<(i64, Option<String>, i32, i64)> = jobs::table
                             .filter(ClaimableIn(q.clone()))
                             .filter(kind_ok)
@@ -714,17 +745,22 @@ impl Store {
                             .select((jobs::id, jobs::partition_key, jobs::priority, jobs::run_at))
                             .load(c)
                             .await?;
-                        candidates.extend(after_head.into_iter().filter(|j| j.1.is_none()).map(
-                            |(id, _, priority, run_at)| Pick {
-                                at: Candidate {
-                                    priority,
-                                    run_at,
-                                    id,
-                                },
-                                key: None,
-                            },
-                        ));
-                    }
+                        after_head
+                            .into_iter()
+                            .filter(|j| j.1.is_none())
+                            .map(|(id, _, priority, run_at)| (id, priority, run_at))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    candidates.extend(keyless.into_iter().map(|(id, priority, run_at)| Pick {
+                        at: Candidate {
+                            priority,
+                            run_at,
+                            id,
+                        },
+                        key: None,
+                    }));
                 }
                 partitions::pick(candidates, budget, &rooms)
             } else {

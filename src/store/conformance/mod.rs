@@ -237,6 +237,7 @@ macro_rules! conformance_tests {
             a_long_backlog_of_full_partitions_hides_no_others_due_jobs,
             a_walk_past_a_backlog_finds_every_partition_in_claim_order,
             a_retrying_job_behind_a_backlog_is_found,
+            a_keyless_job_far_behind_a_backlog_runs,
             a_global_and_a_partition_limit_hold_together,
             claims_follow_a_queue_whose_limits_change,
             a_resume_or_a_changed_limit_wakes_listeners,

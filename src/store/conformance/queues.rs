@@ -690,6 +690,60 @@ pub async fn a_retrying_job_behind_a_backlog_is_found(b: Backend) {
     );
 }
 
+/// A keyless job behind a backlog of a full partition longer than the head and the 1,000 due
+/// jobs after it: MySQL's partition index holds keyless jobs too, so its claim finds it at
+/// once; PostgreSQL's and SQLite's hold keyed jobs only, so there it waits until the backlog
+/// ahead shortens (ARCHITECTURE.md §7.5), then runs.
+pub async fn a_keyless_job_far_behind_a_backlog_runs(b: Backend) {
+    let t = Bundle::new(b).await;
+    let mut jobs: Vec<NewJob> = (0..1300)
+        .map(|i| NewJob::new("k", json!(i)).queue("t").partition("A"))
+        .collect();
+    jobs.push(NewJob::new("k", json!("keyless")).queue("t"));
+    let ids = t
+        .store
+        .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
+        .await
+        .unwrap();
+    let keyless = ids[1300].id;
+    t.store
+        .queue_set_limits("t", QueueLimits::default().per_partition(1), t.at(0))
+        .await
+        .unwrap();
+    let first = t.claim("t", "n1", 1, 1).await;
+    assert_eq!(first[0].job.id, ids[0].id);
+    let got: Vec<JobId> = t
+        .claim("t", "n1", 4, 2)
+        .await
+        .iter()
+        .map(|c| c.job.id)
+        .collect();
+    if b == Backend::Mysql {
+        assert_eq!(got, [keyless]);
+        return;
+    }
+    assert!(got.is_empty(), "{got:?}");
+    // A's backlog shortens: 200 of its jobs end, one at a time.
+    let mut running = first[0].clone();
+    for n in 0..200 {
+        t.finalize(
+            Finalize::succeeded(running.job.id, running.token.clone(), json!(null)),
+            3 + n,
+        )
+        .await;
+        let next = t.claim("t", "n1", 1, 3 + n).await;
+        running = next[0].clone();
+    }
+    // 1,099 of A's jobs wait ahead of it: within the head and the 1,000 after it.
+    let got: Vec<JobId> = t
+        .claim("t", "n1", 4, 300)
+        .await
+        .iter()
+        .map(|c| c.job.id)
+        .collect();
+    assert_eq!(got, [keyless]);
+}
+
 pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let t = Bundle::new(b).await;
     // A's backlog comes first in claim order; B and C behind it; keyless jobs last.
