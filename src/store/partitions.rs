@@ -300,31 +300,38 @@ where
             }
         }
         if !self.skip.is_empty() {
-            out.push_sql(" AND j.partition_key NOT IN (");
-            for (n, key) in self.skip.iter().enumerate() {
-                if n > 0 {
-                    out.push_sql(", ");
-                }
-                out.push_bind_param::<Text, _>(key)?;
-            }
-            out.push_sql(")");
+            push_list(&mut out, " AND j.partition_key NOT IN (", self.skip)?;
         }
         out.push_sql(" AND j.run_at <= ");
         out.push_bind_param::<BigInt, _>(&self.now)?;
         if let Some(kinds) = self.kinds {
-            out.push_sql(" AND j.kind IN (");
-            for (n, kind) in kinds.iter().enumerate() {
-                if n > 0 {
-                    out.push_sql(", ");
-                }
-                out.push_bind_param::<Text, _>(kind)?;
-            }
-            out.push_sql(")");
+            push_list(&mut out, " AND j.kind IN (", kinds)?;
         }
         out.push_sql(" ORDER BY j.partition_key, j.priority, j.run_at, j.id LIMIT ");
         out.push_bind_param::<BigInt, _>(&self.n)?;
         Ok(())
     }
+}
+
+/// `head` and the binds of `items`, comma-separated, then `)`.
+fn push_list<'b, DB>(
+    out: &mut AstPass<'_, 'b, DB>,
+    head: &str,
+    items: &'b [String],
+) -> QueryResult<()>
+where
+    DB: Backend + diesel::sql_types::HasSqlType<Text>,
+    String: diesel::serialize::ToSql<Text, DB>,
+{
+    out.push_sql(head);
+    for (n, item) in items.iter().enumerate() {
+        if n > 0 {
+            out.push_sql(", ");
+        }
+        out.push_bind_param::<Text, _>(item)?;
+    }
+    out.push_sql(")");
+    Ok(())
 }
 
 /// Where a walk reads next.
