@@ -23,7 +23,10 @@
 //!   `--job-ms M` makes every job of these drains take M ms (a sleep), so the node's
 //!   concurrency, not the database, bounds the unlimited drain: the limit's own cost.
 //!   `--nodes K` drains with K nodes in this process, each with its own store (pool) and
-//!   `--concurrency`; the global limit is then their total.
+//!   `--concurrency`; the global limit is then their total. Each row also reports
+//!   `mean_running` and `mean_held`: handlers running and jobs held (claimed, finish not yet
+//!   confirmed) on average over a drain — under a limit that binds, held ≤ the limit, and the
+//!   difference between the two is slots spent claiming, starting and finalizing.
 //! * `limits-burst` (only when named): the partitioned drain of `limits` with `--backlog` jobs
 //!   of one more partition enqueued first — one tenant's burst at the head of the queue, its
 //!   partition at its limit — against the same drain without it, `--rounds` pairs; the drain
@@ -296,7 +299,7 @@ async fn main() {
                     let work = std::time::Duration::from_millis(args.job_ms);
                     let (r, extra) =
                         drain_limited(b, n, c, args.nodes, args.prefetch, limit, work).await;
-                    eprintln!("  {limit:?}: {r:.0} jobs/s");
+                    eprintln!("  {limit:?}: {r:.0} jobs/s {extra}");
                     runs.push((limit, r, extra));
                 }
             }
@@ -309,7 +312,20 @@ async fn main() {
                 (Limit::Partitions, "drain-limit-partitions"),
             ] {
                 let (med, lo, hi) = median(limit);
+                // Where the limit's slots went: handlers running and jobs held, on average
+                // over each drain (medians of the rounds).
+                let occupancy = |field: &str| {
+                    let (m, ..) = spread(
+                        runs.iter()
+                            .filter(|x| x.0 == limit)
+                            .filter_map(|x| x.2[field].as_f64())
+                            .collect(),
+                    );
+                    (m * 10.0).round() / 10.0
+                };
                 let mut extra = json!({
+                    "mean_running": occupancy("mean_running"),
+                    "mean_held": occupancy("mean_held"),
                     "concurrency": c,
                     "nodes": args.nodes,
                     "job_ms": args.job_ms,

@@ -1,5 +1,6 @@
 //! The ordinary modes: `drain`, `enqueue`, `enqueue-batch`, `latency`, `latency-remote`.
 
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +45,8 @@ pub(crate) async fn drain_on(
 
 /// [`drain_on`] with handlers that each take `work` (a sleep) instead of returning at once,
 /// on one node per store (each with concurrency `c`), until they have finished `n` between
-/// them.
+/// them. Besides jobs per second: statements per job, and the mean number of handlers
+/// running and of jobs held (claimed, finish not yet confirmed) over the drain.
 pub(crate) async fn drain_working(
     stores: Vec<Store>,
     n: usize,
@@ -52,9 +54,11 @@ pub(crate) async fn drain_working(
     prefetch: Option<u32>,
     work: Duration,
 ) -> (f64, Value) {
+    let exec = Arc::new(AtomicI64::new(0));
     let handles: Vec<_> = stores
         .into_iter()
         .map(|store| {
+            let exec = exec.clone();
             Scheduler::builder(store)
                 .queue("default", {
                     let q = QueueConfig::default().concurrency(c);
@@ -65,11 +69,16 @@ pub(crate) async fn drain_working(
                 })
                 .handler(
                     "noop",
-                    handler_fn(move |_: Value, _ctx| async move {
-                        if !work.is_zero() {
-                            tokio::time::sleep(work).await;
+                    handler_fn(move |_: Value, _ctx| {
+                        let exec = exec.clone();
+                        async move {
+                            exec.fetch_add(1, Relaxed);
+                            if !work.is_zero() {
+                                tokio::time::sleep(work).await;
+                            }
+                            exec.fetch_sub(1, Relaxed);
+                            JobOutcome::done()
                         }
-                        JobOutcome::done()
                     }),
                 )
                 .start()
@@ -78,8 +87,20 @@ pub(crate) async fn drain_working(
         .collect();
     let finished = || handles.iter().map(|h| h.stats().finished).sum::<u64>();
     let t0 = Instant::now();
+    // Sampled every 2 ms: handlers running, and jobs the nodes hold (claimed, not yet
+    // confirmed finished) — under a limit that binds, what the limit's slots are doing.
+    let (mut samples, mut running, mut held) = (0u64, 0i64, 0i64);
     while finished() < n as u64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
+        samples += 1;
+        running += exec.load(Relaxed);
+        held += handles
+            .iter()
+            .map(|h| {
+                let st = h.stats();
+                i64::try_from(st.claimed.saturating_sub(st.finished)).unwrap_or(i64::MAX)
+            })
+            .sum::<i64>();
         if t0.elapsed() > Duration::from_secs(600) {
             panic!("drain did not finish: {} of {n}", finished());
         }
@@ -93,9 +114,12 @@ pub(crate) async fn drain_working(
         h.shutdown().await;
     }
     let per = |x: u64| (x as f64 / n as f64 * 1000.0).round() / 1000.0;
+    let mean = |sum: i64| (sum as f64 / samples.max(1) as f64 * 10.0).round() / 10.0;
     let stats = json!({
         "claim_stmts_per_job": per(claims),
         "finalize_stmts_per_job": per(finals),
+        "mean_running": mean(running),
+        "mean_held": mean(held),
     });
     (n as f64 / secs, stats)
 }
