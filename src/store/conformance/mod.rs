@@ -239,6 +239,7 @@ macro_rules! conformance_tests {
             a_retrying_job_behind_a_backlog_is_found,
             a_keyless_job_far_behind_a_backlog_runs,
             a_global_and_a_partition_limit_hold_together,
+            a_dead_holders_slots_return_when_its_leases_expire,
             claims_follow_a_queue_whose_limits_change,
             a_resume_or_a_changed_limit_wakes_listeners,
             bad_queue_settings_get_clear_errors_and_change_nothing,

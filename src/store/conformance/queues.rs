@@ -840,6 +840,81 @@ pub async fn a_global_and_a_partition_limit_hold_together(b: Backend) {
     assert!(held.lock().unwrap().peak >= 2, "claimers overlapped");
 }
 
+/// A holder that dies keeps its slots only until its leases expire: the sweeper's reclaim
+/// frees them for other claimers — under a global and a per-partition limit at once — and
+/// the dead holder's late answers free nothing: had the zombie's finalization of a job that
+/// another node now runs counted, a second job of that partition would be claimed while the
+/// first still ran.
+pub async fn a_dead_holders_slots_return_when_its_leases_expire(b: Backend) {
+    let t = Bundle::new(b).await;
+    for p in ["a", "b"] {
+        t.enqueue(NewJob::new("k", json!(p)).queue("q").partition(p), 0)
+            .await;
+    }
+    // One more job per partition, due once the first ones run elsewhere.
+    for p in ["a", "b"] {
+        let later = NewJob::new("k", json!(p))
+            .queue("q")
+            .partition(p)
+            .run_at(t.at(60).unwrap());
+        t.enqueue(later, 0).await;
+    }
+    t.store
+        .queue_set_limits(
+            "q",
+            QueueLimits::default().concurrency(2).per_partition(1),
+            t.at(0),
+        )
+        .await
+        .unwrap();
+    let ids = |got: &[ClaimedJob]| {
+        let mut v: Vec<JobId> = got.iter().map(|c| c.job.id).collect();
+        v.sort();
+        v
+    };
+    let dead = t.claim("q", "n1", 10, 1).await;
+    assert_eq!(dead.len(), 2, "one per partition");
+    assert!(
+        t.claim("q", "n2", 10, 2).await.is_empty(),
+        "nothing else is due"
+    );
+    // n1 dies. Its leases (30 s) run out; before that nothing is reclaimed.
+    assert!(t.reclaim(20).await.is_empty());
+    assert_eq!(t.reclaim(32).await.len(), 2);
+    assert_eq!(running_in(&t, "q").await, 0, "reclaimed jobs hold no slot");
+    let live = t.claim("q", "n2", 10, 50).await;
+    assert_eq!(ids(&live), ids(&dead), "the same jobs run again, on n2");
+    // n1 comes back as a zombie: its answers are refused and free no slot.
+    assert!(matches!(
+        t.finalize(
+            Finalize::succeeded(dead[0].job.id, dead[0].token.clone(), json!(null)),
+            55,
+        )
+        .await,
+        Guarded::LeaseLost
+    ));
+    assert!(matches!(
+        t.renew(dead[1].job.id, &dead[1].token, 55).await,
+        Guarded::LeaseLost
+    ));
+    assert_eq!(running_in(&t, "q").await, 2);
+    assert!(
+        t.claim("q", "n3", 10, 61).await.is_empty(),
+        "n2 holds both slots and both partitions; the zombie's answers changed nothing"
+    );
+    // n2 finishes one: exactly one more, of the same partition.
+    assert!(t
+        .finalize(
+            Finalize::succeeded(live[0].job.id, live[0].token.clone(), json!(null)),
+            62,
+        )
+        .await
+        .is_applied());
+    let next = t.claim("q", "n3", 10, 63).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job.partition, live[0].job.partition);
+}
+
 /// A node remembers which queues have settings, and which of those need the portable claim;
 /// when the settings change under it, its next claim follows the new ones exactly.
 pub async fn claims_follow_a_queue_whose_limits_change(b: Backend) {
