@@ -12,6 +12,8 @@
 //! * [`ReleaseHold`], [`RetakeHold`]: a `while_active` job releasing its unique key as it
 //!   ends, or taking it again on a manual retry.
 //!
+//! * [`InList`]: `column IN (?, …)` whose text takes one of a few shapes, so it stays cached
+//!   (diesel's `eq_any` is never cached: on MySQL every use cost a prepare round trip).
 //! * [`StateIn`], [`SkipLocked`], [`ForUpdate`], `prepared_statement!`, `job_columns!`.
 //!
 //! All render static SQL for a given backend and type, so prepared statements stay cached.
@@ -417,3 +419,105 @@ macro_rules! job_columns {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use job_columns;
 pub(crate) use prepared_statement;
+
+/// `column IN (?, …)` over a list padded to a power of two by repeating its last value (an
+/// empty list is `1 = 0`): the statement's text takes one of a few shapes, so its prepared
+/// form is kept in the connection's cache and reused. Diesel's `eq_any` over a list is never
+/// cached, and on MySQL each use cost a round trip to prepare it before the one that runs it
+/// — most of a small claim's or finalization's statements under a queue limit. Repeating a
+/// value changes no result: `IN` is a set test.
+#[derive(Debug, Clone)]
+pub(crate) struct InList<C, T> {
+    column: C,
+    values: Vec<T>,
+}
+
+/// `column IN values` (see [`InList`]).
+pub(crate) fn in_list<C, T>(column: C, values: Vec<T>) -> InList<C, T> {
+    InList { column, values }
+}
+
+impl<C, T> InList<C, T> {
+    /// Binds pushed: the list's length rounded up to a power of two.
+    fn padded_len(&self) -> usize {
+        self.values.len().next_power_of_two()
+    }
+}
+
+// Not a static query id: the text depends on the padded length, so the statement cache
+// keys it by its text.
+impl<C, T> QueryId for InList<C, T> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<C: Expression, T> Expression for InList<C, T> {
+    type SqlType = Bool;
+}
+impl<C: AppearsOnTable<jobvisor_jobs::table>, T> AppearsOnTable<jobvisor_jobs::table>
+    for InList<C, T>
+{
+}
+impl<C: SelectableExpression<jobvisor_jobs::table>, T> SelectableExpression<jobvisor_jobs::table>
+    for InList<C, T>
+{
+}
+impl<C, T, GB> ValidGrouping<GB> for InList<C, T> {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<C, T, DB> QueryFragment<DB> for InList<C, T>
+where
+    DB: Backend + diesel::sql_types::HasSqlType<C::SqlType>,
+    C: Expression + QueryFragment<DB>,
+    T: diesel::serialize::ToSql<C::SqlType, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        let Some(last) = self.values.last() else {
+            out.push_sql("1 = 0");
+            return Ok(());
+        };
+        self.column.walk_ast(out.reborrow())?;
+        out.push_sql(" IN (");
+        for i in 0..self.padded_len() {
+            if i > 0 {
+                out.push_sql(", ");
+            }
+            out.push_bind_param::<C::SqlType, _>(self.values.get(i).unwrap_or(last))?;
+        }
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use diesel::prelude::*;
+    use diesel::sqlite::Sqlite;
+
+    use super::in_list;
+    use crate::store::schema::jobvisor_jobs as jobs;
+
+    fn sql(ids: Vec<i64>) -> String {
+        let q = jobs::table.filter(in_list(jobs::id, ids)).select(jobs::id);
+        diesel::debug_query::<Sqlite, _>(&q).to_string()
+    }
+
+    #[test]
+    fn a_list_is_padded_to_a_power_of_two_with_its_last_value() {
+        let three = sql(vec![7, 8, 9]);
+        assert!(three.contains("IN (?, ?, ?, ?)"), "{three}");
+        assert!(three.ends_with("binds: [7, 8, 9, 9]"), "{three}");
+        // Lists of 3 and 4 share one text, so one prepared statement.
+        let four = sql(vec![1, 2, 3, 4]);
+        assert_eq!(three.split(" -- ").next(), four.split(" -- ").next());
+        assert!(sql(vec![5]).contains("IN (?) "), "{}", sql(vec![5]));
+    }
+
+    #[test]
+    fn an_empty_list_matches_nothing() {
+        let empty = sql(Vec::new());
+        assert!(empty.contains("1 = 0"), "{empty}");
+        assert!(!empty.contains(" IN "), "{empty}");
+    }
+}

@@ -38,7 +38,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::{with_conn, with_tx, ClaimArgs, ControlledFast};
-use super::expr::{ClaimableIn, DbClock, DbNow, ForUpdate};
+use super::expr::{in_list, ClaimableIn, DbClock, DbNow, ForUpdate};
 use super::partitions::{
     self, Candidate, HeadJob, PartitionScan, Pick, Ranking, Rooms, ScanRow, Walk,
 };
@@ -640,7 +640,7 @@ impl Store {
             }
             let kind_ok = any_kind
                 .into_sql::<diesel::sql_types::Bool>()
-                .or(jobs::kind.eq_any(kinds.clone()));
+                .or(in_list(jobs::kind, kinds.clone()));
             let ids: Vec<i64> = if let Some(per) = row.partition_limit {
                 let per = i64::from(per);
                 // The running jobs per partition (few: they hold leases), then a bounded head
@@ -779,7 +779,7 @@ impl Store {
             }
             diesel::update(
                 jobs::table
-                    .filter(jobs::id.eq_any(&ids))
+                    .filter(in_list(jobs::id, ids.clone()))
                     .filter(ClaimableIn(q.clone())),
             )
             .set((
@@ -797,7 +797,7 @@ impl Store {
             .execute(c)
             .await?;
             let rows: Vec<JobRow> = jobs::table
-                .filter(jobs::id.eq_any(&ids))
+                .filter(in_list(jobs::id, ids.clone()))
                 .filter(jobs::lease_token.eq(&a.token))
                 .select(JobRow::as_select())
                 .load(c)

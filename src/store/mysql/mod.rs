@@ -30,7 +30,7 @@ use super::batch::{
 };
 use super::connect::pool;
 use super::driver::{ClaimArgs, OpenError, RenewArgs};
-use super::expr::{DbNow, RUNNING};
+use super::expr::{in_list, DbNow, RUNNING};
 use super::rows::{dur_ms, dur_us, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::{checkout, ConnPool, Lease};
@@ -42,7 +42,7 @@ pub(crate) mod connect;
 pub(crate) mod sql;
 
 use connect::MysqlConnector;
-use sql::{ClaimQueueIs, LeasePairs};
+use sql::{padded_rows, Bind, BoundSql, ClaimQueueIs, LeasePairs};
 
 /// The migrations, embedded.
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
@@ -160,7 +160,7 @@ impl MysqlDriver {
                     .filter(
                         any_kind
                             .into_sql::<diesel::sql_types::Bool>()
-                            .or(jobs::kind.eq_any(kinds)),
+                            .or(in_list(jobs::kind, kinds)),
                     )
                     .filter(jobs::run_at.le(now))
                     .filter(diesel::dsl::not(diesel::dsl::exists(
@@ -175,12 +175,12 @@ impl MysqlDriver {
                 if ids.is_empty() {
                     return Ok(Vec::new());
                 }
-                diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
+                diesel::update(jobs::table.filter(in_list(jobs::id, ids.clone())))
                     .set(claim_set!())
                     .execute(c)
                     .await?;
                 jobs::table
-                    .filter(jobs::id.eq_any(&ids))
+                    .filter(in_list(jobs::id, ids))
                     .filter(jobs::lease_token.eq(tok))
                     .select(JobRow::as_select())
                     .load(c)
@@ -441,35 +441,40 @@ async fn renew(
 ) -> diesel::QueryResult<Vec<RenewedRow>> {
     let mut out = Vec::with_capacity(leases.len());
     for chunk in leases.chunks(CHUNK) {
-        let mut sql = String::from(sql::UPDATE_BY_ID_HEAD);
-        for i in 0..chunk.len() {
-            sql.push_str(if i == 0 {
-                "SELECT CAST(? AS SIGNED) AS id, ? AS token, CAST(? AS SIGNED) AS ago, \
-                 ? AS progress"
-            } else {
-                " UNION ALL SELECT ?, ?, ?, ?"
-            });
+        let mut q = BoundSql::default();
+        q.push(sql::UPDATE_BY_ID_HEAD, []);
+        for (k, i) in padded_rows(chunk.len()).enumerate() {
+            let l = &chunk[i];
+            q.push(
+                if k == 0 {
+                    "SELECT CAST(? AS SIGNED) AS id, ? AS token, CAST(? AS SIGNED) AS ago, \
+                     ? AS progress"
+                } else {
+                    " UNION ALL SELECT ?, ?, ?, ?"
+                },
+                [
+                    Bind::BigInt(l.id.0),
+                    Bind::Text(l.token.as_str().to_string()),
+                    Bind::NullBigInt(l.started_ago.map(dur_us)),
+                    Bind::NullText(l.progress.clone()),
+                ],
+            );
         }
-        sql.push_str(sql::RENEW_TAIL);
-        let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
-        for l in chunk {
-            q = q
-                .bind::<BigInt, _>(l.id.0)
-                .bind::<Text, _>(l.token.as_str().to_string())
-                .bind::<Nullable<BigInt>, _>(l.started_ago.map(dur_us))
-                .bind::<Nullable<Text>, _>(l.progress.clone());
-        }
-        q.bind::<Nullable<BigInt>, _>(now)
-            .bind::<BigInt, _>(grace_us)
-            .bind::<BigInt, _>(lease_us)
-            .execute(&mut *conn)
-            .await?;
+        q.push(
+            sql::RENEW_TAIL,
+            [
+                Bind::NullBigInt(now),
+                Bind::BigInt(grace_us),
+                Bind::BigInt(lease_us),
+            ],
+        );
+        q.execute(&mut *conn).await?;
         let pairs = LeasePairs {
             ids: chunk.iter().map(|l| l.id.0).collect(),
             tokens: chunk.iter().map(|l| l.token.as_str().to_string()).collect(),
         };
         let rows: Vec<RenewedRow> = jobs::table
-            .filter(jobs::id.eq_any(pairs.ids.clone()))
+            .filter(in_list(jobs::id, pairs.ids.clone()))
             .filter(pairs)
             .filter(RUNNING)
             .select((
@@ -495,7 +500,6 @@ async fn finalize(
     items: &[Finalize],
     now: Option<i64>,
 ) -> diesel::QueryResult<HashMap<i64, JobState>> {
-    use diesel::sql_types::Integer;
     let mut applied = HashMap::with_capacity(items.len());
     for chunk in items.chunks(CHUNK) {
         let pairs = LeasePairs {
@@ -503,7 +507,7 @@ async fn finalize(
             tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
         };
         let held: Vec<(i64, i32, i32)> = jobs::table
-            .filter(jobs::id.eq_any(pairs.ids.clone()))
+            .filter(in_list(jobs::id, pairs.ids.clone()))
             .filter(pairs)
             .filter(RUNNING)
             .select((jobs::id, jobs::attempts, jobs::max_attempts))
@@ -517,7 +521,6 @@ async fn finalize(
             .into_iter()
             .map(|(id, attempts, max)| (id, attempts >= max))
             .collect();
-        let mut sql = String::from(sql::UPDATE_BY_ID_HEAD);
         let mut rows = Vec::with_capacity(held.len());
         for f in chunk {
             let Some(&exhausted) = held.get(&f.id.0) else {
@@ -529,32 +532,35 @@ async fn finalize(
             }
             let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
             applied.insert(f.id.0, row.state.parse().unwrap_or(JobState::Retrying));
-            sql.push_str(if rows.is_empty() {
-                "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
-                 ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
-                 CAST(? AS SIGNED) AS finished"
-            } else {
-                " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?"
-            });
             rows.push((f, row, finished));
         }
-        sql.push_str(sql::FINALIZE_TAIL);
-        let mut q = diesel::sql_query(sql).into_boxed::<diesel::mysql::Mysql>();
-        for (f, row, finished) in &rows {
-            q = q
-                .bind::<BigInt, _>(f.id.0)
-                .bind::<Text, _>(f.token.as_str().to_string())
-                .bind::<Text, _>(row.state)
-                .bind::<Nullable<Text>, _>(row.result.clone())
-                .bind::<Nullable<Text>, _>(row.error.clone())
-                .bind::<Nullable<BigInt>, _>(row.delay_us)
-                .bind::<Integer, _>(row.refund)
-                .bind::<Integer, _>(i32::from(*finished));
+        let mut q = BoundSql::default();
+        q.push(sql::UPDATE_BY_ID_HEAD, []);
+        for (k, i) in padded_rows(rows.len()).enumerate() {
+            let (f, row, finished) = &rows[i];
+            q.push(
+                if k == 0 {
+                    "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
+                     ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
+                     CAST(? AS SIGNED) AS finished"
+                } else {
+                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?"
+                },
+                [
+                    Bind::BigInt(f.id.0),
+                    Bind::Text(f.token.as_str().to_string()),
+                    Bind::Text(row.state.to_string()),
+                    Bind::NullText(row.result.clone()),
+                    Bind::NullText(row.error.clone()),
+                    Bind::NullBigInt(row.delay_us),
+                    Bind::Int(row.refund),
+                    Bind::Int(i32::from(*finished)),
+                ],
+            );
         }
-        let n = q
-            .bind::<Nullable<BigInt>, _>(now)
-            .execute(&mut *conn)
-            .await?;
+        q.push(sql::FINALIZE_TAIL, [Bind::NullBigInt(now)]);
+        // A row repeated to pad the batch matches its job once: the count is of jobs.
+        let n = q.execute(&mut *conn).await?;
         if n != rows.len() {
             // The rows were locked by this transaction: anything else is a bug; roll back.
             return Err(diesel::result::Error::QueryBuilderError(
