@@ -420,7 +420,7 @@ macro_rules! job_columns {
 pub(crate) use job_columns;
 pub(crate) use prepared_statement;
 
-/// `column IN (?, …)` over a list padded to a power of two by repeating its last value (an
+/// `column IN (?, …)` over a list padded by repeating its last value ([`padded_len`]; an
 /// empty list is `1 = 0`): the statement's text takes one of a few shapes, so its prepared
 /// form is kept in the connection's cache and reused. Diesel's `eq_any` over a list is never
 /// cached, and on MySQL each use cost a round trip to prepare it before the one that runs it
@@ -438,9 +438,29 @@ pub(crate) fn in_list<C, T>(column: C, values: Vec<T>) -> InList<C, T> {
 }
 
 impl<C, T> InList<C, T> {
-    /// Binds pushed: the list's length rounded up to a power of two.
+    /// Binds pushed (see [`padded_len`]).
     fn padded_len(&self) -> usize {
-        self.values.len().next_power_of_two()
+        padded_len(self.values.len())
+    }
+}
+
+/// Most binds a list is padded to: SQLite's default limit of variables per statement, so a
+/// list that fits unpadded is never padded past what fits.
+const MAX_PADDED: usize = 32_766;
+
+/// How many entries a list of `n` is padded to: the next power of two up to 1,024, then the
+/// next multiple of 1,024 — a few shapes of statement text, at most 1,023 repeats — and never
+/// past [`MAX_PADDED`] (a longer list is sent as it is).
+pub(crate) fn padded_len(n: usize) -> usize {
+    let padded = if n <= 1024 {
+        n.next_power_of_two()
+    } else {
+        n.div_ceil(1024) * 1024
+    };
+    if padded > MAX_PADDED {
+        n
+    } else {
+        padded
     }
 }
 
@@ -512,6 +532,21 @@ mod tests {
         let four = sql(vec![1, 2, 3, 4]);
         assert_eq!(three.split(" -- ").next(), four.split(" -- ").next());
         assert!(sql(vec![5]).contains("IN (?) "), "{}", sql(vec![5]));
+    }
+
+    #[test]
+    fn padding_adds_few_shapes_and_stays_within_the_bind_limits() {
+        use super::padded_len;
+        assert_eq!(padded_len(0), 1);
+        assert_eq!(padded_len(3), 4);
+        assert_eq!(padded_len(1024), 1024);
+        assert_eq!(padded_len(1025), 2048);
+        assert_eq!(padded_len(5000), 5120);
+        assert_eq!(padded_len(32_000), 32_000, "no padding past SQLite's limit");
+        assert_eq!(padded_len(55_000), 55_000);
+        for n in 1..40_000 {
+            assert!(padded_len(n) >= n && padded_len(n) - n < 1024, "{n}");
+        }
     }
 
     #[test]

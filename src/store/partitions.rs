@@ -313,8 +313,8 @@ where
     }
 }
 
-/// `head` and the binds of `items` (not empty), comma-separated, then `)`: padded to a power
-/// of two by repeating the last item, so the statement's text takes few shapes and its
+/// `head` and the binds of `items` (not empty), comma-separated, then `)`: padded by repeating
+/// the last item (`padded_len`), so the statement's text takes few shapes and its
 /// prepared forms stay few in each connection's cache (a set test: a repeat changes nothing).
 fn push_list<'b, DB>(
     out: &mut AstPass<'_, 'b, DB>,
@@ -331,7 +331,7 @@ where
         ));
     };
     out.push_sql(head);
-    for n in 0..items.len().next_power_of_two() {
+    for n in 0..super::expr::padded_len(items.len()) {
         if n > 0 {
             out.push_sql(", ");
         }

@@ -777,9 +777,10 @@ impl Store {
             if ids.is_empty() {
                 return Ok(ControlledClaim::default());
             }
+            // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as it is.
             diesel::update(
                 jobs::table
-                    .filter(in_list(jobs::id, ids.clone()))
+                    .filter(jobs::id.eq_any(&ids))
                     .filter(ClaimableIn(q.clone())),
             )
             .set((

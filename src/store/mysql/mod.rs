@@ -175,7 +175,8 @@ impl MysqlDriver {
                 if ids.is_empty() {
                     return Ok(Vec::new());
                 }
-                diesel::update(jobs::table.filter(in_list(jobs::id, ids.clone())))
+                // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as it is.
+                diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
                     .set(claim_set!())
                     .execute(c)
                     .await?;

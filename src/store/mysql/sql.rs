@@ -14,7 +14,7 @@ use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
 
 use crate::store::expr::{
-    prepared_statement, ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked,
+    padded_len, prepared_statement, ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked,
 };
 use crate::store::schema::jobvisor_jobs;
 
@@ -48,7 +48,7 @@ impl QueryFragment<Mysql> for JsonAppend {
 /// A statement built at run time, its text and binds in order — what `sql_query(…).bind(…)`
 /// builds, but kept in the connection's statement cache: diesel never caches a
 /// `sql_query`, so each use cost a round trip to prepare it. Callers build their text in few
-/// shapes (a batch padded to a power of two rows) so the cached forms stay few.
+/// shapes (a batch padded by repeating its last row, `padded_rows`) so the cached forms stay few.
 #[derive(Debug, Default)]
 pub(crate) struct BoundSql {
     parts: Vec<Part>,
@@ -114,10 +114,12 @@ impl QueryFragment<Mysql> for BoundSql {
     }
 }
 
-/// The rows a batch statement carries: `n` padded to a power of two by repeating the last
-/// row (the statements join their rows by id, and a row repeated matches the same job once).
+/// The rows a batch statement carries: `n` padded by repeating the last row ([`padded_len`];
+/// the statements join their rows by id, and a row repeated matches the same job once); none
+/// for `n = 0`.
 pub(crate) fn padded_rows(n: usize) -> impl Iterator<Item = usize> {
-    (0..n.next_power_of_two()).map(move |i| i.min(n.saturating_sub(1)))
+    let len = if n == 0 { 0 } else { padded_len(n) };
+    (0..len).map(move |i| i.min(n - 1))
 }
 
 /// `(id, lease_token) IN ((?, ?), …)`: a row matches only with its own token.
@@ -154,7 +156,7 @@ where
         out.push_sql("1 = 0");
         return Ok(());
     }
-    // Padded to a power of two by repeating the last pair, so the statement's text takes few
+    // Padded by repeating the last pair (`padded_len`), so the statement's text takes few
     // shapes and stays cached (a set test: a repeat changes nothing).
     out.push_sql("(id, lease_token) IN (");
     for (k, i) in padded_rows(n).enumerate() {
