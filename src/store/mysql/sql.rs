@@ -286,16 +286,34 @@ pub(crate) const HOLDER_MYSQL: &str = concat!(
      FROM jobvisor_jobs WHERE kind = ? AND unique_hold = ? LOCK IN SHARE MODE"
 );
 
+/// The head of the renewal's and the finalization's `UPDATE (SELECT … UNION ALL …) AS v
+/// STRAIGHT_JOIN jobvisor_jobs AS j …`; `by_id_join!` continues it after the batch.
+pub(crate) const UPDATE_BY_ID_HEAD: &str = "UPDATE (";
+
+/// Joins the batch `v` to the jobs it names: the batch is read first and each job reached
+/// through the primary key (`eq_ref`), so the statement locks only its own rows. Left to
+/// choose, the optimizer read the jobs first — through the sweep index (`state = 'running'`
+/// is its prefix), or, with the index forced, by a scan of the whole primary key on a small
+/// table — locking the rows of every running job on its way, other nodes' too: two nodes'
+/// finalizations, each holding its own rows, deadlocked on each other's (one was rolled
+/// back and its slots stayed held until the write was tried again).
+macro_rules! by_id_join {
+    () => {
+        concat!(
+            ") AS v STRAIGHT_JOIN jobvisor_jobs AS j FORCE INDEX (PRIMARY) \
+    ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
+JOIN (SELECT COALESCE(CAST(? AS SIGNED), ",
+            now_us!(),
+            ") AS now) AS n "
+        )
+    };
+}
+
 /// The tail of the renew statement after its `UNION ALL` batch (see
 /// [`renew`](super::renew)).
 pub(crate) const RENEW_TAIL: &str = concat!(
-    ") AS v \
-    ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
-JOIN (SELECT COALESCE(CAST(? AS SIGNED), \
-      ",
-    now_us!(),
-    ") AS now) AS n \
-SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
+    by_id_join!(),
+    "SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
                         THEN n.now - v.ago + j.timeout_ms * 1000 + ? ELSE j.timeout_at END, \
     j.first_started_at = CASE WHEN j.first_started_at IS NULL AND v.ago IS NOT NULL \
                               THEN n.now - v.ago ELSE j.first_started_at END, \
@@ -306,24 +324,12 @@ SET j.timeout_at = CASE WHEN j.started_at IS NULL AND v.ago IS NOT NULL \
     j.progress = COALESCE(v.progress, j.progress)"
 );
 
-/// The head of the renewal's and the finalization's `UPDATE … JOIN (SELECT … UNION ALL …)`:
-/// the jobs are reached through the primary key only. Left to choose, the optimizer at times
-/// read them through the sweep index (`state = 'running'` is its prefix), locking the index
-/// entries of every running job on its way — other nodes' too — and two finalizations, each
-/// holding its own rows, deadlocked on each other's entries.
-pub(crate) const UPDATE_BY_ID_HEAD: &str = "UPDATE jobvisor_jobs AS j FORCE INDEX (PRIMARY) JOIN (";
-
 /// The tail of the finalize statement after its `UNION ALL` batch (see
 /// [`finalize`](super::finalize)). A job whose key is held `while_active` releases it in the
 /// same statement that ends it.
 pub(crate) const FINALIZE_TAIL: &str = concat!(
-    ") AS v \
-    ON j.id = v.id AND j.lease_token = v.token AND j.state = 'running' \
-JOIN (SELECT COALESCE(CAST(? AS SIGNED), \
-      ",
-    now_us!(),
-    ") AS now) AS n \
-SET j.state = v.state, \
+    by_id_join!(),
+    "SET j.state = v.state, \
     j.result = JSON_EXTRACT(v.result, '$'), \
     j.last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
                         WHEN v.error IS NULL THEN j.last_error \
