@@ -992,6 +992,65 @@ async fn two_nodes_elect_one_leader_take_over_and_hand_over(backend: Backend) {
     assert_eq!((leader.node.as_str(), leader.term), ("node-a", 3));
 }
 
+/// A finalization the database refuses (here a trigger; on MariaDB a deadlock with another
+/// node's claim did it) is written again by the lease manager's own timer, with no other
+/// message to prompt it: the node's deadline checks are driven by hand here and never run.
+/// (Before the fix the refused write waited for the next deadline check, and in this
+/// simulation forever — the job stayed `running` with both nodes alive.)
+async fn a_refused_finalization_is_written_again_by_itself(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(db.store().await, clock, "node-a", |b| {
+        b.handler("w", gated(gate.clone(), "done"))
+    })
+    .keep(db.clone());
+    let id = enqueue(&a, NewJob::new("w", json!({}))).await;
+    assert_eq!(a.fetch("default").await, 1);
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    let (refuse, allow) = match backend {
+        Backend::Postgres => (
+            "CREATE FUNCTION jv_refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+             CREATE TRIGGER jv_refuse BEFORE UPDATE ON jobvisor_jobs FOR EACH ROW \
+             WHEN (NEW.state = 'succeeded') EXECUTE FUNCTION jv_refuse()",
+            "DROP TRIGGER jv_refuse ON jobvisor_jobs",
+        ),
+        Backend::Mysql => (
+            "CREATE TRIGGER jv_refuse BEFORE UPDATE ON jobvisor_jobs FOR EACH ROW \
+             BEGIN IF NEW.state = 'succeeded' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; END IF; END",
+            "DROP TRIGGER jv_refuse",
+        ),
+        Backend::Sqlite => (
+            "CREATE TRIGGER jv_refuse BEFORE UPDATE ON jobvisor_jobs FOR EACH ROW \
+             WHEN NEW.state = 'succeeded' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+            "DROP TRIGGER jv_refuse",
+        ),
+    };
+    let store = db.store().await;
+    jobvisor::testing::exec_sql(&store, refuse).await.unwrap();
+    gate.add_permits(1);
+    a.next_event(|e| {
+        matches!(
+            e,
+            Event::StoreUnavailable {
+                actor: "lease_manager",
+                ..
+            }
+        )
+    })
+    .await;
+    assert_eq!(a.client.get(id).await.unwrap().state, JobState::Running);
+    jobvisor::testing::exec_sql(&store, allow).await.unwrap();
+    let job = a.client.wait(id, 10 * SEC).await.unwrap();
+    assert_eq!(
+        (job.state, job.attempts),
+        (JobState::Succeeded, 1),
+        "written again once the database accepts it"
+    );
+}
+
 macro_rules! two_node_tests {
     ($($name:ident => $backend:expr),+ $(,)?) => {
         mod two_nodes {
@@ -1010,6 +1069,10 @@ macro_rules! two_node_tests {
                     #[actix::test]
                     async fn rolling_deploy_burns_no_attempt() {
                         two_nodes_rolling_deploy_burns_no_attempt($backend).await;
+                    }
+                    #[actix::test]
+                    async fn write_a_refused_finalization_again_by_themselves() {
+                        a_refused_finalization_is_written_again_by_itself($backend).await;
                     }
                     #[actix::test]
                     async fn elect_one_leader_take_over_and_hand_over() {

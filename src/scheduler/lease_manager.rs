@@ -332,6 +332,10 @@ impl LeaseManager {
                     let mut rest = std::mem::take(&mut act.pending);
                     act.pending = batch;
                     act.pending.append(&mut rest);
+                    // Tried again by its own timer: no other message may come (the last jobs
+                    // of a drain, a node whose deadline checks are driven by hand), and a
+                    // finalization that waits for one holds its slots meanwhile.
+                    ctx.run_later(wait, |act, ctx| act.flush(ctx));
                 }
             }
             if !act.pending.is_empty() && act.flush_not_before.is_none() {
