@@ -22,7 +22,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
+use crate::clock::Clock;
 use crate::job::{JobFailure, JobId};
+use crate::lease::ClaimId;
 use crate::scheduler::Attempt;
 
 /// Boxed future returned by erased handlers.
@@ -66,9 +68,12 @@ pub struct JobContext {
     /// reported with [`JobContext::progress`] (`None` on a first attempt, or if none did). A
     /// retry can resume from it — a checkpoint.
     pub last_progress: Option<Value>,
+    claim: ClaimId,
     cancel: CancellationToken,
     client: Option<Client>,
     progress: Arc<Attempt>,
+    /// The node's clock, on which the attempt's fence point is kept.
+    clock: Arc<dyn Clock>,
 }
 
 impl JobContext {
@@ -78,6 +83,8 @@ impl JobContext {
         cancel: CancellationToken,
         client: Client,
         attempt: Arc<Attempt>,
+        claim: ClaimId,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         JobContext {
             id: job.id,
@@ -88,10 +95,38 @@ impl JobContext {
             max_attempts: job.max_attempts,
             deadline,
             last_progress: job.progress.clone(),
+            claim,
             cancel,
             client: Some(client),
             progress: attempt,
+            clock,
         }
+    }
+
+    /// How long this attempt may still run, as its node reckons it now: the time left to its
+    /// **fence point**, where the node stops the handler unless a renewal has moved it on
+    /// (every `SchedulerConfig::renew_every`; the fence point is the send time of the last
+    /// applied renewal, or of the claim, plus the lease, minus a sixth of the lease, at most
+    /// 5 s — ARCHITECTURE.md §6, invariant 9). Zero once it has passed. Healthy renewals keep
+    /// it near the lease; a handler that sees it fall (the database is unreachable) can
+    /// checkpoint with [`progress`](Self::progress) while it still counts.
+    pub fn lease_left(&self) -> std::time::Duration {
+        let left = self
+            .progress
+            .fence_at_us()
+            .saturating_sub(crate::scheduler::micros(self.clock.monotonic()));
+        std::time::Duration::from_micros(u64::try_from(left).unwrap_or(0))
+    }
+
+    /// This attempt's claim: unique per claim, the same for everything the attempt does.
+    /// [`attempt`](Self::attempt) counts only claims whose handler started, so a job given
+    /// back unstarted and claimed again runs "attempt 1" twice — under two claim ids. Put it
+    /// in your own logs and records to tell executions apart; jobvisor puts it in the job's
+    /// span (`jobvisor.claim`), its events and its error entries ([`JobFailure::claim`]).
+    ///
+    /// [`JobFailure::claim`]: crate::JobFailure::claim
+    pub fn claim_id(&self) -> ClaimId {
+        self.claim
     }
 
     /// Reports how far the handler got: any JSON-serializable value (a percentage, a
@@ -194,9 +229,11 @@ impl JobContext {
             max_attempts: crate::job::DEFAULT_MAX_ATTEMPTS,
             deadline: Utc::now() + chrono::Duration::minutes(30),
             last_progress: None,
+            claim: crate::lease::LeaseToken::generate().claim(),
             cancel: CancellationToken::new(),
             client: None,
             progress: Arc::new(Attempt::new(Duration::MAX)),
+            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 }

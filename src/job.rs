@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::lease::NodeId;
+use crate::lease::{ClaimId, NodeId};
 
 /// Queue used when a job names none: **`"default"`**.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -199,6 +199,11 @@ pub struct JobFailure {
     /// When it was recorded (the writer's clock; the database clock for reclaims).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<DateTime<Utc>>,
+    /// The claim whose attempt failed ([`JobContext::claim_id`](crate::JobContext::claim_id)):
+    /// two entries of one attempt number come from two claims when the first was given back
+    /// unstarted. `None` in entries written before claims had ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimId>,
 }
 
 impl JobFailure {
@@ -210,7 +215,14 @@ impl JobFailure {
             detail: None,
             attempt,
             at: None,
+            claim: None,
         }
+    }
+
+    /// Names the claim whose attempt failed.
+    pub fn with_claim(mut self, claim: ClaimId) -> Self {
+        self.claim = Some(claim);
+        self
     }
 
     /// Adds structured detail.

@@ -18,7 +18,7 @@
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
-//! * [`lease`] — [`NodeId`] and [`LeaseToken`] (redacted in `Debug`).
+//! * [`lease`] — [`NodeId`], [`ClaimId`] and [`LeaseToken`] (redacted in `Debug`).
 //! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
 //!   what happens to missed fires.
 //! * [`clock`] — where time comes from: the database's clock in production, a
@@ -79,7 +79,7 @@ pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
 pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
-pub use lease::{LeaseToken, NodeId};
+pub use lease::{ClaimId, LeaseToken, NodeId};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 pub use store::{

@@ -1316,8 +1316,10 @@ fn read_journals(fleet: &Fleet, problems: &mut Vec<String>) -> Journals {
                         if what == "lagged" { count } else { 1 };
                 }
                 JournalLine::Exit { .. } => exited = true,
-                // Timeline lines: read by the partition test only.
-                JournalLine::At { .. } => {}
+                // Timeline and fence lines: read by the partition test only (a frozen node's
+                // handler ends when the node thaws, past its fence point, having done nothing
+                // meanwhile: the end-time rule holds only where nothing freezes).
+                JournalLine::At { .. } | JournalLine::Fence { .. } => {}
             }
         }
         if n.how == "stopped" && !exited {
@@ -1435,6 +1437,7 @@ fn journal_time_and_job(line: &JournalLine) -> (Option<i64>, Option<i64>) {
             ..
         } => (Some(*ended_at_us), Some(*job_id)),
         JournalLine::Claim { job_id, at_us, .. } => (Some(*at_us), Some(*job_id)),
+        JournalLine::Fence { job_id, at_us, .. } => (Some(*at_us), Some(*job_id)),
         // The same events as `At` lines, which carry their time.
         JournalLine::Event { .. } => (None, None),
         JournalLine::At { at_us, what, a, .. } => {

@@ -553,6 +553,8 @@ struct Timeline {
     ends: HashMap<(i64, i32, i64), (i64, bool)>,
     /// `At` lines: (time, what, a, b), in the order written.
     at: Vec<(i64, String, i64, i64)>,
+    /// `Fence` lines: (job, claim, what, at, fence point), in the order written.
+    fences: Vec<(i64, String, String, i64, i64)>,
     /// Events the node's journal writer missed.
     lagged: i64,
     exited: bool,
@@ -597,6 +599,13 @@ impl Timeline {
                     }
                 }
                 JournalLine::At { at_us, what, a, b } => t.at.push((at_us, what, a, b)),
+                JournalLine::Fence {
+                    job_id,
+                    claim,
+                    what,
+                    at_us,
+                    fence_at_us,
+                } => t.fences.push((job_id, claim, what, at_us, fence_at_us)),
                 JournalLine::Exit { .. } => t.exited = true,
             }
         }
@@ -1091,6 +1100,12 @@ struct Analysis {
     /// Recorded failures by code.
     error_codes: BTreeMap<String, usize>,
     lagged: i64,
+    /// The fence rule from the handlers' own `Fence` lines: starts checked and the smallest
+    /// fence point − start; ends past a fence point and the largest end − fence point.
+    fence_starts: usize,
+    worst_start_to_fence: Option<i64>,
+    fence_ends: usize,
+    worst_fence_to_end: Option<i64>,
 }
 
 /// A claim as a node saw it.
@@ -1118,6 +1133,62 @@ fn within(t: i64, cut: &Cut) -> bool {
 /// The cut `node` went through around `t`, if any.
 fn cut_of(cuts: &[Cut], node: &str, t: i64) -> Option<usize> {
     cuts.iter().position(|c| c.node == node && within(t, c))
+}
+
+/// The fence rule (ARCHITECTURE.md §6, invariant 9), from one node's `Fence` lines, keyed
+/// by claim: no handler started at or after its claim's fence point, and none ended more
+/// than the fence margin past the last fence point it knew — that is, past its lease as its
+/// node knew it (0 µs allowed). The last fence point a handler knew is the latest it
+/// journaled; it journals every move within `FENCE_CHECK` (100 ms), while a move is a
+/// renewal's, a renewal interval later, so a stale value cannot hide an overrun.
+fn check_fences(node: &str, lines: &[(i64, String, String, i64, i64)], a: &mut Analysis) {
+    let margin = i64::try_from((LEASE / 6).as_micros()).unwrap();
+    let mut known: HashMap<(i64, &str), i64> = HashMap::new();
+    for (job, claim, what, at, fence) in lines {
+        let key = (*job, claim.as_str());
+        match what.as_str() {
+            "start" => {
+                a.fence_starts += 1;
+                let left = fence - at;
+                a.worst_start_to_fence = Some(a.worst_start_to_fence.map_or(left, |w| w.min(left)));
+                if left <= 0 {
+                    a.violations.push(format!(
+                        "job {job} claim {claim} on {node}: the handler started at {at}, at or \
+                         past its fence point {fence}"
+                    ));
+                }
+                known.insert(key, *fence);
+            }
+            "seen" => {
+                let k = known.entry(key).or_insert(*fence);
+                *k = (*k).max(*fence);
+            }
+            "end" => {
+                let Some(&last) = known.get(&key) else {
+                    a.violations.push(format!(
+                        "job {job} claim {claim} on {node}: an end journaled with no start"
+                    ));
+                    continue;
+                };
+                if fence > at {
+                    continue; // ended before its fence point
+                }
+                a.fence_ends += 1;
+                let over = at - last;
+                a.worst_fence_to_end = Some(a.worst_fence_to_end.map_or(over, |w| w.max(over)));
+                if over >= margin {
+                    a.violations.push(format!(
+                        "job {job} claim {claim} on {node}: the handler ran until {at}, {} past \
+                         its fence point {last}: past its lease as its node knew it",
+                        secs(over)
+                    ));
+                }
+            }
+            other => a
+                .violations
+                .push(format!("job {job} on {node}: unknown fence line {other:?}")),
+        }
+    }
 }
 
 /// Checks the run and measures each cut; see the module docs for the rules.
@@ -1183,6 +1254,9 @@ fn analyze(
         list.sort_by_key(|e| (e.started_at_us, e.node.clone()));
         let claims = claims.get(&job.id).unwrap_or(&no_claims);
         check_job(job, &list, claims, &successes, &gone, cuts, &mut a);
+    }
+    for (node, t) in timelines {
+        check_fences(node, &t.fences, &mut a);
     }
     for (k, c) in cuts.iter().enumerate() {
         let Some(t) = timelines.get(&c.node) else {
@@ -1511,6 +1585,17 @@ impl Analysis {
             self.reruns_other,
             per_cut(&|m| m.burnt),
             self.burnt_other,
+        );
+        let _ = writeln!(
+            s,
+            "partition test [{backend:?}]: fence rule: {} starts, closest to the fence point {}; \
+             {} handlers ended past it, the latest {} µs after it (the lease ran {} past it)",
+            self.fence_starts,
+            opt_secs(self.worst_start_to_fence),
+            self.fence_ends,
+            self.worst_fence_to_end
+                .map_or_else(|| "-".to_string(), |v| v.to_string()),
+            secs(i64::try_from((LEASE / 6).as_micros()).unwrap()),
         );
         let _ = write!(
             s,

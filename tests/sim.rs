@@ -58,6 +58,74 @@ async fn a_job_runs_and_its_result_is_stored() {
     assert!(job.lease.is_none());
 }
 
+/// A job given back unstarted keeps its attempt number, so two claims can both run
+/// "attempt 1": the claim id tells them apart — in the events, the handler's context and the
+/// job's error entries (the sweeper's `not_started` entry names the claim that lost it).
+#[actix::test]
+async fn two_claims_of_one_attempt_have_two_claim_ids() {
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    // One worker, busy with the first job: the second waits in the prefetch, never started.
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "node-a", |b| {
+        b.queue("default", QueueConfig::default().concurrency(1).prefetch(1))
+            .handler("work", gated(gate.clone(), "a"))
+    })
+    .keep(db.clone());
+    let seen_claim = Arc::new(std::sync::Mutex::new(None));
+    let seen = seen_claim.clone();
+    let mut b = Simulation::on_store(db.store().await, clock.clone(), "node-b", move |b| {
+        b.handler(
+            "work",
+            handler_fn(move |_: Value, ctx: jobvisor::JobContext| {
+                *seen.lock().unwrap() = Some((ctx.attempt, ctx.claim_id()));
+                async { Err::<JobOutcome, _>(JobError::retry("once more")) }
+            }),
+        )
+    });
+    let first = enqueue(&a, NewJob::new("work", json!(1))).await;
+    let second = enqueue(&a, NewJob::new("work", json!(2))).await;
+    // (The first full claim may claim the next chunk by itself.)
+    a.fetch("default").await;
+    a.fetch("default").await;
+    assert_eq!(
+        a.handle.stats().claimed,
+        2,
+        "one running, one waiting in the prefetch"
+    );
+    let claimed_by_a = match a
+        .next_event(|e| matches!(e, Event::Claimed { id, .. } if *id == second))
+        .await
+    {
+        Event::Claimed { attempt, claim, .. } => (attempt, claim),
+        _ => unreachable!(),
+    };
+    assert_eq!(claimed_by_a.0, 1);
+    clock.advance(31 * SEC);
+    assert_eq!(b.sweep().await, 2, "both leases expired");
+    assert_eq!(b.fetch("default").await, 2);
+    b.finished(first).await;
+    b.finished(second).await;
+    let (attempt_b, claim_b) = seen_claim.lock().unwrap().unwrap();
+    let job = b.client.get(second).await.unwrap();
+    let entries: Vec<_> = job
+        .errors
+        .iter()
+        .map(|e| (e.code.as_str(), e.attempt, e.claim))
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("not_started", 1, Some(claimed_by_a.1)),
+            ("error", 1, Some(claim_b)),
+        ],
+        "both entries are attempt 1, from two claims"
+    );
+    assert_eq!(attempt_b, 1);
+    assert_ne!(claimed_by_a.1, claim_b);
+    gate.add_permits(1);
+}
+
 #[actix::test]
 async fn a_dead_nodes_job_is_reclaimed_after_its_lease_and_run_by_another_node() {
     // Node A claims the job, then goes silent (no heartbeat, no deadline checks: as if its
@@ -164,7 +232,7 @@ async fn progress_goes_out_with_the_heartbeat_reaches_the_next_attempt_and_not_f
     let (gate, reported) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let (g, r) = (gate.clone(), reported.clone());
     // Node A reports, then waits; let go, it reports again and waits once more.
-    let a = Simulation::on_store(db.store().await, clock.clone(), "node-a", move |b| {
+    let mut a = Simulation::on_store(db.store().await, clock.clone(), "node-a", move |b| {
         b.handler(
             "import",
             handler_fn(move |_: Value, ctx: jobvisor::JobContext| {
@@ -212,7 +280,10 @@ async fn progress_goes_out_with_the_heartbeat_reaches_the_next_attempt_and_not_f
         Some(json!({"done": 10}))
     );
 
-    // A goes silent past its lease; B reclaims and runs the job, resuming at 10.
+    // A reports again (before its fence point), then goes silent past its lease; B reclaims
+    // and runs the job, resuming at 10: the second report never went out.
+    gate.add_permits(1);
+    reported.acquire().await.unwrap().forget();
     clock.advance(31 * SEC);
     assert_eq!(b.sweep().await, 1);
     clock.advance(SEC);
@@ -221,9 +292,7 @@ async fn progress_goes_out_with_the_heartbeat_reaches_the_next_attempt_and_not_f
     let job = b.client.get(id).await.unwrap();
     assert_eq!(job.result, Some(json!({"resumed_from": {"done": 10}})));
 
-    // The zombie reports again; its heartbeat is refused and writes nothing.
-    gate.add_permits(1);
-    reported.acquire().await.unwrap().forget();
+    // The zombie's heartbeat carries that report; it is refused and writes nothing.
     let r = a.renew().await;
     assert_eq!((r.renewed, r.lost), (0, 1));
     let job = b.client.get(id).await.unwrap();
@@ -232,7 +301,15 @@ async fn progress_goes_out_with_the_heartbeat_reaches_the_next_attempt_and_not_f
         Some(json!({"done": 10})),
         "the zombie's report is refused"
     );
+    // Woken past its fence point, the zombie's handler is not polled again: it never
+    // returns its result.
     gate.add_permits(1);
+    a.next_event(|e| matches!(e, Event::LeaseLost { .. } | Event::SelfFenced { .. }))
+        .await;
+    assert_eq!(
+        b.client.get(id).await.unwrap().result,
+        Some(json!({"resumed_from": {"done": 10}}))
+    );
 }
 
 #[actix::test]
@@ -1741,7 +1818,7 @@ async fn a_stale_renewal_answer_leaves_the_newer_attempt_alone() {
     assert_eq!(a.finished(id).await, JobState::Retrying);
     a.next_event(|e| matches!(e, Event::Claimed { id: i, attempt: 2, .. } if *i == id))
         .await;
-    a.next_event(|e| matches!(e, Event::Started { id: i, attempt: 2 } if *i == id))
+    a.next_event(|e| matches!(e, Event::Started { id: i, attempt: 2, .. } if *i == id))
         .await;
     // The stale answer: attempt 1's lease is lost. It must not touch attempt 2's.
     let r = late.await.unwrap().unwrap();

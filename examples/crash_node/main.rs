@@ -65,6 +65,8 @@ const USAGE: &str = "usage: crash_node <database-url> <node-name> [--journal PAT
 
 /// The queue worked when no `--queue` is given.
 const DEFAULT_QUEUE: &str = "crash";
+/// How often a working handler reads its fence point (see `ExecutionGuard::fence`).
+const FENCE_CHECK: Duration = Duration::from_millis(100);
 /// The kind handled when no `--kind` is given.
 const DEFAULT_KIND: &str = "crashy";
 
@@ -285,10 +287,33 @@ struct ExecutionGuard {
     attempt: i32,
     started_at_us: i64,
     returned: bool,
+    /// The attempt's context: its claim id and fence point, journaled at the end.
+    ctx: JobContext,
+}
+
+impl ExecutionGuard {
+    /// Journals the attempt's fence point as the node reckons it now (`what`: start, seen,
+    /// end); answers it.
+    fn fence(&self, what: &str) -> i64 {
+        let at_us = now_us();
+        let fence_at_us = at_us
+            .saturating_add(i64::try_from(self.ctx.lease_left().as_micros()).unwrap_or(i64::MAX));
+        if let Some(j) = &self.journal {
+            j.write(&JournalLine::Fence {
+                job_id: self.job_id,
+                claim: self.ctx.claim_id().to_string(),
+                what: what.into(),
+                at_us,
+                fence_at_us,
+            });
+        }
+        fence_at_us
+    }
 }
 
 impl Drop for ExecutionGuard {
     fn drop(&mut self) {
+        self.fence("end");
         if let Some(j) = &self.journal {
             j.write(&JournalLine::End {
                 job_id: self.job_id,
@@ -351,7 +376,9 @@ impl JobHandler for Crashy {
             attempt,
             started_at_us: started,
             returned: false,
+            ctx: ctx.clone(),
         };
+        let mut fence_at = guard.fence("start");
         if let Some(j) = &self.journal {
             j.write(&JournalLine::Start {
                 job_id,
@@ -365,12 +392,25 @@ impl JobHandler for Crashy {
                 .record_start(job_id, attempt, &self.node, started, runtime_started, true)
         })
         .await?;
-        let work = self.work_time(&payload);
-        tokio::select! {
-            () = ctx.cancelled() => {
-                return Err(JobError::retry("stopped while working"));
+        // Works in steps of at most FENCE_CHECK, journaling the fence point whenever a
+        // renewal moved it, so the journal always knows it within a step.
+        let work_until = Instant::now() + self.work_time(&payload);
+        loop {
+            let left = work_until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
             }
-            () = tokio::time::sleep(work) => {}
+            tokio::select! {
+                () = ctx.cancelled() => {
+                    return Err(JobError::retry("stopped while working"));
+                }
+                () = tokio::time::sleep(left.min(FENCE_CHECK)) => {}
+            }
+            let now_fence = now_us()
+                .saturating_add(i64::try_from(ctx.lease_left().as_micros()).unwrap_or(i64::MAX));
+            if now_fence > fence_at + 1_000 {
+                fence_at = guard.fence("seen");
+            }
         }
         let ended = now_us();
         let found = record(&ctx, "completion", || {
@@ -454,7 +494,7 @@ fn timeline(e: &Event) -> Option<JournalLine> {
         Event::LeasesRenewed { renewed, lost } => ("renewed".into(), count(*renewed), count(*lost)),
         Event::LeaseLost { id, .. } => ("lease_lost".into(), id.0, 0),
         Event::SelfFenced { id, .. } => ("self_fenced".into(), id.0, 0),
-        Event::Started { id, attempt } => ("started".into(), id.0, i64::from(*attempt)),
+        Event::Started { id, attempt, .. } => ("started".into(), id.0, i64::from(*attempt)),
         Event::Dropped { id, .. } => ("dropped".into(), id.0, 0),
         Event::TimedOut { id, .. } => ("timed_out".into(), id.0, 0),
         Event::Reclaimed { id, .. } => ("reclaimed".into(), id.0, 0),

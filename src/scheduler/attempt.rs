@@ -3,18 +3,22 @@
 //! (which renews, fences and gives back the lease) — ARCHITECTURE.md §6, invariants 8 and 9.
 //!
 //! Two atomics, both on the node's monotonic clock ([`Clock::monotonic`]):
-//! * `valid_until`: until when the lease surely still holds — the send time of the claim or
-//!   of the last applied renewal, plus the lease. The database counted the lease from its own
-//!   later "now", so the estimate is conservative, and a process that was frozen sees it
-//!   expire by the time it runs again (the monotonic clock counts through a freeze).
+//! * `fence_at`: the one deadline of the attempt, its **fence point** — the send time of the
+//!   claim or of the last applied renewal, plus the lease, minus the fence margin
+//!   ([`fence_point`]). It is computed once, where the claim or the renewal answers; every
+//!   check reads it and none adds or subtracts anything: a handler starts only at an instant
+//!   strictly before it, and a running handler is stopped at it. The database counted the
+//!   lease from its own later "now", so the estimate is conservative, and a process that was
+//!   frozen sees it pass by the time it runs again (the monotonic clock counts through a
+//!   freeze).
 //! * `started`: not started, dropped, or when the handler started.
 //!
-//! A handler starts only through [`Attempt::try_start`], which checks the estimate with the
-//! fence margin and claims the start in one compare-and-swap; the lease manager takes the
-//! lease away through [`Attempt::revoke`], which closes the gate first. Whichever swap wins
-//! decides: a revoked attempt never starts, and a started one is seen as started — so the
-//! lease manager knows whether to give the job back at once (never started: the attempt is
-//! refunded) or to stop the handler first.
+//! A handler starts only through [`Attempt::try_start`], which checks the fence point and
+//! claims the start in one compare-and-swap; the lease manager takes the lease away through
+//! [`Attempt::revoke`], which closes the gate first. Whichever swap wins decides: a revoked
+//! attempt never starts, and a started one is seen as started — so the lease manager knows
+//! whether to give the job back at once (never started: the attempt is refunded) or to stop
+//! the handler first.
 //!
 //! The attempt also carries its handler's progress reports to the lease manager
 //! ([`ProgressCell`]), which writes them with its renewals.
@@ -34,7 +38,7 @@ const DROPPED: i64 = i64::MIN + 1;
 /// The start gate of one claimed attempt; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Attempt {
-    valid_until_us: AtomicI64,
+    fence_at_us: AtomicI64,
     started_us: AtomicI64,
     /// The running handler was self-fenced (by the lease manager or by its own task).
     fenced: AtomicBool,
@@ -55,10 +59,10 @@ pub(crate) enum Revoked {
 }
 
 impl Attempt {
-    /// A gate whose lease holds until `valid_until` (monotonic).
-    pub(crate) fn new(valid_until: Duration) -> Self {
+    /// A gate whose fence point is `fence_at` (monotonic; see [`fence_point`]).
+    pub(crate) fn new(fence_at: Duration) -> Self {
         Attempt {
-            valid_until_us: AtomicI64::new(us(valid_until)),
+            fence_at_us: AtomicI64::new(us(fence_at)),
             started_us: AtomicI64::new(NOT_STARTED),
             fenced: AtomicBool::new(false),
             progress: ProgressCell::default(),
@@ -70,27 +74,33 @@ impl Attempt {
         &self.progress
     }
 
-    /// Until when the lease surely holds (monotonic µs); `i64::MIN` once revoked.
-    pub(crate) fn valid_until_us(&self) -> i64 {
-        self.valid_until_us.load(Ordering::Acquire)
+    /// The fence point (monotonic µs): no start at or after it, and no handler running past
+    /// it; `i64::MIN` once revoked.
+    pub(crate) fn fence_at_us(&self) -> i64 {
+        self.fence_at_us.load(Ordering::Acquire)
     }
 
-    /// A renewal sent at some instant was applied: the lease holds until `until` at least.
-    /// Never moves the estimate back, and never reopens a revoked gate.
-    pub(crate) fn extend(&self, until: Duration) {
-        let until = us(until);
+    /// Whether the fence point has been reached at `now` (monotonic µs).
+    pub(crate) fn lapsed(&self, now_us: i64) -> bool {
+        now_us >= self.fence_at_us()
+    }
+
+    /// A renewal sent at some instant was applied: its fence point is `fence_at`. Never
+    /// moves the fence point back, and never reopens a revoked gate.
+    pub(crate) fn extend(&self, fence_at: Duration) {
+        let to = us(fence_at);
         let _ = self
-            .valid_until_us
+            .fence_at_us
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                (v != i64::MIN && until > v).then_some(until)
+                (v != i64::MIN && to > v).then_some(to)
             });
     }
 
-    /// Starts the handler now (`now`, monotonic) if the lease holds for longer than
-    /// `margin`; otherwise the attempt is dropped and never starts.
-    pub(crate) fn try_start(&self, now: Duration, margin: Duration) -> bool {
+    /// Starts the handler now (`now`, monotonic) if `now` is strictly before the fence
+    /// point; otherwise the attempt is dropped and never starts.
+    pub(crate) fn try_start(&self, now: Duration) -> bool {
         let now_us = us(now);
-        let safe = self.valid_until_us().saturating_sub(us(margin)) > now_us;
+        let safe = !self.lapsed(now_us);
         let to = if safe {
             now_us.max(DROPPED + 1)
         } else {
@@ -119,7 +129,7 @@ impl Attempt {
 
     /// Takes the lease away: closes the gate, then reports whether the handler started.
     pub(crate) fn revoke(&self) -> Revoked {
-        self.valid_until_us.store(i64::MIN, Ordering::Release);
+        self.fence_at_us.store(i64::MIN, Ordering::Release);
         match self.started_us.compare_exchange(
             NOT_STARTED,
             DROPPED,
@@ -145,22 +155,44 @@ pub(crate) fn fence_margin(lease: Duration) -> Duration {
     (lease / 6).min(Duration::from_secs(5))
 }
 
+/// The fence point of a claim or renewal sent at `sent_at` (monotonic) for `lease`: the
+/// attempt's one deadline (see the module docs).
+pub(crate) fn fence_point(sent_at: Duration, lease: Duration) -> Duration {
+    (sent_at + lease).saturating_sub(fence_margin(lease))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+    const US: Duration = Duration::from_micros(1);
 
     #[test]
-    fn starts_only_within_the_lease_minus_the_margin() {
+    fn the_fence_point_is_the_send_time_plus_the_lease_minus_the_margin() {
+        assert_eq!(fence_point(10 * S, 6 * S), 15 * S);
+        assert_eq!(fence_point(10 * S, 60 * S), 65 * S);
+    }
+
+    #[test]
+    fn a_start_at_or_past_the_fence_point_is_refused_to_the_microsecond() {
+        let f = 9 * S;
+        let before = Attempt::new(f);
+        assert!(before.try_start(f - US), "1 µs before: starts");
+        assert_eq!(before.started_us(), Some(us(f - US)));
+        let at = Attempt::new(f);
+        assert!(!at.try_start(f), "exactly at the fence point: no");
+        assert_eq!(at.revoke(), Revoked::AlreadyDropped);
+        let after = Attempt::new(f);
+        assert!(!after.try_start(f + US), "1 µs after: no");
+        assert!(!after.lapsed(us(f - US)) && after.lapsed(us(f)));
+    }
+
+    #[test]
+    fn an_attempt_starts_once_and_a_revoke_sees_the_start() {
         let a = Attempt::new(10 * S);
-        assert!(
-            !Attempt::new(10 * S).try_start(9 * S, S),
-            "at the margin: no"
-        );
-        assert!(a.try_start(8 * S, S));
-        assert_eq!(a.started_us(), Some(us(8 * S)));
-        assert!(!a.try_start(8 * S, S), "an attempt starts once");
+        assert!(a.try_start(8 * S));
+        assert!(!a.try_start(8 * S), "an attempt starts once");
         assert_eq!(a.revoke(), Revoked::Started(us(8 * S)));
     }
 
@@ -169,13 +201,30 @@ mod tests {
         let a = Attempt::new(10 * S);
         assert_eq!(a.revoke(), Revoked::NotStarted);
         a.extend(100 * S);
-        assert_eq!(a.valid_until_us(), i64::MIN, "a renewal cannot reopen it");
-        assert!(!a.try_start(S, S));
+        assert_eq!(a.fence_at_us(), i64::MIN, "a renewal cannot reopen it");
+        assert!(!a.try_start(S));
         assert_eq!(a.started_us(), None);
 
         let b = Attempt::new(2 * S);
-        assert!(!b.try_start(3 * S, S), "estimate expired: dropped");
+        assert!(!b.try_start(3 * S), "fence point passed: dropped");
         assert_eq!(b.revoke(), Revoked::AlreadyDropped);
+    }
+
+    #[test]
+    fn a_renewal_answering_exactly_at_the_fence_point() {
+        // The deadline check ran first: the gate is closed and the renewal cannot reopen it.
+        let checked_first = Attempt::new(5 * S);
+        assert!(checked_first.lapsed(us(5 * S)));
+        assert_eq!(checked_first.revoke(), Revoked::NotStarted);
+        checked_first.extend(10 * S);
+        assert!(!checked_first.try_start(5 * S));
+        // The renewal was applied first: its later fence point holds, and a start at the old
+        // one goes ahead (the renewal was sent before it, so the lease is proven).
+        let renewed_first = Attempt::new(5 * S);
+        renewed_first.extend(10 * S);
+        assert!(!renewed_first.lapsed(us(5 * S)));
+        assert!(renewed_first.try_start(5 * S));
+        assert!(renewed_first.lapsed(us(10 * S)));
     }
 
     #[test]
@@ -186,13 +235,13 @@ mod tests {
     }
 
     #[test]
-    fn renewals_only_move_the_estimate_forward() {
+    fn renewals_only_move_the_fence_point_forward() {
         let a = Attempt::new(10 * S);
         a.extend(5 * S);
-        assert_eq!(a.valid_until_us(), us(10 * S));
+        assert_eq!(a.fence_at_us(), us(10 * S));
         a.extend(20 * S);
-        assert_eq!(a.valid_until_us(), us(20 * S));
-        assert!(a.try_start(18 * S, S));
+        assert_eq!(a.fence_at_us(), us(20 * S));
+        assert!(a.try_start(18 * S));
     }
 
     #[test]

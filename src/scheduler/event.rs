@@ -8,6 +8,7 @@ use tokio::sync::broadcast;
 
 use crate::error::Error;
 use crate::job::{JobId, JobState};
+use crate::lease::ClaimId;
 use crate::store::ReclaimReason;
 
 /// Events kept for a slow subscriber before it starts missing some: **4,096**.
@@ -27,6 +28,9 @@ pub enum Event {
         queue: String,
         /// This attempt (1-based).
         attempt: u32,
+        /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
+        /// attempt number (a claim given back unstarted is not counted).
+        claim: ClaimId,
     },
     /// A job's handler started (it got a worker; its timeout counts from now).
     Started {
@@ -34,6 +38,9 @@ pub enum Event {
         id: JobId,
         /// This attempt.
         attempt: u32,
+        /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
+        /// attempt number (a claim given back unstarted is not counted).
+        claim: ClaimId,
     },
     /// A finalization was written: the job reached `state`.
     Finished {
@@ -49,6 +56,9 @@ pub enum Event {
         state: JobState,
         /// The error code, for failures.
         code: Option<String>,
+        /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
+        /// attempt number (a claim given back unstarted is not counted).
+        claim: ClaimId,
     },
     /// This node learned it no longer holds a job's lease (a renewal or finalization was
     /// refused): its handler was stopped and its result discarded.
@@ -57,6 +67,9 @@ pub enum Event {
         id: JobId,
         /// Its kind.
         kind: String,
+        /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
+        /// attempt number (a claim given back unstarted is not counted).
+        claim: ClaimId,
     },
     /// A running job's lease could not be renewed before it expired, so its handler was
     /// stopped before another node could claim it (self-fencing).
@@ -65,6 +78,9 @@ pub enum Event {
         id: JobId,
         /// Its kind.
         kind: String,
+        /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
+        /// attempt number (a claim given back unstarted is not counted).
+        claim: ClaimId,
     },
     /// A claimed job was given back before its handler started, because its lease might be
     /// gone: the estimate ran out while it waited for a worker (the node was frozen or cut
@@ -74,6 +90,9 @@ pub enum Event {
         id: JobId,
         /// Its kind.
         kind: String,
+        /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
+        /// attempt number (a claim given back unstarted is not counted).
+        claim: ClaimId,
     },
     /// The node's timers fired far later than scheduled (the process was frozen, or starved
     /// of CPU): it revalidates its leases before starting any handler.
@@ -218,11 +237,12 @@ impl EventBus {
                 kind,
                 queue,
                 attempt,
+                claim,
             } => {
-                tracing::debug!(job.id = id.0, job.kind = %kind, job.queue = %queue, attempt, "claimed")
+                tracing::debug!(job.id = id.0, job.kind = %kind, job.queue = %queue, attempt, %claim, "claimed")
             }
-            Event::Started { id, attempt } => {
-                tracing::trace!(job.id = id.0, attempt, "handler started")
+            Event::Started { id, attempt, claim } => {
+                tracing::trace!(job.id = id.0, attempt, %claim, "handler started")
             }
             Event::Finished {
                 id,
@@ -230,28 +250,29 @@ impl EventBus {
                 state,
                 code,
                 attempt,
+                claim,
                 ..
             } => match state {
                 JobState::Dead => {
-                    tracing::warn!(job.id = id.0, job.kind = %kind, attempt, code = ?code, "job is dead")
+                    tracing::warn!(job.id = id.0, job.kind = %kind, attempt, %claim, code = ?code, "job is dead")
                 }
                 JobState::Retrying => {
-                    tracing::info!(job.id = id.0, job.kind = %kind, attempt, code = ?code, "will retry")
+                    tracing::info!(job.id = id.0, job.kind = %kind, attempt, %claim, code = ?code, "will retry")
                 }
                 _ => {
-                    tracing::debug!(job.id = id.0, job.kind = %kind, attempt, state = %state, "finished")
+                    tracing::debug!(job.id = id.0, job.kind = %kind, attempt, %claim, state = %state, "finished")
                 }
             },
-            Event::LeaseLost { id, kind } => {
+            Event::LeaseLost { id, kind, claim } => {
                 crate::metrics::count_kind(crate::metrics::LEASES_LOST, kind);
-                tracing::warn!(job.id = id.0, job.kind = %kind, "lease lost; handler stopped, result discarded")
+                tracing::warn!(job.id = id.0, job.kind = %kind, %claim, "lease lost; handler stopped, result discarded")
             }
-            Event::SelfFenced { id, kind } => {
+            Event::SelfFenced { id, kind, claim } => {
                 crate::metrics::count_kind(crate::metrics::JOBS_FENCED, kind);
-                tracing::warn!(job.id = id.0, job.kind = %kind, "lease could not be renewed in time; handler stopped, job given back once it has")
+                tracing::warn!(job.id = id.0, job.kind = %kind, %claim, "lease could not be renewed in time; handler stopped, job given back once it has")
             }
-            Event::Dropped { id, kind } => {
-                tracing::warn!(job.id = id.0, job.kind = %kind, "lease may be gone before the handler started; job given back, attempt not counted")
+            Event::Dropped { id, kind, claim } => {
+                tracing::warn!(job.id = id.0, job.kind = %kind, %claim, "lease may be gone before the handler started; job given back, attempt not counted")
             }
             Event::Unserved(u) => {
                 tracing::warn!(

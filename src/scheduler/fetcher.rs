@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::Semaphore;
 
-use super::attempt::Attempt;
+use super::attempt::{fence_point, Attempt};
 use super::job_supervisor::JobSupervisor;
 use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
 use super::{report_store_error, Event, Shared, StopActor};
@@ -282,8 +282,12 @@ impl Fetcher {
                 kind: claimed.job.kind.clone(),
                 queue: claimed.job.queue.clone(),
                 attempt: claimed.job.attempts,
+                claim: claimed.token.claim(),
             });
-            let attempt = Arc::new(Attempt::new(claimed_at + self.shared.config.lease));
+            let attempt = Arc::new(Attempt::new(fence_point(
+                claimed_at,
+                self.shared.config.lease,
+            )));
             let (id, kind, timeout, created_at) = (
                 claimed.job.id,
                 claimed.job.kind.clone(),

@@ -3,12 +3,13 @@
 //! to the [`LeaseManager`] and stops.
 //!
 //! The handler starts only once it holds a worker permit, no pause is being revalidated, and
-//! its lease estimate still holds with the fence margin ([`Attempt::try_start`], ARCHITECTURE.md §6
+//! its attempt's fence point has not been reached ([`Attempt::try_start`], ARCHITECTURE.md §6
 //! invariant 9); otherwise the job is given back unstarted, its attempt not counted.
 //!
-//! The handler's task also watches the lease estimate itself and drops the handler when it
-//! comes within the fence margin, so a handler stops in time even while the actors' arbiter
-//! (shared with the application) is blocked and the lease manager cannot run.
+//! The handler's task also reads the fence point itself, before every poll of the handler
+//! ([`run_fenced`]), and drops the handler once it is reached — so a handler stops in time
+//! even while the actors' arbiter (shared with the application) is blocked and the lease
+//! manager cannot run, and a handler whose task is first polled at or past it never runs.
 //!
 //! Told to stop ([`StopJob`]) it signals and aborts the handler. On timeout it writes a
 //! `timeout` failure, on release (shutdown) it gives the lease back, and on self-fencing (the
@@ -22,7 +23,10 @@
 //! Durability never depends on this actor: if the process dies with the job running, the
 //! lease expires and the sweeper on any node reclaims the job.
 
+use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -31,7 +35,7 @@ use tokio::task::{AbortHandle, JoinError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::attempt::{fence_margin, us, Attempt};
+use super::attempt::{us, Attempt};
 use super::lease_manager::JobFinished;
 use super::{Event, Shared, StopActor};
 use crate::clock::Clock;
@@ -113,12 +117,16 @@ impl JobSupervisor {
     }
 
     fn failure(&self, code: &str, message: String) -> JobFailure {
-        JobFailure::new(code, message, self.job.attempts).at(self.shared.clock.now())
+        JobFailure::new(code, message, self.job.attempts)
+            .at(self.shared.clock.now())
+            .with_claim(self.token.claim())
     }
 
     /// A failed attempt: retry with backoff while attempts remain, else dead.
     fn failed(&self, err: &JobError) -> Finalization {
-        let error = err.to_failure(self.job.attempts, self.shared.clock.now());
+        let error = err
+            .to_failure(self.job.attempts, self.shared.clock.now())
+            .with_claim(self.token.claim());
         match err.next {
             Next::Fail => Finalization::Dead { error },
             Next::Retry(_) if self.job.attempts >= self.job.max_attempts => {
@@ -237,30 +245,58 @@ enum Ran {
     NotStarted,
     /// The handler returned.
     Returned(JobResult),
-    /// The lease estimate came within the fence margin while the handler ran, and the task
-    /// dropped it (see [`lease_lapse`]).
+    /// The attempt's fence point was reached while the handler ran, and the task dropped it
+    /// (see [`run_fenced`]).
     Fenced,
 }
 
-/// Resolves once the attempt's lease estimate is within `margin` of its end (at once when
-/// revoked), re-reading the estimate each time it wakes, since renewals move it on. The
-/// handler task races its handler against this, so a handler stops in time even while the
-/// actors' arbiter is blocked and the lease manager's deadline check cannot run.
-async fn lease_lapse(gate: &Attempt, clock: &dyn Clock, margin: Duration) {
-    let margin = us(margin);
-    loop {
-        let left = gate
-            .valid_until_us()
-            .saturating_sub(margin)
-            .saturating_sub(us(clock.monotonic()));
-        let Ok(left) = u64::try_from(left) else {
-            return;
+/// Runs `handler` unless and until the attempt's fence point is reached: the fence point is
+/// read before every poll of the handler (so a handler whose task is first polled at or past
+/// it is never polled at all, and none is polled again once it has passed), and a timer wakes
+/// the task at it while the handler waits. The timer is armed only once the handler first
+/// waits, and re-armed only when a renewal moves the fence point, so a handler that finishes
+/// in one poll costs none. The handler task races its handler against this, so a handler
+/// stops in time even while the actors' arbiter is blocked and the lease manager's deadline
+/// check cannot run.
+async fn run_fenced<F: Future<Output = JobResult>>(
+    handler: F,
+    gate: &Attempt,
+    clock: &dyn Clock,
+) -> Ran {
+    let mut handler = pin!(handler);
+    // The timer and the fence point it was armed for.
+    let mut timer: Option<(i64, Pin<Box<tokio::time::Sleep>>)> = None;
+    std::future::poll_fn(move |cx| loop {
+        let fence_at = gate.fence_at_us();
+        let left = fence_at.saturating_sub(us(clock.monotonic()));
+        let Some(left) = u64::try_from(left).ok().filter(|&l| l > 0) else {
+            return Poll::Ready(Ran::Fenced);
         };
-        if left == 0 {
-            return;
+        let deadline = tokio::time::Instant::now() + Duration::from_micros(left);
+        if let Some((armed_for, sleep)) = &mut timer {
+            if *armed_for != fence_at {
+                sleep.as_mut().reset(deadline);
+                *armed_for = fence_at;
+            }
+            if sleep.as_mut().poll(cx).is_ready() {
+                // Fired: read the fence point again (a renewal may have moved it).
+                timer = None;
+                continue;
+            }
         }
-        tokio::time::sleep(Duration::from_micros(left)).await;
-    }
+        if let Poll::Ready(res) = handler.as_mut().poll(cx) {
+            return Poll::Ready(Ran::Returned(res));
+        }
+        if timer.is_none() {
+            let mut sleep = Box::pin(tokio::time::sleep_until(deadline));
+            if sleep.as_mut().poll(cx).is_ready() {
+                continue;
+            }
+            timer = Some((fence_at, sleep));
+        }
+        return Poll::Pending;
+    })
+    .await
 }
 
 /// The message of a handler (or reconciler) task's panic.
@@ -297,6 +333,8 @@ impl Actor for JobSupervisor {
             self.cancel.clone(),
             self.shared.client.clone(),
             self.attempt.clone(),
+            self.token.claim(),
+            self.shared.clock.clone(),
         );
         // OpenTelemetry's messaging conventions, so that tracing-opentelemetry exports a
         // consumer span named "process <queue>" with the standard attributes; what only a job
@@ -311,6 +349,7 @@ impl Actor for JobSupervisor {
             messaging.message.id = self.job.id.0,
             jobvisor.job.kind = %self.job.kind,
             jobvisor.job.attempt = self.job.attempts,
+            jobvisor.claim = %self.token.claim(),
             jobvisor.node = %self.shared.node,
         );
         let (workers, gate, shared) = (
@@ -319,35 +358,29 @@ impl Actor for JobSupervisor {
             self.shared.clone(),
         );
         let (id, attempt, kind) = (self.job.id, self.job.attempts, self.job.kind.clone());
+        let claim = self.token.claim();
         let (metrics, due) = (self.metrics.clone(), self.job.run_at);
-        let margin = fence_margin(shared.config.lease);
         let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
         let task = self.shared.handler_rt.spawn(
             async move {
                 // A closed semaphore only happens at teardown; run anyway rather than hang.
                 let _permit = workers.acquire_owned().await.ok();
                 shared.start_hold.wait().await;
-                if !gate.try_start(shared.clock.monotonic(), margin) {
+                if !gate.try_start(shared.clock.monotonic()) {
                     return Ran::NotStarted;
                 }
                 let now = shared.clock.now();
                 job_ctx.deadline = now + timeout;
-                shared.events.emit(Event::Started { id, attempt });
+                shared.events.emit(Event::Started { id, attempt, claim });
                 let pickup = (now - due).to_std().unwrap_or(Duration::ZERO);
                 metrics.started(pickup);
                 let t0 = std::time::Instant::now();
                 // The task fences itself too: the lease manager's deadline check runs on the
                 // actors' arbiter, which the application shares and can block.
-                let ran = tokio::select! {
-                    biased;
-                    res = reg.handler.call(job_ctx) => Ran::Returned(res),
-                    () = lease_lapse(&gate, &*shared.clock, margin) => {
-                        if gate.fence() {
-                            shared.events.emit(Event::SelfFenced { id, kind });
-                        }
-                        Ran::Fenced
-                    }
-                };
+                let ran = run_fenced(reg.handler.call(job_ctx), &gate, &*shared.clock).await;
+                if matches!(ran, Ran::Fenced) && gate.fence() {
+                    shared.events.emit(Event::SelfFenced { id, kind, claim });
+                }
                 metrics.handler_ran(t0.elapsed());
                 ran
             }
@@ -554,7 +587,11 @@ mod tests {
     async fn run_alone(shared: Arc<Shared>, valid_for: Duration) -> JobFinished {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let reports = Reports(tx).start();
-        let attempt = Arc::new(Attempt::new(shared.clock.monotonic() + valid_for));
+        let lease = shared.config.lease;
+        let fence_at = super::super::attempt::fence_point(shared.clock.monotonic(), lease);
+        let attempt = Arc::new(Attempt::new(
+            fence_at.saturating_sub(lease.saturating_sub(valid_for)),
+        ));
         let _supervisor = JobSupervisor::new(
             shared,
             job(json!(21)),
@@ -645,10 +682,78 @@ mod tests {
         }
     }
 
+    /// A handler future that counts its polls and waits until `go` is notified.
+    async fn counted(polls: &std::sync::atomic::AtomicU32, go: &tokio::sync::Notify) -> JobResult {
+        polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        go.notified().await;
+        polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        JobOutcome::success("ran")
+    }
+
+    #[tokio::test]
+    async fn a_handler_first_polled_at_or_past_its_fence_point_is_never_polled() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let clock = crate::clock::ManualClock::at_fixed_start();
+        let go = tokio::sync::Notify::new();
+        go.notify_one();
+        let now = clock.monotonic();
+        for fence_at in [now, now - Duration::from_micros(1)] {
+            let gate = Attempt::new(fence_at);
+            let polls = AtomicU32::new(0);
+            let ran = run_fenced(counted(&polls, &go), &gate, &clock).await;
+            assert!(matches!(ran, Ran::Fenced), "{ran:?}");
+            assert_eq!(
+                polls.load(SeqCst),
+                0,
+                "fence point at {fence_at:?}: never polled"
+            );
+        }
+        let gate = Attempt::new(clock.monotonic() + Duration::from_micros(1));
+        clock.advance(Duration::from_micros(1));
+        let polls = AtomicU32::new(0);
+        let ran = run_fenced(counted(&polls, &go), &gate, &clock).await;
+        assert!(matches!(ran, Ran::Fenced) && polls.load(SeqCst) == 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_handler_is_not_polled_again_once_its_fence_point_has_passed() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let clock = crate::clock::ManualClock::at_fixed_start();
+        let gate = Attempt::new(clock.monotonic() + Duration::from_secs(5));
+        let (polls, go) = (AtomicU32::new(0), tokio::sync::Notify::new());
+        let run = run_fenced(counted(&polls, &go), &gate, &clock);
+        let mut run = std::pin::pin!(run);
+        assert!(futures_util::poll!(run.as_mut()).is_pending());
+        assert_eq!(polls.load(SeqCst), 1);
+        // The fence point passes while the handler waits; then its wake-up arrives.
+        clock.advance(Duration::from_secs(5));
+        go.notify_one();
+        let ran = run.await;
+        assert!(matches!(ran, Ran::Fenced), "{ran:?}");
+        assert_eq!(polls.load(SeqCst), 1, "not polled past its fence point");
+    }
+
+    #[tokio::test]
+    async fn a_renewal_moves_the_fence_point_of_a_running_handler() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let clock = crate::clock::ManualClock::at_fixed_start();
+        let gate = Attempt::new(clock.monotonic() + Duration::from_secs(5));
+        let (polls, go) = (AtomicU32::new(0), tokio::sync::Notify::new());
+        let run = run_fenced(counted(&polls, &go), &gate, &clock);
+        let mut run = std::pin::pin!(run);
+        assert!(futures_util::poll!(run.as_mut()).is_pending());
+        gate.extend(clock.monotonic() + Duration::from_secs(10));
+        clock.advance(Duration::from_secs(5));
+        go.notify_one();
+        let ran = run.await;
+        assert!(matches!(ran, Ran::Returned(Ok(_))), "{ran:?}");
+        assert_eq!(polls.load(SeqCst), 2);
+    }
+
     #[actix::test]
     async fn a_supervisor_alone_gives_back_a_job_whose_lease_estimate_ran_out() {
         let dir = tempfile::tempdir().unwrap();
-        // Valid for less than the fence margin: the start gate refuses.
+        // Valid for less than the fence margin: its fence point has passed, the gate refuses.
         let done = run_alone(shared(&dir).await, Duration::from_millis(1)).await;
         assert!(!done.started, "the handler must not start");
         assert!(

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 
-use super::attempt::{fence_margin, us, Attempt, Revoked};
+use super::attempt::{fence_margin, fence_point, us, Attempt, Revoked};
 use super::fetcher::SlotFreed;
 use super::job_supervisor::{StopJob, StopReason};
 use super::{report_store_error, Event, Shared, StopActor};
@@ -63,8 +63,9 @@ struct Lease {
     /// When the job was enqueued (its end-to-end time is measured from it).
     created_at: DateTime<Utc>,
     supervisor: Recipient<StopJob>,
-    /// The start gate shared with the supervisor: the lease estimate (`valid_until`, the
-    /// send time of the claim or of the last applied renewal plus the lease) and the start.
+    /// The start gate shared with the supervisor: the fence point (the send time of the
+    /// claim or of the last applied renewal, plus the lease, minus the fence margin) and the
+    /// start.
     attempt: Arc<Attempt>,
     /// When the claim was sent.
     claimed_at: i64,
@@ -203,6 +204,7 @@ impl LeaseManager {
         self.shared.events.emit(Event::Dropped {
             id: key.0,
             kind: l.kind.clone(),
+            claim: key.1.claim(),
         });
         self.pending.push(Pending {
             item: Finalize::requeue(key.0, key.1.clone(), Duration::ZERO),
@@ -270,7 +272,7 @@ impl LeaseManager {
                     let mut freed: HashMap<String, (u32, Duration)> = HashMap::new();
                     let now = act.shared.clock.now();
                     for (p, (_, outcome)) in batch.into_iter().zip(results) {
-                        let id = p.item.id;
+                        let (id, claim) = (p.item.id, p.item.token.claim());
                         // Only this attempt's lease: a newer claim of the same job stays.
                         // A lease already forgotten (lost, abandoned) freed its slot then.
                         if let Some(l) = act.leases.remove(&(id, p.item.token)) {
@@ -296,6 +298,7 @@ impl LeaseManager {
                                     kind: p.kind,
                                     queue: p.queue.clone(),
                                     attempt: p.attempt,
+                                    claim,
                                     state,
                                     code: if state == JobState::Succeeded {
                                         None
@@ -306,9 +309,11 @@ impl LeaseManager {
                             }
                             Guarded::LeaseLost | Guarded::Stale => {
                                 act.shared.stats.add_lease_lost(1);
-                                act.shared
-                                    .events
-                                    .emit(Event::LeaseLost { id, kind: p.kind });
+                                act.shared.events.emit(Event::LeaseLost {
+                                    id,
+                                    kind: p.kind,
+                                    claim,
+                                });
                             }
                         }
                     }
@@ -474,6 +479,7 @@ impl Handler<JobFinished> for LeaseManager {
                 self.shared.events.emit(Event::Dropped {
                     id: m.id,
                     kind: m.kind.clone(),
+                    claim: key.1.claim(),
                 });
             }
         }
@@ -617,8 +623,9 @@ impl Handler<RenewLeases> for LeaseManager {
                 statements: 1,
                 ..RenewReport::default()
             };
-            let valid_until = Duration::from_micros(
-                u64::try_from(sent_at.saturating_add(us(act.shared.config.lease))).unwrap_or(0),
+            let fence_at = fence_point(
+                Duration::from_micros(u64::try_from(sent_at).unwrap_or(0)),
+                act.shared.config.lease,
             );
             let grace = act.cancel_grace();
             let now = act.mono();
@@ -636,7 +643,7 @@ impl Handler<RenewLeases> for LeaseManager {
                             // Taken away since: the give-back supersedes this renewal.
                             continue;
                         }
-                        l.attempt.extend(valid_until);
+                        l.attempt.extend(fence_at);
                         l.start_recorded |= carried_start;
                         if let Some(n) = carried_progress {
                             l.attempt.progress().written(n);
@@ -662,6 +669,7 @@ impl Handler<RenewLeases> for LeaseManager {
                                 act.shared.events.emit(Event::LeaseLost {
                                     id: key.0,
                                     kind: l.kind,
+                                    claim: key.1.claim(),
                                 });
                             }
                         }
@@ -712,6 +720,7 @@ impl LeaseManager {
                     self.shared.events.emit(Event::SelfFenced {
                         id: key.0,
                         kind: l.kind.clone(),
+                        claim: key.1.claim(),
                     });
                 }
             }
@@ -730,7 +739,6 @@ impl Handler<CheckDeadlines> for LeaseManager {
 
     fn handle(&mut self, _: CheckDeadlines, ctx: &mut Context<Self>) -> usize {
         let now = self.mono();
-        let margin = us(fence_margin(self.shared.config.lease));
         self.detect_pause(now, ctx);
         let grace = self.cancel_grace();
         let mut stopped = 0;
@@ -752,7 +760,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
                 }
                 continue;
             }
-            if now >= l.attempt.valid_until_us().saturating_sub(margin) {
+            if l.attempt.lapsed(now) {
                 at_risk.push(key.clone());
                 stopped += 1;
                 continue;
@@ -791,6 +799,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
                     self.shared.events.emit(Event::SelfFenced {
                         id: key.0,
                         kind: l.kind,
+                        claim: key.1.claim(),
                     });
                 }
             }

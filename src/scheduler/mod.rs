@@ -65,7 +65,7 @@ pub use stats::{Stats, StatsSnapshot};
 
 #[cfg(feature = "test-util")]
 pub(crate) use archiver::Archiver;
-pub(crate) use attempt::Attempt;
+pub(crate) use attempt::{us as micros, Attempt};
 pub(crate) use event::report_store_error;
 #[cfg(feature = "test-util")]
 pub(crate) use fetcher::Fetcher;

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::error::{Error, Result, StoreError};
 use crate::job::{Job, JobFailure, JobId, JobState, UniqueScope};
+use crate::lease::ClaimId;
 
 /// Times a version-guarded write is retried after losing a race before giving up.
 const RACE_TRIES: usize = 5;
@@ -399,7 +400,14 @@ impl Store {
         let backoff = p.backoff.clone();
         type Cand = (
             (i64, i64, i32, i32, String, String),
-            (Option<i64>, Option<i64>, i32, Option<String>, i64),
+            (
+                Option<i64>,
+                Option<i64>,
+                i32,
+                Option<String>,
+                i64,
+                Option<String>,
+            ),
         );
         let done: Vec<Reclaimed> = with_tx!(self, |conn| {
             let cands: Vec<Cand> = SkipLocked(
@@ -419,6 +427,7 @@ impl Store {
                             jobs::refunds,
                             jobs::lease_owner,
                             now,
+                            jobs::lease_token,
                         ),
                     ))
                     .filter(RUNNING)
@@ -441,7 +450,7 @@ impl Store {
             let mut done = Vec::with_capacity(cands.len());
             for (
                 (id, version, attempts, max_attempts, kind, queue),
-                (timeout_at, started_at, refunds, owner, db_now),
+                (timeout_at, started_at, refunds, owner, db_now, token),
             ) in cands
             {
                 let reason = if timeout_at.is_some_and(|t| t < db_now) {
@@ -474,12 +483,12 @@ impl Store {
                         refunds + 1
                     ),
                 };
-                let err = serde_json::to_value(
-                    JobFailure::new(reason.code(), message, attempt)
-                        .with_detail(serde_json::json!({ "owner": owner }))
-                        .at(from_us(db_now)),
-                )
-                .unwrap_or(Value::Null);
+                let mut failure = JobFailure::new(reason.code(), message, attempt)
+                    .with_detail(serde_json::json!({ "owner": owner }))
+                    .at(from_us(db_now));
+                // The claim that lost its lease (its id is the token's public part).
+                failure.claim = token.as_deref().and_then(ClaimId::of_token);
+                let err = serde_json::to_value(failure).unwrap_or(Value::Null);
                 let run_at_us = if dead || refund {
                     db_now
                 } else {

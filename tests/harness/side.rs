@@ -613,6 +613,22 @@ pub(crate) enum JournalLine {
         /// An attempt, a count, or 0.
         b: i64,
     },
+    /// A handler's fence point as its node reckoned it (`JobContext::lease_left`, as a wall
+    /// clock instant: `at_us` + what was left, never before `at_us`): read at its start
+    /// (`start`), whenever it moved while the handler worked (`seen`), and when its future
+    /// ended (`end`). `claim` is the attempt's claim id.
+    Fence {
+        /// The job.
+        job_id: i64,
+        /// The claim id (16 hex digits).
+        claim: String,
+        /// `start`, `seen` or `end`.
+        what: String,
+        /// When it was read.
+        at_us: i64,
+        /// The fence point read then (`at_us` once it has passed).
+        fence_at_us: i64,
+    },
     /// The node shut down gracefully.
     Exit {
         /// When.
@@ -658,6 +674,16 @@ impl std::fmt::Display for JournalLine {
                 at_us,
             } => write!(f, "claim\t{job_id}\t{attempt}\t{at_us}"),
             JournalLine::Event { what, n } => write!(f, "event\t{what}\t{n}"),
+            JournalLine::Fence {
+                job_id,
+                claim,
+                what,
+                at_us,
+                fence_at_us,
+            } => write!(
+                f,
+                "fence\t{job_id}\t{claim}\t{what}\t{at_us}\t{fence_at_us}"
+            ),
             JournalLine::At { at_us, what, a, b } => write!(f, "at\t{at_us}\t{what}\t{a}\t{b}"),
             JournalLine::Exit {
                 at_us,
@@ -711,6 +737,13 @@ impl std::str::FromStr for JournalLine {
                 job_id: int(job)?,
                 attempt: attempt(att)?,
                 at_us: int(at)?,
+            }),
+            ["fence", job, claim, what, at, fence] => Ok(JournalLine::Fence {
+                job_id: int(job)?,
+                claim: (*claim).to_string(),
+                what: (*what).to_string(),
+                at_us: int(at)?,
+                fence_at_us: int(fence)?,
             }),
             ["event", what, n] => Ok(JournalLine::Event {
                 what: (*what).to_string(),
