@@ -352,15 +352,40 @@ impl Client {
     /// # Ok(()) }
     /// ```
     ///
+    /// A queue no node serves yet can be paused (and given limits) before its first node
+    /// starts: the setting holds from that node's first claim. A misspelt name is accepted
+    /// too, so check it against [`known_queues`](Client::known_queues) (the command line
+    /// warns).
+    ///
     /// # Errors
-    /// [`Error::InvalidInput`] naming `queue` for an unknown queue (no settings, no node
-    /// serving it, no job in it) or a malformed name, or `paused_by`; nothing is changed.
-    /// [`Error::Database`].
+    /// [`Error::InvalidInput`] naming `queue` for a malformed name, or `paused_by`; nothing is
+    /// changed. [`Error::Database`].
     pub async fn pause_queue(&self, name: &str, by: &str) -> Result<QueueInfo> {
         self.store
             .queue_pause(name, Some(by), self.clock.bound_now())
             .await?
             .ok_or_else(|| Error::Database(crate::StoreError::Other("pause wrote no row".into())))
+    }
+
+    /// The queues this database knows, sorted: those with settings, served by a registered
+    /// node, or holding a live job — to check a name before [`pause_queue`](Client::pause_queue)
+    /// or [`set_queue_limits`](Client::set_queue_limits), which accept any.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn known_queues(&self) -> Result<Vec<String>> {
+        let mut known: Vec<String> = self.store.queues_known().await?.into_iter().collect();
+        known.sort();
+        Ok(known)
+    }
+
+    /// Whether this database knows `name` (see [`known_queues`](Client::known_queues); a
+    /// queue known only by its jobs counts too).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn is_known_queue(&self, name: &str) -> Result<bool> {
+        self.store.queue_is_known(name).await
     }
 
     /// Resumes a paused queue: its fetchers on every node are woken at once on PostgreSQL
@@ -402,7 +427,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::InvalidInput`] naming the limit out of range (`concurrency`,
-    /// `per_partition`, `rate`) or `queue` (unknown or malformed); nothing is changed.
+    /// `per_partition`, `rate`) or `queue` (malformed); nothing is changed.
     /// [`Error::Database`].
     pub async fn set_queue_limits(
         &self,

@@ -50,7 +50,8 @@ pub enum Error {
     /// The database schema is missing or older than this version of jobvisor.
     #[error(
         "the jobvisor schema in {url} is {found}, this build needs version {expected}: \
-         run `jobvisor migrate {url}` (the crate's binary) or connect with \
+         run `jobvisor migrate --database-url {url}` (the binary of the crate's `cli` \
+         feature; give the password if the database needs one) or connect with \
          `StoreOptions::default().migrate(true)`"
     )]
     SchemaOutOfDate {

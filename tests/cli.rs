@@ -263,7 +263,7 @@ async fn commands_do_what_they_say(backend: Backend) {
     let v = json_of(jobvisor(&url).args(["nodes", "--json"]), 0);
     assert_eq!(v, json!([]));
 
-    // Queue control: pause, limits, resume; unknown queues and bad limits change nothing.
+    // Queue control: pause, limits, resume; a new queue flagged; bad limits change nothing.
     let v = json_of(jobvisor(&url).args(["queues", "--json"]), 0);
     assert_eq!(v, json!([]));
     let v = json_of(
@@ -317,8 +317,15 @@ async fn commands_do_what_they_say(backend: Backend) {
     let text = jobvisor(&url).arg("queues").output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("paused") && text.contains("alice"), "{text}");
-    let err = stderr_of(jobvisor(&url).args(["pause", "nosuch"]), 2);
-    assert!(err.contains("unknown queue \"nosuch\""), "{err}");
+    // A queue no node serves yet can be paused (for its first node); the name is flagged.
+    let err = stderr_of(jobvisor(&url).args(["pause", "nosuch"]), 0);
+    assert!(
+        err.contains("queue \"nosuch\" is new here") && err.contains("known queues: q"),
+        "{err}"
+    );
+    assert!(client.queue("nosuch").await.unwrap().unwrap().is_paused());
+    let err = stderr_of(jobvisor(&url).args(["resume", "nosuch"]), 0);
+    assert!(err.is_empty(), "known once it has settings: {err}");
     let err = stderr_of(jobvisor(&url).args(["limit", "q", "--concurrency", "0"]), 2);
     assert!(err.contains("positive number"), "{err}");
     let err = stderr_of(jobvisor(&url).args(["limit", "q", "--rate", "5/2d"]), 2);
@@ -560,4 +567,118 @@ async fn metrics_listen_serves_the_gauges_over_http() {
     child.kill().unwrap();
     let _ = child.wait();
     assert!(last.contains(want), "{want} not served:\n{last}");
+}
+
+/// Splits a shell line into words: single and double quotes group, nothing else is special.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+    for ch in line.chars() {
+        match (quote, ch) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(ch);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// The arguments of every `jobvisor …` command the README prints (in its shell blocks, or
+/// after `cargo run … --bin jobvisor --` in its text), comments and redirections cut off.
+fn readme_commands() -> Vec<Vec<String>> {
+    let readme = include_str!("../README.md");
+    let mut out = Vec::new();
+    let mut in_sh = false;
+    for line in readme.lines() {
+        let t = line.trim();
+        if t.starts_with("```") {
+            in_sh = t == "```sh";
+            continue;
+        }
+        let cmd = if in_sh {
+            t.strip_prefix("jobvisor ")
+        } else {
+            t.split("--bin jobvisor -- ")
+                .nth(1)
+                .and_then(|r| r.split('`').next())
+        };
+        // (`<command>` is a placeholder in the prose, not a command.)
+        let Some(cmd) = cmd.filter(|c| !c.starts_with('<')) else {
+            continue;
+        };
+        let cmd = cmd.split("  #").next().unwrap_or(cmd);
+        let cmd = cmd.split(" >").next().unwrap_or(cmd);
+        out.push(shell_words(cmd));
+    }
+    out
+}
+
+/// Every command the README prints parses and runs (on a fresh SQLite database: exit 0, or
+/// 3 for a job id that does not exist), and so does the one the missing-schema error prints.
+/// A command that only serves (`--listen`) is checked for its arguments alone.
+#[test]
+fn every_command_the_readme_and_the_errors_print_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("readme.db").display());
+
+    // The error of a store opened on a database with no schema names the command to run.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt
+        .block_on(jobvisor::Store::connect_with(
+            &url,
+            jobvisor::StoreOptions::default().migrate(false),
+        ))
+        .unwrap_err()
+        .to_string();
+    let printed = err
+        .split('`')
+        .find(|s| s.starts_with("jobvisor migrate"))
+        .unwrap_or_else(|| panic!("no command in {err}"));
+    let args = shell_words(printed.strip_prefix("jobvisor ").unwrap());
+    let mut c = Command::cargo_bin("jobvisor").unwrap();
+    c.env_remove("DATABASE_URL").args(&args).assert().success();
+
+    // The README's own `--database-url sqlite://jobs.db` is the quickstart's file, in the
+    // working directory: a migrated one there.
+    Command::cargo_bin("jobvisor")
+        .unwrap()
+        .current_dir(dir.path())
+        .env_remove("DATABASE_URL")
+        .args(["migrate", "--database-url", "sqlite://jobs.db"])
+        .assert()
+        .success();
+    let commands = readme_commands();
+    assert!(commands.len() >= 15, "the README's commands: {commands:?}");
+    for args in commands {
+        if args.iter().any(|a| a == "--listen") {
+            let mut c = Command::cargo_bin("jobvisor").unwrap();
+            let help = c.args(&args).arg("--help").output().unwrap();
+            assert!(help.status.success(), "{args:?} is refused: {help:?}");
+            continue;
+        }
+        let out = jobvisor(&url)
+            .current_dir(dir.path())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            matches!(out.status.code(), Some(0 | 3)),
+            "the README's `jobvisor {}` exits {:?}: {}",
+            args.join(" "),
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

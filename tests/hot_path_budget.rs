@@ -151,8 +151,6 @@ async fn measure(backend: Backend) -> Vec<(&'static str, Cost, Cost)> {
     let db = TestDb::create(backend).await;
     let store: Store = db.store().await;
     let client = Client::new(store.clone());
-    // (A queue takes settings once it is known: here, once it has a job.)
-    client.enqueue_many(ten("limited")).await.unwrap();
     client
         .set_queue_limits("limited", QueueLimits::default().concurrency(1000))
         .await

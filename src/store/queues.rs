@@ -374,8 +374,8 @@ impl Store {
     }
 
     /// Reads the queue's row (or a blank one), applies `change`, and writes it back — or
-    /// deletes it when nothing is left to control — in one transaction. An unknown queue
-    /// (no row, no node serving it, no job in it) is refused.
+    /// deletes it when nothing is left to control — in one transaction. A queue nobody
+    /// knows yet takes settings as well (the command line warns: `Client::known_queues`).
     async fn queue_change<F>(
         &self,
         name: &str,
@@ -388,23 +388,8 @@ impl Store {
         check_name("queue", name, MAX_QUEUE_LEN)?;
         let q = name.to_string();
         let bound = super::batch::bound(now);
-        let existing = self.queue_get(name).await?;
-        if existing.is_none() && !self.queue_is_known(&q).await? {
-            let mut known: Vec<String> = self.queues_known().await?.into_iter().collect();
-            known.sort();
-            return Err(Error::invalid(
-                "queue",
-                format!(
-                    "unknown queue {q:?}: it has no settings, no node serves it and no job \
-                     is in it; known queues: {}",
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            ));
-        }
+        // A queue no node serves yet takes settings too: limits declared, or a pause set,
+        // before its first node starts hold from that node's first claim.
         let change = &change;
         let row: Option<QueueRow> = with_tx!(self, |c| {
             let now: i64 = diesel::select(DbNow::new(bound)).get_result(c).await?;
@@ -468,8 +453,11 @@ impl Store {
         Ok(row.map(QueueRow::into_info))
     }
 
-    /// Whether a node serves the queue or a live job is in it.
-    async fn queue_is_known(&self, q: &str) -> Result<bool> {
+    /// Whether the queue has settings, a node serves it or a live job is in it.
+    pub(crate) async fn queue_is_known(&self, q: &str) -> Result<bool> {
+        if self.queue_get(q).await?.is_some() {
+            return Ok(true);
+        }
         if self.queues_served().await?.contains(q) {
             return Ok(true);
         }
@@ -496,8 +484,8 @@ impl Store {
             .collect())
     }
 
-    /// Queues with settings or served by a node (for the unknown-queue error).
-    async fn queues_known(&self) -> Result<HashSet<String>> {
+    /// Queues with settings or served by a node.
+    pub(crate) async fn queues_known(&self) -> Result<HashSet<String>> {
         let mut known = self.queues_served().await?;
         known.extend(self.queues_list().await?.into_iter().map(|q| q.name));
         Ok(known)

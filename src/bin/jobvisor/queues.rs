@@ -126,8 +126,27 @@ pub(crate) async fn pause(
     by: &str,
     json_wanted: bool,
 ) -> Result<(), Failure> {
+    warn_if_unknown(client, queue).await?;
     let q = client.pause_queue(queue, by).await?;
     print_after(queue, Some(&q), json_wanted);
+    Ok(())
+}
+
+/// Says on stderr when no node serves `queue`, it has no settings and no job: a setting is
+/// kept for its first node, but the name may be misspelt.
+async fn warn_if_unknown(client: &Client, queue: &str) -> Result<(), Failure> {
+    if !client.is_known_queue(queue).await? {
+        let known = client.known_queues().await?;
+        eprintln!(
+            "jobvisor: note: queue {queue:?} is new here (no settings, no node serves it, no job \
+             in it): the setting holds from its first node's first claim; known queues: {}",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+    }
     Ok(())
 }
 
@@ -145,6 +164,7 @@ pub(crate) async fn limit(
     change: LimitChange,
     json_wanted: bool,
 ) -> Result<(), Failure> {
+    warn_if_unknown(client, queue).await?;
     let current = client
         .queue(queue)
         .await?
