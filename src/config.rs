@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::backoff::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::job::check_name;
+use crate::store::QueueLimits;
 
 /// Jobs of one queue run at once on one node: **10**.
 pub const DEFAULT_CONCURRENCY: u32 = 10;
@@ -72,6 +73,9 @@ pub struct QueueConfig {
     pub poll_interval: Duration,
     /// Retry policy for this queue (default `None`: the scheduler's).
     pub retry: Option<RetryPolicy>,
+    /// Limits shared by every node, declared with the queue (default `None`: whatever is
+    /// stored; see [`limits`](Self::limits)).
+    pub limits: Option<QueueLimits>,
 }
 
 impl Default for QueueConfig {
@@ -81,6 +85,7 @@ impl Default for QueueConfig {
             prefetch: DEFAULT_PREFETCH,
             poll_interval: DEFAULT_POLL_INTERVAL,
             retry: None,
+            limits: None,
         }
     }
 }
@@ -107,6 +112,30 @@ impl QueueConfig {
     /// Sets this queue's retry policy.
     pub fn retry(mut self, p: RetryPolicy) -> Self {
         self.retry = Some(p);
+        self
+    }
+
+    /// Declares the queue's limits with the queue: the node writes them for every node
+    /// (as [`Client::set_queue_limits`](crate::Client::set_queue_limits) would, keeping a
+    /// pause) when it starts, and its fetcher claims nothing from the queue until they are
+    /// written — so they hold from its first claim, even on a database no node has served
+    /// yet. Every node that declares them writes them again at its start, so the code is where
+    /// they live: an operator's change with `jobvisor limit` lasts until the next start of a
+    /// node that declares others. Nodes that declare none leave the stored ones alone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use jobvisor::{QueueConfig, QueueLimits, RateLimit};
+    ///
+    /// let payments = QueueConfig::default().concurrency(20).limits(
+    ///     QueueLimits::default()
+    ///         .concurrency(50) // across all nodes
+    ///         .rate(RateLimit::new(100, Duration::from_secs(1)).unwrap()),
+    /// );
+    /// # let _ = payments;
+    /// ```
+    pub fn limits(mut self, limits: QueueLimits) -> Self {
+        self.limits = Some(limits);
         self
     }
 
@@ -141,6 +170,12 @@ impl QueueConfig {
         }
         if let Some(r) = &self.retry {
             r.validate()?;
+        }
+        if let Some(l) = &self.limits {
+            l.validate().map_err(|e| Error::Config {
+                field: "queue.limits",
+                reason: format!("for queue {name:?}: {e}"),
+            })?;
         }
         Ok(())
     }

@@ -249,3 +249,94 @@ mod hand_off {
         a_global_limit_hands_its_slots_between_nodes(Backend::Sqlite).await;
     }
 }
+
+/// Limits declared with the queue (`QueueConfig::limits`) on a database no node has served:
+/// three nodes start with jobs already waiting, and from the very first claim on, no more
+/// than the limit are held — each fetcher claims nothing until its node has written them.
+async fn declared_limits_hold_from_the_first_claim(backend: Backend) {
+    const LIMIT: u64 = 3;
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let gauge = Arc::new(Gauge::default());
+    let mut nodes = Vec::new();
+    for name in ["n1", "n2", "n3"] {
+        let handler = counted(gate.clone(), gauge.clone());
+        // Jobs are due before any node starts: the first claim must already see the limit.
+        if nodes.is_empty() {
+            let client = jobvisor::Client::new(db.store().await);
+            let jobs = (0..30)
+                .map(|i| NewJob::new("w", json!(i)).queue("q"))
+                .collect();
+            client.enqueue_many(jobs).await.unwrap();
+        }
+        let limits = QueueLimits::default().concurrency(u32::try_from(LIMIT).unwrap());
+        let store = db.store().await;
+        let node = Simulation::on_store(store, clock.clone(), name, move |b| {
+            b.queue("q", QueueConfig::default().concurrency(10).limits(limits))
+                .handler("w", handler)
+        })
+        .keep(db.clone());
+        // A claim at once, racing the node's own write of its limits.
+        node.fetch("q").await;
+        nodes.push(node);
+    }
+    let held = || {
+        nodes
+            .iter()
+            .map(|n| n.handle.stats())
+            .map(|s| s.claimed - s.finished)
+            .sum::<u64>()
+    };
+    assert!(
+        held() <= LIMIT,
+        "{} jobs held under a limit of {LIMIT}",
+        held()
+    );
+    // Every node claims at once, again and again, as soon as it can.
+    for _ in 0..20 {
+        for n in &nodes {
+            n.fetch("q").await;
+            assert!(
+                held() <= LIMIT,
+                "{} jobs held under a limit of {LIMIT}",
+                held()
+            );
+        }
+    }
+    assert_eq!(held(), LIMIT, "the limit is used");
+    let info = nodes[0].client.queue("q").await.unwrap().unwrap();
+    assert_eq!(info.limits.concurrency, Some(3), "stored for every node");
+    for step in 1..=30_u64 {
+        gate.add_permits(1);
+        until(|| nodes.iter().map(|n| n.handle.stats().finished).sum::<u64>() == step).await;
+        for n in &nodes {
+            n.fetch("q").await;
+        }
+        assert!(
+            held() <= LIMIT,
+            "{} jobs held under a limit of {LIMIT}",
+            held()
+        );
+    }
+    assert_eq!(gauge.peak.load(Ordering::SeqCst), 3);
+}
+
+mod declared_limits {
+    use super::*;
+
+    #[actix::test]
+    async fn postgres() {
+        declared_limits_hold_from_the_first_claim(Backend::Postgres).await;
+    }
+
+    #[actix::test]
+    async fn mysql() {
+        declared_limits_hold_from_the_first_claim(Backend::Mysql).await;
+    }
+
+    #[actix::test]
+    async fn sqlite() {
+        declared_limits_hold_from_the_first_claim(Backend::Sqlite).await;
+    }
+}

@@ -64,6 +64,9 @@ pub struct Fetcher {
     stopped: bool,
     /// A wake-up for when the queue's rate window frees is scheduled (one at a time).
     rate_wait: bool,
+    /// The queue's declared limits ([`QueueConfig::limits`]) are not written yet: no claim
+    /// until they are.
+    declaring: bool,
     last_error: Option<Instant>,
     /// The queue's claim instruments.
     metrics: Arc<QueueMetrics>,
@@ -102,6 +105,7 @@ impl Fetcher {
             wake_queued: false,
             stopped: false,
             rate_wait: false,
+            declaring: false,
             last_error: None,
             kind_metrics: HashMap::new(),
         }
@@ -169,6 +173,44 @@ impl PrefetchWindow {
 
 impl Actor for Fetcher {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(limits) = self.config.limits {
+            self.declaring = true;
+            self.declare(limits, ctx);
+        }
+    }
+}
+
+/// How long a fetcher waits before writing its queue's declared limits again after a failure.
+const DECLARE_RETRY: Duration = Duration::from_secs(1);
+
+impl Fetcher {
+    /// Writes the queue's declared limits, then claims; tried again until it is written.
+    fn declare(&mut self, limits: crate::store::QueueLimits, ctx: &mut Context<Self>) {
+        let (store, queue) = (self.shared.store.clone(), self.queue.clone());
+        let now = self.shared.clock.bound_now();
+        let write = async move { store.queue_set_limits(&queue, limits, now).await };
+        ctx.spawn(write.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(_) => {
+                act.declaring = false;
+                if !act.wake_queued && !act.stopped {
+                    act.wake_queued = true;
+                    ctx.notify(FetchNow);
+                }
+            }
+            Err(e) => {
+                report_store_error(
+                    &act.shared.events,
+                    "fetcher",
+                    &mut act.last_error,
+                    ERROR_LOG_EVERY,
+                    &e,
+                );
+                ctx.run_later(DECLARE_RETRY, move |act, ctx| act.declare(limits, ctx));
+            }
+        }));
+    }
 }
 
 /// Wake up: claim up to the free slots now, in one statement. Answers how many jobs were
@@ -184,7 +226,7 @@ impl Handler<FetchNow> for Fetcher {
 
     fn handle(&mut self, _: FetchNow, _ctx: &mut Context<Self>) -> Self::Result {
         self.wake_queued = false;
-        if self.stopped || self.free() == 0 {
+        if self.stopped || self.declaring || self.free() == 0 {
             return AtomicResponse::new(Box::pin(fut::ready(0)));
         }
         let limit = self.free().min(self.chunk());

@@ -171,7 +171,7 @@ impl QueueLimits {
         self
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if let Some(n) = self.concurrency {
             check_limit("concurrency", n)?;
         }
