@@ -53,6 +53,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("jobvisor needs at least one backend: enable the feature postgres, mysql or sqlite");
 
@@ -69,6 +71,7 @@ pub mod schedule;
 pub mod scheduler;
 pub mod store;
 #[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
 
 pub use backoff::RetryPolicy;

@@ -1,6 +1,6 @@
 //! Metrics, through the [`metrics`](https://docs.rs/metrics) facade: jobvisor records, the
 //! embedding service chooses the exporter (with the `prometheus` feature,
-//! [`install_prometheus`] sets one up; with `actix-web`, [`actix_web_service`] serves it).
+//! `install_prometheus` sets one up; with `actix-web`, `actix_web_service` serves it).
 //! With no recorder installed every call below is a no-op. Install the recorder before
 //! starting the scheduler: the hot-path instruments are registered once, when a queue's
 //! fetcher starts or a job kind is first seen, and one registered with no recorder stays a
@@ -64,8 +64,10 @@ pub(crate) use gauges::Turn;
 pub use gauges::{DatabaseGauges, DEFAULT_GAUGE_INTERVAL, MIN_GAUGE_INTERVAL};
 pub(crate) use handles::{Finished, KindMetrics, OutcomeMetrics, QueueMetrics};
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, prometheus_builder, PrometheusHandle, DURATION_BUCKETS};
 #[cfg(feature = "actix-web")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix-web")))]
 pub use service::actix_web_service;
 
 /// Jobs claimed, by queue.

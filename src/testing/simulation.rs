@@ -17,7 +17,7 @@ use crate::scheduler::fetcher::{FetchNow, Fetcher};
 use crate::scheduler::lease_manager::{CheckDeadlines, LeaseManager, RenewLeases, RenewReport};
 use crate::scheduler::sweeper::SweepNow;
 use crate::scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle};
-use crate::store::{Backend, Store};
+use crate::store::Store;
 
 /// Real-time safety net for waiting on events; only reached when something is broken.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -59,11 +59,12 @@ impl std::fmt::Debug for Simulation {
 impl Simulation {
     /// A node on a fresh temp SQLite file with one queue `default` (concurrency 10); add
     /// handlers and settings in `configure`. Must run inside an actix system
-    /// (`#[actix::test]`).
+    /// (`#[actix::test]`). Needs the `sqlite` feature.
+    #[cfg(feature = "sqlite")]
     pub async fn sqlite(
         configure: impl FnOnce(SchedulerBuilder) -> SchedulerBuilder,
     ) -> Simulation {
-        let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+        let db = Arc::new(TestDb::create(crate::store::Backend::Sqlite).await);
         let store = db.store().await;
         let mut sim =
             Simulation::on_store(store, ManualClock::at_fixed_start(), "sim-node", configure);
