@@ -465,6 +465,46 @@ pub struct ScheduleInfo {
     pub declared_at: DateTime<Utc>,
 }
 
+impl ScheduleInfo {
+    /// The spec for people: the cron expression, or the interval in its largest whole unit
+    /// (`every 10s`, `every 90m`, `every 250ms`) where the stored form counts µs.
+    ///
+    /// ```
+    /// use jobvisor::schedule::interval_text;
+    /// assert_eq!(interval_text("every 10000000"), "every 10s");
+    /// assert_eq!(interval_text("every 5400000000"), "every 90m");
+    /// assert_eq!(interval_text("every 1500000"), "every 1500ms");
+    /// assert_eq!(interval_text("*/5 * * * * *"), "*/5 * * * * *");
+    /// ```
+    pub fn spec_text(&self) -> String {
+        interval_text(&self.spec)
+    }
+}
+
+/// A stored spec for people: `every <µs>` in its largest whole unit, a cron expression as
+/// it is (see [`ScheduleInfo::spec_text`]).
+pub fn interval_text(spec: &str) -> String {
+    let Some(us) = spec
+        .strip_prefix("every ")
+        .and_then(|n| n.parse::<u64>().ok())
+    else {
+        return spec.to_string();
+    };
+    const UNITS: [(u64, &str); 6] = [
+        (86_400_000_000, "d"),
+        (3_600_000_000, "h"),
+        (60_000_000, "m"),
+        (1_000_000, "s"),
+        (1_000, "ms"),
+        (1, "µs"),
+    ];
+    let (n, unit) = UNITS
+        .iter()
+        .find(|(u, _)| us % u == 0 && us >= *u)
+        .map_or((us, "µs"), |(u, name)| (us / u, *name));
+    format!("every {n}{unit}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

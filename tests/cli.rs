@@ -130,6 +130,35 @@ async fn commands_do_what_they_say(backend: Backend) {
         v["next_after"], v["jobs"][1]["id"],
         "a full page says where to go on"
     );
+    // Newest first, page by page the other way.
+    let all = json_of(jobvisor(&url).args(["list", "--json"]), 0);
+    let ids: Vec<i64> = all["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_i64().unwrap())
+        .collect();
+    let v = json_of(
+        jobvisor(&url).args(["list", "--newest-first", "--limit", "2", "--json"]),
+        0,
+    );
+    let first: Vec<i64> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(first, ids.iter().rev().take(2).copied().collect::<Vec<_>>());
+    let after = v["next_after"].as_i64().unwrap().to_string();
+    let v = json_of(
+        jobvisor(&url).args(["list", "--newest-first", "--after", &after, "--json"]),
+        0,
+    );
+    assert_eq!(
+        v["jobs"][0]["id"].as_i64(),
+        ids.iter().rev().nth(2).copied(),
+        "the next page goes on to older ids"
+    );
     // Payload text, searched within a window of jobs.
     let v = json_of(
         jobvisor(&url).args(["list", "--payload-contains", "\"to\":1", "--json"]),
@@ -507,6 +536,14 @@ fn bad_arguments_and_unreachable_databases_are_clear_and_keep_secrets() {
         "{err}"
     );
     let dir = tempfile::tempdir().unwrap();
+    // Only `migrate` creates an SQLite file; other commands say there is none.
+    let missing = dir.path().join("missing.db");
+    let err = stderr_of(
+        jobvisor(&format!("sqlite://{}", missing.display())).arg("status"),
+        1,
+    );
+    assert!(err.contains("no SQLite database at"), "{err}");
+    assert!(!missing.exists(), "status created {}", missing.display());
     let db = format!("sqlite://{}", dir.path().join("m.db").display());
     jobvisor(&db).arg("migrate").assert().success();
     let err = stderr_of(

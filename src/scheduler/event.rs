@@ -310,6 +310,11 @@ impl EventBus {
             Event::LeaderElected { term } => {
                 tracing::info!(term, "this node now leads the database")
             }
+            // Handing leadership over at shutdown is the plan, not a problem.
+            Event::LeaderLost {
+                term,
+                reason: "resigned",
+            } => tracing::info!(term, "this node resigned the lead of the database"),
             Event::LeaderLost { term, reason } => {
                 tracing::warn!(term, reason, "this node no longer leads the database")
             }

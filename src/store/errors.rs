@@ -162,9 +162,35 @@ pub(crate) fn connect_failure(raw: &str) -> String {
     format!("{kind}: {raw}")
 }
 
+/// `reason` with "expected a `server`" after it when the failure is of no known kind — a
+/// protocol the driver did not understand, perhaps another kind of server on that port; a
+/// refused connection, a wrong password or a missing database needs no such hint.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn with_server_hint(reason: String, server: &str) -> String {
+    if connect_failure(&reason) == reason {
+        format!("{reason}; expected {server}")
+    } else {
+        reason
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[test]
+    fn the_server_hint_only_where_the_failure_has_no_known_kind() {
+        let auth = "password authentication failed for user \"app\"".to_string();
+        assert_eq!(with_server_hint(auth.clone(), "a PostgreSQL server"), auth);
+        assert_eq!(
+            with_server_hint(
+                "unexpected message from server".into(),
+                "a PostgreSQL server"
+            ),
+            "unexpected message from server; expected a PostgreSQL server"
+        );
+    }
 
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     #[test]

@@ -389,8 +389,11 @@ pub struct ListParams {
     pub kind: Option<String>,
     /// Only this state.
     pub state: Option<JobState>,
-    /// Only ids greater than this (keyset paging: pass the last id of the previous page).
+    /// Keyset paging: only ids past this one in the listing's order — greater, or smaller
+    /// with `newest_first` (pass the last id of the previous page).
     pub after: Option<JobId>,
+    /// Newest first (by id, descending) instead of oldest first.
+    pub newest_first: bool,
     /// Page size; 0 means the default of 100, at most 1,000.
     pub limit: u32,
     /// List the archive instead of the live table.

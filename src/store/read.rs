@@ -67,7 +67,8 @@ impl Store {
         } else {
             p.limit
         });
-        let after = p.after.map_or(i64::MIN, |a| a.0);
+        let after = p.after.map(|a| a.0);
+        let newest_first = p.newest_first;
         let state = p.state.map(JobState::as_str);
         let created_after = p.created_after.map(to_us);
         let created_before = p.created_before.map(to_us);
@@ -75,10 +76,15 @@ impl Store {
             let rows: Vec<ArchiveRow> = with_conn!(self, |conn| {
                 let mut q = archive::table
                     .select(ArchiveRow::as_select())
-                    .filter(archive::id.gt(after))
-                    .order(archive::id.asc())
                     .limit(limit)
                     .into_boxed();
+                q = if newest_first {
+                    q.filter(archive::id.lt(after.unwrap_or(i64::MAX)))
+                        .order(archive::id.desc())
+                } else {
+                    q.filter(archive::id.gt(after.unwrap_or(i64::MIN)))
+                        .order(archive::id.asc())
+                };
                 if let Some(queue) = &p.queue {
                     q = q.filter(archive::queue.eq(queue.clone()));
                 }
@@ -106,10 +112,15 @@ impl Store {
             let rows: Vec<JobRow> = with_conn!(self, |conn| {
                 let mut q = jobs::table
                     .select(JobRow::as_select())
-                    .filter(jobs::id.gt(after))
-                    .order(jobs::id.asc())
                     .limit(limit)
                     .into_boxed();
+                q = if newest_first {
+                    q.filter(jobs::id.lt(after.unwrap_or(i64::MAX)))
+                        .order(jobs::id.desc())
+                } else {
+                    q.filter(jobs::id.gt(after.unwrap_or(i64::MIN)))
+                        .order(jobs::id.asc())
+                };
                 if let Some(queue) = &p.queue {
                     q = q.filter(jobs::queue.eq(queue.clone()));
                 }

@@ -50,6 +50,9 @@ pub(crate) enum Command {
         /// List the archive instead of the live jobs.
         #[arg(long)]
         archived: bool,
+        /// Newest first (then `--after` continues to older ids).
+        #[arg(long)]
+        newest_first: bool,
     },
     /// One job in full: payload, result, every attempt's error, lease owner, times.
     Get {

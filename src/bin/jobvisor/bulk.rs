@@ -180,7 +180,7 @@ async fn apply(
 ) -> Result<Option<String>, jobvisor::Error> {
     match change {
         Change::Retry => Ok(match client.retry(id).await? {
-            Guarded::Applied(j) => Some(format!("retrying ({})", j.state.as_str())),
+            Guarded::Applied(j) => Some(format!("{}, due now", j.state.as_str())),
             _ => None,
         }),
         Change::Cancel => Ok(match client.cancel(id).await? {

@@ -163,6 +163,19 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             (Err(e), _) => Err(e.into()),
         };
     }
+    // Only `migrate` creates an SQLite file: any other command on a path with no file is a
+    // mistyped path, not a new database.
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if !std::path::Path::new(path).exists() {
+            return Err(Failure {
+                code: exit::FAILED,
+                message: format!(
+                    "no SQLite database at {path}; expected an existing file (create one with \
+                     `jobvisor migrate --database-url {url}`)"
+                ),
+            });
+        }
+    }
     let store = Store::connect(url).await?;
     if let Command::Metrics {
         listen,
@@ -207,10 +220,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             limit,
             after,
             archived,
+            newest_first,
         } => {
             let params = ListParams {
                 after: after.map(JobId),
                 archived,
+                newest_first,
                 ..list_params(&filter, now)
             };
             let found = search::find(

@@ -13,6 +13,7 @@ fn schedule_json(s: &ScheduleInfo) -> Value {
     json!({
         "name": s.name,
         "spec": s.spec,
+        "spec_text": s.spec_text(),
         "time_zone": s.time_zone,
         "kind": s.kind,
         "queue": s.queue,
@@ -45,7 +46,7 @@ fn line(s: &ScheduleInfo) -> String {
     format!(
         "{:<24} {:<18} {:<16} {:<20} {:<20} {state}\n",
         s.name,
-        s.spec,
+        s.spec_text(),
         s.time_zone,
         t(s.next_fire_at),
         t(s.last_fire_at)

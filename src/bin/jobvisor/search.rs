@@ -19,7 +19,7 @@ pub(crate) struct Found {
     pub(crate) window_ended_at: Option<JobId>,
 }
 
-/// Jobs matching `p` (from `p.after`, by ascending id) whose payload's JSON text contains
+/// Jobs matching `p` (from `p.after`, by ascending id, or descending with `newest_first`) whose payload's JSON text contains
 /// `text`, at most `want` of them, looking at most at `window` jobs. Without `text`, the
 /// first `want` jobs matching `p`.
 pub(crate) async fn find(
@@ -47,7 +47,9 @@ pub(crate) async fn find(
             }
             if let Some(text) = text {
                 if found.scanned == window {
-                    found.window_ended_at = Some(JobId(job.id.0 - 1));
+                    // The next page starts with this job.
+                    let next = if p.newest_first { 1 } else { -1 };
+                    found.window_ended_at = Some(JobId(job.id.0 + next));
                     return Ok(found);
                 }
                 found.scanned += 1;

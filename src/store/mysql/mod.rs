@@ -75,9 +75,12 @@ impl MysqlDriver {
         opts: &StoreOptions,
     ) -> std::result::Result<MysqlDriver, OpenError> {
         let connector = MysqlConnector::new(url, opts).map_err(OpenError::Url)?;
-        let version = connect::server_version(&connector)
-            .await
-            .map_err(|r| OpenError::Connect(format!("{r}; expected a MySQL or MariaDB server")))?;
+        let version = connect::server_version(&connector).await.map_err(|r| {
+            OpenError::Connect(super::errors::with_server_hint(
+                r,
+                "a MySQL or MariaDB server",
+            ))
+        })?;
         let connector = connector.for_flavour(opts, version.contains("MariaDB"));
         let setup = |c: &MysqlConnector| -> diesel_async::pooled_connection::SetupCallback<
             AsyncMysqlConnection,

@@ -80,9 +80,9 @@ impl PgDriver {
     ) -> std::result::Result<PgDriver, OpenError> {
         let connector = PgConnector::new(url, opts).map_err(OpenError::Url)?;
         connector.diesel().await.map_err(|e| {
-            OpenError::Connect(format!(
-                "{}; expected a PostgreSQL server",
-                super::errors::scrub(&super::errors::connection_error_text(&e), url)
+            OpenError::Connect(super::errors::with_server_hint(
+                super::errors::scrub(&super::errors::connection_error_text(&e), url),
+                "a PostgreSQL server",
             ))
         })?;
         let setup =
