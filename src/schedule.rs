@@ -163,6 +163,11 @@ impl Schedule {
         &self.name
     }
 
+    /// The kind of job each fire enqueues.
+    pub(crate) fn job_kind(&self) -> &str {
+        &self.job.kind
+    }
+
     /// Checks everything and renders what is stored; errors name the schedule.
     pub(crate) fn compile(&self) -> Result<Compiled> {
         let bad = |reason: String| Error::Config {

@@ -106,10 +106,43 @@ async fn commands_do_what_they_say(backend: Backend) {
     assert!(q["lag_seconds"].as_f64().unwrap() >= 0.0);
     assert_eq!(v["nodes"], json!([]));
     assert_eq!(v["leader"], Value::Null, "no scheduler, no leader");
+    // No node serves q: its due jobs are unserved, by kind.
+    let unserved: Vec<(String, u64, String)> = v["unserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["kind"].as_str().unwrap().to_string(),
+                u["jobs"].as_u64().unwrap(),
+                u["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        unserved,
+        [
+            (
+                "mail".to_string(),
+                3,
+                "no live node serves the queue".to_string()
+            ),
+            (
+                "sms".to_string(),
+                1,
+                "no live node serves the queue".to_string()
+            )
+        ],
+        "{v}"
+    );
     let text = jobvisor(&url).arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("pending") && text.contains("leader: none"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unserved: 3 mail job(s) in queue q wait"),
         "{text}"
     );
 

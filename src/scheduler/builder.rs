@@ -247,6 +247,16 @@ impl SchedulerBuilder {
                     reason: format!("schedule {:?} is declared twice", sch.name()),
                 });
             }
+            // Legal (another node may run them), but usually a mistake worth saying.
+            let kind = sch.job_kind();
+            if !self.handlers.contains_key(kind) {
+                tracing::warn!(
+                    schedule = sch.name(),
+                    kind,
+                    "this node declares a schedule whose kind it has no handler for: its jobs \
+                     wait for a node that has one"
+                );
+            }
         }
         let mut names = std::collections::HashSet::new();
         for r in &self.reconcilers {
@@ -465,5 +475,60 @@ impl Scheduler {
             clock: Arc::new(SystemClock),
             node: None,
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::{Arc, Mutex};
+
+    use crate::{handler_fn, JobOutcome, NewJob, Schedule, Scheduler, Store};
+
+    /// Collects what a subscriber writes.
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_schedule_of_a_kind_without_a_handler_is_reported_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect_with(&url, crate::StoreOptions::default().migrate(true))
+            .await
+            .unwrap();
+        let builder = Scheduler::builder(store)
+            .queue("default", crate::QueueConfig::default())
+            .handler(
+                "known",
+                handler_fn(|_: serde_json::Value, _ctx| async { JobOutcome::done() }),
+            )
+            .periodic(Schedule::every(
+                "nightly",
+                std::time::Duration::from_secs(60),
+                NewJob::new("report", serde_json::json!({})),
+            ));
+        let buf = Buf::default();
+        let w = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || builder.validate().unwrap());
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            out.contains("WARN") && out.contains("nightly") && out.contains("report"),
+            "{out}"
+        );
     }
 }

@@ -56,6 +56,8 @@ pub enum Event {
         state: JobState,
         /// The error code, for failures.
         code: Option<String>,
+        /// The error message, for failures.
+        message: Option<String>,
         /// The claim (see [`ClaimId`]): tells apart two claims of one job that share an
         /// attempt number (a claim given back unstarted is not counted).
         claim: ClaimId,
@@ -249,15 +251,16 @@ impl EventBus {
                 kind,
                 state,
                 code,
+                message,
                 attempt,
                 claim,
                 ..
             } => match state {
                 JobState::Dead => {
-                    tracing::warn!(job.id = id.0, job.kind = %kind, attempt, %claim, code = ?code, "job is dead")
+                    tracing::warn!(job.id = id.0, job.kind = %kind, attempt, %claim, code = code.as_deref().unwrap_or(""), message = message.as_deref().unwrap_or(""), "job is dead")
                 }
                 JobState::Retrying => {
-                    tracing::info!(job.id = id.0, job.kind = %kind, attempt, %claim, code = ?code, "will retry")
+                    tracing::info!(job.id = id.0, job.kind = %kind, attempt, %claim, code = code.as_deref().unwrap_or(""), message = message.as_deref().unwrap_or(""), "will retry")
                 }
                 _ => {
                     tracing::debug!(job.id = id.0, job.kind = %kind, attempt, %claim, state = %state, "finished")

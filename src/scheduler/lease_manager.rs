@@ -110,7 +110,8 @@ struct Pending {
     queue: String,
     kind: String,
     attempt: u32,
-    code: Option<String>,
+    /// A failure's code and message.
+    error: Option<(String, String)>,
     /// Given back to run again at once (never started, shutdown), not a handler's outcome.
     released: bool,
     /// When this manager received it (the ack latency counts from here).
@@ -211,7 +212,7 @@ impl LeaseManager {
             queue: l.queue.clone(),
             kind: l.kind.clone(),
             attempt: 0,
-            code: None,
+            error: None,
             released: true,
             received: Instant::now(),
             created_at: Some(l.created_at),
@@ -300,11 +301,15 @@ impl LeaseManager {
                                     attempt: p.attempt,
                                     claim,
                                     state,
-                                    code: if state == JobState::Succeeded {
-                                        None
-                                    } else {
-                                        p.code
-                                    },
+                                    code: p
+                                        .error
+                                        .as_ref()
+                                        .map(|e| e.0.clone())
+                                        .filter(|_| state != JobState::Succeeded),
+                                    message: p
+                                        .error
+                                        .map(|e| e.1)
+                                        .filter(|_| state != JobState::Succeeded),
                                 });
                             }
                             Guarded::LeaseLost | Guarded::Stale => {
@@ -488,10 +493,12 @@ impl Handler<JobFinished> for LeaseManager {
         // shutdown (a handler's zero-delay snooze is counted with them).
         let released =
             !m.started || matches!(&m.outcome, Finalization::Requeue { delay } if delay.is_zero());
-        let code = match &m.outcome {
+        let error = match &m.outcome {
             Finalization::Retry { error, .. }
             | Finalization::Dead { error }
-            | Finalization::Cancelled { error } => Some(error.code.clone()),
+            | Finalization::Cancelled { error } => {
+                Some((error.code.clone(), error.message.clone()))
+            }
             _ => None,
         };
         self.pending.push(Pending {
@@ -504,7 +511,7 @@ impl Handler<JobFinished> for LeaseManager {
             queue: m.queue,
             kind: m.kind,
             attempt: m.attempt,
-            code,
+            error,
             received: Instant::now(),
             created_at,
         });
@@ -920,7 +927,7 @@ mod tests {
             queue: "default".into(),
             kind: "k".into(),
             attempt: 1,
-            code: None,
+            error: None,
             released: false,
             received: Instant::now(),
             created_at: None,

@@ -198,12 +198,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let nodes = client.nodes().await?;
             let controls = client.queues().await?;
             let leader = client.leader().await?;
+            // Due now, with no node that has beaten its heart within three heartbeats.
+            let live = 3 * jobvisor::config::DEFAULT_NODE_HEARTBEAT_EVERY;
+            let unserved = client.unserved(std::time::Duration::ZERO, live).await?;
             let status = render::Status {
                 counts: &counts,
                 lags: &lags,
                 nodes: &nodes,
                 controls: &controls,
                 leader: leader.as_ref(),
+                unserved: &unserved,
             };
             show(json, render::status_json(now, &status), || {
                 render::status_text(now, &status)

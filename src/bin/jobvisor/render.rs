@@ -3,7 +3,9 @@
 //! the command line's interface: they change only with a major version.
 
 use chrono::{DateTime, Utc};
-use jobvisor::{Job, JobFailure, Leader, NodeInfo, QueueInfo, QueueLag, StateCount};
+use jobvisor::{
+    Job, JobFailure, Leader, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved, UnservedReason,
+};
 use serde_json::{json, Value};
 
 /// A timestamp as RFC 3339 (microseconds, `Z`).
@@ -159,6 +161,29 @@ pub(crate) struct Status<'a> {
     pub(crate) nodes: &'a [NodeInfo],
     pub(crate) controls: &'a [QueueInfo],
     pub(crate) leader: Option<&'a Leader>,
+    /// Due jobs no live node can run.
+    pub(crate) unserved: &'a [Unserved],
+}
+
+fn unserved_reason(r: UnservedReason) -> &'static str {
+    match r {
+        UnservedReason::NoNodeServesQueue => "no live node serves the queue",
+        UnservedReason::NoNodeHasKind => {
+            "no live node serving the queue has a handler for the kind"
+        }
+        _ => "no live node can run them",
+    }
+}
+
+fn unserved_json(now: DateTime<Utc>, u: &Unserved) -> Value {
+    json!({
+        "queue": u.queue,
+        "kind": u.kind,
+        "jobs": u.jobs,
+        "oldest_due_at": ts(u.oldest_due),
+        "waiting_seconds": (now - u.oldest_due).num_milliseconds().max(0) as f64 / 1000.0,
+        "reason": unserved_reason(u.reason),
+    })
 }
 
 fn leader_json(l: &Leader) -> Value {
@@ -178,6 +203,7 @@ pub(crate) fn status_json(now: DateTime<Utc>, s: &Status<'_>) -> Value {
         nodes,
         controls,
         leader,
+        unserved,
     } = *s;
     let mut queues: Vec<String> = counts.iter().map(|c| c.queue.clone()).collect();
     queues.extend(lags.iter().map(|l| l.queue.clone()));
@@ -209,6 +235,7 @@ pub(crate) fn status_json(now: DateTime<Utc>, s: &Status<'_>) -> Value {
         "queues": queues,
         "nodes": nodes.iter().map(|n| node_json(now, n)).collect::<Vec<_>>(),
         "leader": leader.map(leader_json),
+        "unserved": unserved.iter().map(|u| unserved_json(now, u)).collect::<Vec<_>>(),
     })
 }
 
@@ -220,6 +247,7 @@ pub(crate) fn status_text(now: DateTime<Utc>, s: &Status<'_>) -> String {
         nodes,
         controls,
         leader,
+        unserved,
         ..
     } = *s;
     let mut out = format!(
@@ -270,6 +298,16 @@ pub(crate) fn status_text(now: DateTime<Utc>, s: &Status<'_>) -> String {
         ),
         None => "leader: none\n".to_string(),
     });
+    for u in unserved {
+        out.push_str(&format!(
+            "unserved: {} {} job(s) in queue {} wait, the oldest due {} ago: {}\n",
+            u.jobs,
+            u.kind,
+            u.queue,
+            age(now, u.oldest_due),
+            unserved_reason(u.reason)
+        ));
+    }
     out
 }
 
