@@ -306,6 +306,16 @@ impl Client {
         self.store.leader_current(self.clock.bound_now()).await
     }
 
+    /// Removes the registry rows of nodes gone now (silent for longer than
+    /// [`NODE_GONE_AFTER`](crate::store::NODE_GONE_AFTER): killed or cut off); answers how
+    /// many. A node that comes back registers itself again at its next heartbeat.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn forget_gone_nodes(&self) -> Result<u64> {
+        self.store.nodes_forget_gone(self.clock.bound_now()).await
+    }
+
     /// Due jobs that have waited at least `after` with no node able to run them — no node
     /// with a heartbeat within `live` serves their queue, or none serving it has a handler
     /// for their kind — by queue and kind, longest-waiting first. Schedulers report these

@@ -415,6 +415,44 @@ async fn commands_do_what_they_say(backend: Backend) {
     assert_eq!(v["settings"], Value::Null, "{v}");
     assert_eq!(client.queues().await.unwrap(), vec![]);
 
+    // A node killed a minute ago (its row left behind): marked gone, counted instead of
+    // aged in the exported gauges, and forgotten on request.
+    let minute_ago = (chrono::Utc::now() - chrono::Duration::seconds(60)).timestamp_micros();
+    jobvisor::testing::exec_sql(
+        &store,
+        &format!(
+            "INSERT INTO jobvisor_nodes (node, queues, kinds, started_at, heartbeat_at) \
+             VALUES ('killed-1', '[\"q\"]', '[\"mail\"]', {minute_ago}, {minute_ago})"
+        ),
+    )
+    .await
+    .unwrap();
+    let v = json_of(jobvisor(&url).args(["nodes", "--json"]), 0);
+    let killed = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "killed-1")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(killed["gone"], json!(true), "{v}");
+    let out = jobvisor(&url).args(["metrics", "--once"]).output().unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains("jobvisor_nodes_gone 1"), "{page}");
+    assert!(
+        !page.contains("node=\"killed-1\""),
+        "a gone node's age is not exported: {page}"
+    );
+    let err = stderr_of(jobvisor(&url).args(["nodes", "--forget", "--json"]), 0);
+    assert!(err.contains("forgot 1 gone node"), "{err}");
+    let v = json_of(jobvisor(&url).args(["nodes", "--json"]), 0);
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["node"] != "killed-1"),
+        "{v}"
+    );
+
     // The database-wide gauges, printed once: what the table holds.
     let out = jobvisor(&url).args(["metrics", "--once"]).output().unwrap();
     assert!(

@@ -187,13 +187,23 @@ impl DatabaseGauges {
                 secs(s.at - oldest),
             );
         }
+        // A gone node (killed or cut off for good) is counted, not aged: its age would grow
+        // until its row is forgotten a day later, and page all that time.
+        let gone_after =
+            i64::try_from(crate::store::NODE_GONE_AFTER.as_micros()).unwrap_or(i64::MAX);
+        let mut gone = 0u64;
         for (node, heartbeat) in &s.nodes {
+            if s.at - heartbeat > gone_after {
+                gone += 1;
+                continue;
+            }
             set(
                 super::NODE_HEARTBEAT_AGE,
                 vec![("node", node.clone())],
                 secs(s.at - heartbeat),
             );
         }
+        set(super::NODES_GONE, Vec::new(), gone as f64);
         let age = Utc::now().timestamp_micros() - s.at;
         set(super::GAUGES_AGE, Vec::new(), secs(age));
         set(super::GAUGES_REFRESH, Vec::new(), took.as_secs_f64());

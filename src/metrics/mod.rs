@@ -45,7 +45,8 @@
 //! | `jobvisor_jobs` | gauge | queue, state | live jobs (not yet archived) |
 //! | `jobvisor_jobs_due` | gauge | queue, priority | waiting jobs whose `run_at` has passed: ready to run |
 //! | `jobvisor_queue_lag_seconds` | gauge | queue | how long the oldest due job has waited (0: none waiting) |
-//! | `jobvisor_node_heartbeat_age_seconds` | gauge | node | since each registered node last reported (0 once it has left) |
+//! | `jobvisor_node_heartbeat_age_seconds` | gauge | node | since each live node last reported (0 once it has left or is gone: silent for over 30 s, `NODE_GONE_AFTER`) |
+//! | `jobvisor_nodes_gone` | gauge | | registered nodes silent for over 30 s: killed or cut off without a goodbye (`jobvisor nodes --forget` removes them) |
 //! | `jobvisor_gauges_age_seconds` | gauge | | how old these database gauges are |
 //! | `jobvisor_gauges_refresh_seconds` | gauge | | how long their last computation took |
 
@@ -116,6 +117,8 @@ pub const JOBS_DUE: &str = "jobvisor_jobs_due";
 pub const QUEUE_LAG: &str = "jobvisor_queue_lag_seconds";
 /// Time since each node's last heartbeat (database-wide).
 pub const NODE_HEARTBEAT_AGE: &str = "jobvisor_node_heartbeat_age_seconds";
+/// Registered nodes silent for longer than `NODE_GONE_AFTER` (database-wide).
+pub const NODES_GONE: &str = "jobvisor_nodes_gone";
 /// Age of the database gauges.
 pub const GAUGES_AGE: &str = "jobvisor_gauges_age_seconds";
 /// How long the database gauges took to compute.

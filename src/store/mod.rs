@@ -75,7 +75,7 @@ pub(crate) use driver::Listener;
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
-pub use nodes::{NodeInfo, Unserved, UnservedReason};
+pub use nodes::{NodeInfo, Unserved, UnservedReason, NODE_GONE_AFTER};
 pub use options::{
     Backend, StoreOptions, TcpKeepalive, DEFAULT_BUSY_TIMEOUT, DEFAULT_CONNECT_ATTEMPT_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_SERVER_STATEMENT_TIMEOUT,

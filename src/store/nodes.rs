@@ -34,6 +34,12 @@ use crate::lease::NodeId;
 
 /// Rows of nodes silent this long are removed.
 const FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// A node silent this long — three of the default node heartbeats
+/// ([`DEFAULT_NODE_HEARTBEAT_EVERY`](crate::config::DEFAULT_NODE_HEARTBEAT_EVERY)) — is
+/// **gone**: killed or cut off rather than slow. Its heartbeat age is no longer exported
+/// (the gauge `jobvisor_nodes_gone` counts it instead), the command line marks it, and
+/// `jobvisor nodes --forget` removes it; its row is removed a day later anyway.
+pub const NODE_GONE_AFTER: Duration = Duration::from_secs(30);
 /// At most this many `(queue, kind)` groups of waiting jobs are examined per check.
 const MAX_GROUPS: i64 = 1000;
 
@@ -51,6 +57,15 @@ pub struct NodeInfo {
     pub started_at: DateTime<Utc>,
     /// Its last heartbeat.
     pub heartbeat_at: DateTime<Utc>,
+}
+
+impl NodeInfo {
+    /// Whether the node has been silent for longer than [`NODE_GONE_AFTER`] at `now`.
+    pub fn is_gone(&self, now: DateTime<Utc>) -> bool {
+        (now - self.heartbeat_at)
+            .to_std()
+            .is_ok_and(|silent| silent > NODE_GONE_AFTER)
+    }
 }
 
 /// Why waiting jobs have no node to run them.
@@ -165,6 +180,21 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Database`].
+    /// Removes the rows of nodes gone at `now` (silent for longer than [`NODE_GONE_AFTER`]);
+    /// answers how many.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn nodes_forget_gone(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
+        let before = DbNow::new(bound(now)).plus(-dur_us(NODE_GONE_AFTER));
+        let n: usize = with_tx!(self, |conn| {
+            diesel::delete(nodes::table.filter(nodes::heartbeat_at.lt(before)))
+                .execute(conn)
+                .await
+        })?;
+        Ok(u64::try_from(n).unwrap_or(u64::MAX))
+    }
+
     pub(crate) async fn nodes_list(&self) -> Result<Vec<NodeInfo>> {
         let rows: Vec<NodeRow> = with_conn!(self, |conn| {
             nodes::table

@@ -65,7 +65,11 @@ pub(crate) enum Command {
     /// node's next heartbeat).
     Cancel(Bulk),
     /// The nodes registered on this database: queues, kinds, last heartbeat.
-    Nodes,
+    Nodes {
+        /// Remove the nodes gone (silent for over 30 s: killed or cut off) from the registry.
+        #[arg(long)]
+        forget: bool,
+    },
     /// Move jobs finished more than a while ago to the archive (dead ones are kept longer,
     /// for a person to look at).
     Archive {

@@ -213,7 +213,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 render::status_text(now, &status)
             });
         }
-        Command::Nodes => {
+        Command::Nodes { forget } => {
+            if forget {
+                let n = client.forget_gone_nodes().await?;
+                eprintln!("jobvisor: forgot {n} gone node(s)");
+            }
             let nodes = client.nodes().await?;
             show(json, render::nodes_json(now, &nodes), || {
                 render::nodes_text(now, &nodes)

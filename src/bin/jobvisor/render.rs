@@ -319,6 +319,7 @@ fn node_json(now: DateTime<Utc>, n: &NodeInfo) -> Value {
         "started_at": ts(n.started_at),
         "heartbeat_at": ts(n.heartbeat_at),
         "heartbeat_age_seconds": (now - n.heartbeat_at).num_milliseconds().max(0) as f64 / 1000.0,
+        "gone": n.is_gone(now),
     })
 }
 
@@ -343,6 +344,11 @@ pub(crate) fn nodes_text(now: DateTime<Utc>, nodes: &[NodeInfo]) -> String {
             format!("{} ago", age(now, n.heartbeat_at)),
             n.queues.join(","),
             n.kinds.join(",")
+                + if n.is_gone(now) {
+                    "  (gone: silent past 30 s; `jobvisor nodes --forget` removes it)"
+                } else {
+                    ""
+                }
         ));
     }
     out
