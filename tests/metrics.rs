@@ -86,6 +86,7 @@ const DOCUMENTED: &[&str] = &[
     metrics::JOBS_DUE,
     metrics::QUEUE_LAG,
     metrics::NODE_HEARTBEAT_AGE,
+    metrics::NODES_GONE,
     metrics::GAUGES_AGE,
     metrics::GAUGES_REFRESH,
 ];

@@ -337,11 +337,14 @@ impl Fetcher {
                 claimed.job.created_at,
             );
             let queue = &self.queue;
-            let metrics = self
-                .kind_metrics
-                .entry(kind.clone())
-                .or_insert_with(|| Arc::new(KindMetrics::new(queue, &kind)))
-                .clone();
+            let metrics = match self.kind_metrics.get(&kind) {
+                Some(m) => m.clone(),
+                None => self
+                    .kind_metrics
+                    .entry(kind.clone())
+                    .or_insert_with(|| Arc::new(KindMetrics::new(queue, &kind)))
+                    .clone(),
+            };
             let supervisor = JobSupervisor::new(
                 self.shared.clone(),
                 claimed.job,

@@ -143,7 +143,7 @@ pub struct LeaseManager {
     /// Heartbeats failed in a row (their retries back off).
     renew_failures: u32,
     /// Outcome instruments per (queue, kind), registered at first use.
-    outcomes: HashMap<(String, String), OutcomeMetrics>,
+    outcomes: HashMap<String, HashMap<String, OutcomeMetrics>>,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -176,9 +176,19 @@ impl LeaseManager {
 
     /// The outcome instruments of `queue` and `kind`.
     fn outcome_metrics(&mut self, queue: &str, kind: &str) -> &OutcomeMetrics {
-        self.outcomes
-            .entry((queue.to_owned(), kind.to_owned()))
-            .or_insert_with(|| OutcomeMetrics::new(queue, kind))
+        // Looked up by reference: a job's hot path allocates no key (the map is keyed by
+        // queue, then kind).
+        if !self
+            .outcomes
+            .get(queue)
+            .is_some_and(|k| k.contains_key(kind))
+        {
+            self.outcomes
+                .entry(queue.to_owned())
+                .or_default()
+                .insert(kind.to_owned(), OutcomeMetrics::new(queue, kind));
+        }
+        &self.outcomes[queue][kind]
     }
 
     /// Now on the node's monotonic clock, in µs.

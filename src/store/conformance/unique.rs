@@ -458,6 +458,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     let later = match b {
         Backend::Postgres => vec![
             include_str!(
+                "../../../migrations/postgres/2026-12-03-000016_running_index_serves_sweep/down.sql"
+            ),
+            include_str!(
                 "../../../migrations/postgres/2026-12-02-000015_partition_claim_index/down.sql"
             ),
             include_str!("../../../migrations/postgres/2026-12-01-000014_running_index/down.sql"),
@@ -494,7 +497,10 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    let expected = "20261202000015";
+    let expected = match b {
+        Backend::Postgres => "20261203000016",
+        Backend::Mysql | Backend::Sqlite => "20261202000015",
+    };
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"

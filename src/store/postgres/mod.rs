@@ -127,7 +127,7 @@ impl PgDriver {
     /// candidates locked with `SKIP LOCKED` ([`sql::CLAIM_PG`]).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
         let mut c = self.conn(false).await?;
-        Ok(sql::PgClaim {
+        Ok(sql::JobRows(sql::PgClaim {
             now: a.now,
             lease_us: a.lease_us,
             owner: a.owner.clone(),
@@ -137,8 +137,8 @@ impl PgDriver {
             kinds: a.kinds.clone().unwrap_or_default(),
             queue_again: a.queue.clone(),
             limit: a.limit,
-        }
-        .load(&mut *c)
+        })
+        .load::<JobRow>(&mut *c)
         .await?)
     }
 
@@ -188,10 +188,10 @@ impl PgDriver {
         };
         let claimed = if partitioned {
             futures_util::future::Either::Left(
-                sql::PgClaimPartitioned(claim).load::<JobRow>(&mut &*conn),
+                sql::JobRows(sql::PgClaimPartitioned(claim)).load::<JobRow>(&mut &*conn),
             )
         } else {
-            futures_util::future::Either::Right(claim.load::<JobRow>(&mut &*conn))
+            futures_util::future::Either::Right(sql::JobRows(claim).load::<JobRow>(&mut &*conn))
         };
         // Polled in this order, so sent in it (a statement still being prepared holds the
         // connection's statement cache, and the ones after it wait for it; none of these
