@@ -461,6 +461,14 @@ async fn commands_do_what_they_say(backend: Backend) {
         String::from_utf8_lossy(&out.stderr)
     );
     let page = String::from_utf8_lossy(&out.stdout);
+    // Every series says what it is.
+    for line in page.lines().filter(|l| l.starts_with("jobvisor_")) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        assert!(
+            page.contains(&format!("# HELP {name} ")),
+            "no HELP line for {name}: {page}"
+        );
+    }
     let counts = client.counts().await.unwrap();
     assert!(!counts.is_empty());
     for c in counts {

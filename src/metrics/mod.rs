@@ -124,6 +124,58 @@ pub const GAUGES_AGE: &str = "jobvisor_gauges_age_seconds";
 /// How long the database gauges took to compute.
 pub const GAUGES_REFRESH: &str = "jobvisor_gauges_refresh_seconds";
 
+/// The kind of a metric, for its description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric jobvisor records, with its `# HELP` text (the module docs' table says the
+/// same: a unit test keeps the two in step).
+const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
+    (JOBS_CLAIMED, Kind::Counter, "Jobs claimed by this node, by queue."),
+    (JOBS_FINISHED, Kind::Counter, "Finalizations written by this node, by queue, kind and outcome (succeeded, retried, dead, cancelled, snoozed, released)."),
+    (LEASES_LOST, Kind::Counter, "Results refused because the lease was gone, by kind."),
+    (JOBS_FENCED, Kind::Counter, "Handlers stopped because their lease could not be renewed in time, by kind."),
+    (JOBS_TIMED_OUT, Kind::Counter, "Handlers stopped at their timeout, by kind."),
+    (JOBS_RECLAIMED, Kind::Counter, "Jobs of any node reclaimed by this node's sweeper, by kind and reason."),
+    (PICKUP_LATENCY, Kind::Histogram, "Seconds from a job's due time to its handler's start, by queue and kind."),
+    (HANDLER_DURATION, Kind::Histogram, "Seconds from a handler's start to its return, by queue and kind."),
+    (FINALIZE_LATENCY, Kind::Histogram, "Seconds from a handler's return to its outcome confirmed written, by queue."),
+    (END_TO_END, Kind::Histogram, "Seconds from enqueue to succeeded, dead or cancelled, by queue and kind."),
+    (JOB_ATTEMPTS, Kind::Histogram, "Attempts a job used when it ended succeeded or dead, by queue and kind."),
+    (CLAIM_STATEMENT, Kind::Histogram, "Seconds of one claim round trip, by queue."),
+    (FINALIZE_STATEMENT, Kind::Histogram, "Seconds of one finalization batch round trip."),
+    (RENEW_STATEMENT, Kind::Histogram, "Seconds of one lease renewal round trip."),
+    (JOBS_IN_FLIGHT, Kind::Gauge, "Jobs this node holds (running, prefetched, being written), by queue."),
+    (POOL_CONNECTIONS, Kind::Gauge, "Connections of the store's main pool, by state (in_use, idle)."),
+    (POOL_MAX_CONNECTIONS, Kind::Gauge, "Size of the store's main pool."),
+    (POOL_WAITED, Kind::Counter, "Pool checkouts that had to wait for a connection."),
+    (POOL_TIMED_OUT, Kind::Counter, "Pool checkouts that gave up waiting."),
+    (JOBS, Kind::Gauge, "Live (not archived) jobs by queue and state; database-wide, aggregate with max."),
+    (JOBS_DUE, Kind::Gauge, "Waiting jobs whose run_at has passed, by queue and priority; database-wide, aggregate with max."),
+    (QUEUE_LAG, Kind::Gauge, "Seconds the oldest due job of each queue has waited; database-wide, aggregate with max."),
+    (NODE_HEARTBEAT_AGE, Kind::Gauge, "Seconds since each live node last reported; database-wide, aggregate with max."),
+    (NODES_GONE, Kind::Gauge, "Registered nodes silent for over 30 s (killed or cut off); database-wide, aggregate with max."),
+    (GAUGES_AGE, Kind::Gauge, "Seconds since the database gauges were computed."),
+    (GAUGES_REFRESH, Kind::Gauge, "Seconds the last computation of the database gauges took."),
+];
+
+/// Describes every metric to the installed recorder, so that an exporter writes each one's
+/// `# HELP` line. [`install_prometheus`] does it; call it after installing a recorder of your
+/// own (descriptions go to the recorder installed when this runs).
+pub fn describe() {
+    for (name, kind, help) in DESCRIPTIONS {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(*name, *help),
+            Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            Kind::Histogram => metrics::describe_histogram!(*name, *help),
+        }
+    }
+}
+
 /// The `outcome` label of a written state (`released`: given back to run again at once).
 pub(crate) fn outcome(state: JobState, released: bool) -> &'static str {
     match state {
@@ -170,6 +222,27 @@ pub(crate) fn pool(state: &bb8::State, max: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_described_metric_is_in_the_docs_table_and_every_constant_is_described() {
+        let docs = include_str!("mod.rs");
+        for (name, _, help) in DESCRIPTIONS {
+            assert!(
+                docs.contains(&format!("| `{name}` |")),
+                "{name} is not in the table"
+            );
+            assert!(!help.is_empty());
+        }
+        let constants = docs
+            .lines()
+            .filter(|l| l.starts_with("pub const ") && l.contains("\"jobvisor_"))
+            .count();
+        assert_eq!(
+            DESCRIPTIONS.len(),
+            constants,
+            "a metric constant without a description"
+        );
+    }
 
     #[test]
     fn outcomes_name_every_written_state() {

@@ -55,6 +55,7 @@ pub fn install_prometheus() -> Result<PrometheusHandle> {
             field: "metrics",
             reason: format!("{e}; a metrics recorder can be installed once per process"),
         })?;
+    super::describe();
     let upkeep = handle.clone();
     std::thread::Builder::new()
         .name("jobvisor-metrics-upkeep".into())

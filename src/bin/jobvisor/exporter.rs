@@ -45,6 +45,7 @@ pub(crate) async fn serve(
         code: exit::FAILED,
         message: format!("cannot install the metrics recorder: {e}"),
     })?;
+    jobvisor::metrics::describe();
     tokio::spawn(exporter);
     eprintln!("jobvisor: serving metrics on http://{listen}/metrics, refreshed every {every:?}");
     let mut tick = tokio::time::interval(every);
