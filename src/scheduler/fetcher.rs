@@ -186,6 +186,25 @@ impl Actor for Fetcher {
 const DECLARE_RETRY: Duration = Duration::from_secs(1);
 
 impl Fetcher {
+    /// Queues one claim, unless one is queued already (wakes coalesce) or claiming stopped.
+    fn wake(&mut self, ctx: &mut Context<Self>) {
+        if !self.wake_queued && !self.stopped {
+            self.wake_queued = true;
+            ctx.notify(FetchNow);
+        }
+    }
+
+    /// Reports a failed store operation (at most once per [`ERROR_LOG_EVERY`]).
+    fn store_failed(&mut self, e: &crate::Error) {
+        report_store_error(
+            &self.shared.events,
+            "fetcher",
+            &mut self.last_error,
+            ERROR_LOG_EVERY,
+            e,
+        );
+    }
+
     /// Writes the queue's declared limits, then claims; tried again until it is written.
     fn declare(&mut self, limits: crate::store::QueueLimits, ctx: &mut Context<Self>) {
         let (store, queue) = (self.shared.store.clone(), self.queue.clone());
@@ -194,19 +213,10 @@ impl Fetcher {
         ctx.spawn(write.into_actor(self).map(move |res, act, ctx| match res {
             Ok(_) => {
                 act.declaring = false;
-                if !act.wake_queued && !act.stopped {
-                    act.wake_queued = true;
-                    ctx.notify(FetchNow);
-                }
+                act.wake(ctx);
             }
             Err(e) => {
-                report_store_error(
-                    &act.shared.events,
-                    "fetcher",
-                    &mut act.last_error,
-                    ERROR_LOG_EVERY,
-                    &e,
-                );
+                act.store_failed(&e);
                 ctx.run_later(DECLARE_RETRY, move |act, ctx| act.declare(limits, ctx));
             }
         }));
@@ -270,10 +280,7 @@ impl Handler<FetchNow> for Fetcher {
                         act.rate_wait = true;
                         ctx.run_later(wait, |act, ctx| {
                             act.rate_wait = false;
-                            if !act.wake_queued {
-                                act.wake_queued = true;
-                                ctx.notify(FetchNow);
-                            }
+                            act.wake(ctx);
                         });
                     }
                     let full = u32::try_from(n).is_ok_and(|n| n == limit);
@@ -285,20 +292,13 @@ impl Handler<FetchNow> for Fetcher {
                     }
                     act.start_all(jobs, sent_at);
                     // A full claim: more may be due. Claim the next chunk while these run.
-                    if full && act.free() >= act.chunk() && !act.wake_queued && !act.stopped {
-                        act.wake_queued = true;
-                        ctx.notify(FetchNow);
+                    if full && act.free() >= act.chunk() {
+                        act.wake(ctx);
                     }
                     n
                 }
                 Err(e) => {
-                    report_store_error(
-                        &act.shared.events,
-                        "fetcher",
-                        &mut act.last_error,
-                        ERROR_LOG_EVERY,
-                        &e,
-                    );
+                    act.store_failed(&e);
                     0
                 }
             },
@@ -394,9 +394,8 @@ impl Handler<SlotFreed> for Fetcher {
         // workers could otherwise run out of jobs. A claim per freed job would cost a round
         // trip per job.
         let refill = self.free() >= self.chunk() || self.busy <= self.config.concurrency;
-        if refill && !self.stopped && !self.wake_queued {
-            self.wake_queued = true;
-            ctx.notify(FetchNow);
+        if refill {
+            self.wake(ctx);
         }
     }
 }
@@ -412,9 +411,8 @@ impl Handler<Wake> for Fetcher {
     type Result = ();
 
     fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
-        if !self.stopped && !self.wake_queued && self.free() > 0 {
-            self.wake_queued = true;
-            ctx.notify(FetchNow);
+        if self.free() > 0 {
+            self.wake(ctx);
         }
     }
 }

@@ -715,12 +715,22 @@ mod tests {
         assert!(matches!(ran, Ran::Fenced) && polls.load(SeqCst) == 0);
     }
 
-    #[tokio::test]
-    async fn a_waiting_handler_is_not_polled_again_once_its_fence_point_has_passed() {
-        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    /// A manual clock, an attempt 5 s before its fence point, and what `counted` needs.
+    fn five_seconds_to_fence() -> (
+        crate::clock::ManualClock,
+        Attempt,
+        std::sync::atomic::AtomicU32,
+        tokio::sync::Notify,
+    ) {
         let clock = crate::clock::ManualClock::at_fixed_start();
         let gate = Attempt::new(clock.monotonic() + Duration::from_secs(5));
-        let (polls, go) = (AtomicU32::new(0), tokio::sync::Notify::new());
+        (clock, gate, Default::default(), tokio::sync::Notify::new())
+    }
+
+    #[tokio::test]
+    async fn a_waiting_handler_is_not_polled_again_once_its_fence_point_has_passed() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (clock, gate, polls, go) = five_seconds_to_fence();
         let run = run_fenced(counted(&polls, &go), &gate, &clock);
         let mut run = std::pin::pin!(run);
         assert!(futures_util::poll!(run.as_mut()).is_pending());
@@ -735,10 +745,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_renewal_moves_the_fence_point_of_a_running_handler() {
-        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-        let clock = crate::clock::ManualClock::at_fixed_start();
-        let gate = Attempt::new(clock.monotonic() + Duration::from_secs(5));
-        let (polls, go) = (AtomicU32::new(0), tokio::sync::Notify::new());
+        use std::sync::atomic::Ordering::SeqCst;
+        let (clock, gate, polls, go) = five_seconds_to_fence();
         let run = run_fenced(counted(&polls, &go), &gate, &clock);
         let mut run = std::pin::pin!(run);
         assert!(futures_util::poll!(run.as_mut()).is_pending());
