@@ -164,8 +164,9 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
 ];
 
 /// Describes every metric to the installed recorder, so that an exporter writes each one's
-/// `# HELP` line. [`install_prometheus`] does it; call it after installing a recorder of your
-/// own (descriptions go to the recorder installed when this runs).
+/// `# HELP` line. `install_prometheus` (feature `prometheus`) does it; call it after
+/// installing a recorder of your own (descriptions go to the recorder installed when this
+/// runs).
 pub fn describe() {
     for (name, kind, help) in DESCRIPTIONS {
         match kind {
