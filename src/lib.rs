@@ -90,4 +90,4 @@ pub use store::{
     StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
 };
 pub use store::{Leader, NodeInfo, QueueLag, Unserved, UnservedReason};
-pub use store::{QueueInfo, QueueLimits, RateLimit};
+pub use store::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};

@@ -184,8 +184,9 @@ async fn a_rate_limited_fetcher_sleeps_until_its_window_frees_then_claims_by_its
         "{idle} claims in 700 ms of a full 300 ms window: sleeping, not polling"
     );
     assert_eq!(a.handle.stats().claimed, 3);
-    // Once the window has passed, the fetcher's own wake-up claims the next 3.
-    clock.advance(window);
+    // Once the window — the period and the start margin — has passed, the fetcher's own
+    // wake-up claims the next 3.
+    clock.advance(window + jobvisor::RATE_START_MARGIN);
     until(|| a.handle.stats().claimed == 6).await;
 }
 
@@ -333,5 +334,102 @@ mod declared_limits {
     #[actix::test]
     async fn sqlite() {
         declared_limits_hold_from_the_first_claim(Backend::Sqlite).await;
+    }
+}
+
+/// A pause holds at the start: jobs a node claimed before the pause and holds in its
+/// prefetch never start once the node has read the pause — they go back to the queue at
+/// once without using an attempt — while the handler already running finishes normally.
+/// A resume wakes the fetcher, which claims them again by itself.
+async fn a_pause_gives_back_the_prefetch_without_an_attempt(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let gauge = Arc::new(Gauge::default());
+    let handler = counted(gate.clone(), gauge.clone());
+    let a = Simulation::on_store(db.store().await, clock.clone(), "a", move |b| {
+        b.queue("q", QueueConfig::default().concurrency(1).prefetch(10))
+            .handler("w", handler)
+    })
+    .keep(db.clone());
+    let ids = enqueue(&a, "w", 6).await;
+    a.fetch("q").await;
+    until(|| gauge.now.load(Ordering::SeqCst) == 1).await;
+    // One running, the rest of what it claimed waits for the one worker.
+    let held = || a.handle.stats().claimed - a.handle.stats().finished;
+    until(|| held() >= 2).await;
+    let info = a.client.pause_queue("q", "test").await.unwrap();
+    assert!(info.is_paused());
+    a.read_settings().await;
+    // The prefetched jobs go back unstarted, without an attempt; the running one stays.
+    let states = || async {
+        let mut v = Vec::new();
+        for id in &ids {
+            let j = a.client.get(*id).await.unwrap();
+            v.push((j.id, j.state, j.attempts));
+        }
+        v
+    };
+    for _ in 0..2000 {
+        if held() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let now = states().await;
+    let running: Vec<_> = now.iter().filter(|j| j.1 == JobState::Running).collect();
+    assert_eq!(running.len(), 1, "only the started job is held: {now:?}");
+    assert_eq!(running[0].2, 1);
+    assert!(
+        now.iter()
+            .filter(|j| j.1 == JobState::Pending)
+            .all(|j| j.2 == 0),
+        "no attempt used by a job that never started: {now:?}"
+    );
+    // The running handler finishes normally; nothing else starts while paused.
+    let running = running[0].0;
+    gate.add_permits(1);
+    let mut a = a;
+    assert_eq!(a.finished(running).await, JobState::Succeeded);
+    assert_eq!(a.fetch("q").await, 0, "paused");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(gauge.peak.load(Ordering::SeqCst), 1);
+    assert_eq!(gauge.now.load(Ordering::SeqCst), 0, "no start while paused");
+    // Resumed: the node reads it and claims by itself.
+    a.client.resume_queue("q").await.unwrap();
+    a.read_settings().await;
+    until(|| gauge.now.load(Ordering::SeqCst) == 1).await;
+    gate.add_permits(5);
+    for id in ids.iter().filter(|id| **id != running) {
+        a.next_event(|e| {
+            matches!(e, jobvisor::Event::Finished { id: i, state: JobState::Succeeded, .. } if i == id)
+        })
+        .await;
+    }
+    for id in &ids {
+        assert_eq!(
+            a.client.get(*id).await.unwrap().attempts,
+            1,
+            "one attempt each"
+        );
+    }
+}
+
+mod pause_at_the_start {
+    use super::*;
+
+    #[actix::test]
+    async fn postgres() {
+        a_pause_gives_back_the_prefetch_without_an_attempt(Backend::Postgres).await;
+    }
+
+    #[actix::test]
+    async fn mysql() {
+        a_pause_gives_back_the_prefetch_without_an_attempt(Backend::Mysql).await;
+    }
+
+    #[actix::test]
+    async fn sqlite() {
+        a_pause_gives_back_the_prefetch_without_an_attempt(Backend::Sqlite).await;
     }
 }

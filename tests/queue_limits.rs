@@ -2,17 +2,19 @@
 //! database (PostgreSQL, MariaDB) and one queue, while this process sets the queue's limits
 //! and pauses it through a `Client`. Each handler records its start and end in the side table
 //! `crash_executions` (see `tests/harness/side.rs`), so what ran when is read from the
-//! database, not from what a node believes:
+//! database, not from what a node believes. The nodes prefetch (up to 20 jobs each) and poll
+//! once a second, as by default, so neither hides a rule broken at the start:
 //!
 //! 1. a global limit of 5 and 2 per partition over 300 jobs in 3 partitions (plus keyless
 //!    ones): the most executions overlapping at any instant never exceed 5, nor 2 of one
 //!    partition — and both limits are reached;
-//! 2. a pause mid-run: no execution starts later than one claim round trip after the pause
-//!    returned (the nodes run without prefetch, so a claimed job starts at once), jobs keep
-//!    waiting, and a resume lets them all finish;
-//! 3. a rate limit of 20 jobs per second: no window of the period holds more than 20 jobs
-//!    by the claim times the database recorded (`jobvisor_queue_claims`, polled while the
-//!    jobs run), every start follows a claim, and 100 jobs take at least 4 s.
+//! 2. a pause mid-run: no handler starts later than the pause's bound after the pause
+//!    returned — though each node holds prefetched jobs — the prefetched jobs go back without
+//!    using an attempt, and after a resume the first start comes at once (a notification on
+//!    PostgreSQL, the change signal on MariaDB), not at the next poll;
+//! 3. a rate limit of 20 jobs per second: no window of the period holds more than 20
+//!    handler **starts** (from the starts the handlers recorded), nor 20 claimed jobs (from
+//!    the claim times the database recorded), and 100 jobs take at least 4 s.
 //!
 //! The shared servers are used (an isolated schema / database per run), nothing is restarted.
 
@@ -54,7 +56,7 @@ impl Fleet {
                     .arg(&name)
                     .args(["--queue", QUEUE, "--concurrency"])
                     .arg(WORKERS.to_string())
-                    .args(["--prefetch", "0", "--kind", KIND, "--poll-ms", "100"])
+                    .args(["--prefetch", "20", "--kind", KIND, "--poll-ms", "1000"])
                     .stdin(Stdio::piped())
                     .stdout(log.try_clone().unwrap())
                     .stderr(log)
@@ -200,13 +202,14 @@ async fn limits_hold_across_processes(backend: Backend) {
     assert_eq!((overall, per_partition), (5, 2), "both limits were reached");
     assert!(nodes_used.len() > 1, "the nodes shared the work");
 
-    // 2. A pause mid-run, with the limits lifted.
+    // 2. A pause mid-run, with the limits lifted: jobs of 100 ms, so that a node's
+    //    prefetch would keep starting handlers for several hundred ms after it.
     client
         .set_queue_limits(QUEUE, QueueLimits::default())
         .await
         .unwrap();
-    let ids = enqueue(&client, (0..3000).map(|_| job(20)).collect()).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let ids = enqueue(&client, (0..1500).map(|_| job(100)).collect()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let asked = now_us();
     client
         .pause_queue(QUEUE, "queue_limits test")
@@ -222,18 +225,6 @@ async fn limits_hold_across_processes(backend: Backend) {
         .map(|x| x.started_at_us - paused)
         .collect();
     let worst = late.iter().max().copied().unwrap_or(0);
-    eprintln!(
-        "queue limits [{backend:?}]: pause took {} ms; {before} starts before it, {} after \
-         (the last {:.1} ms after)",
-        (paused - asked) / 1000,
-        late.len(),
-        worst as f64 / 1000.0
-    );
-    assert!(before > 300, "jobs were running when the pause came");
-    assert!(
-        worst < 500_000,
-        "a start {worst} µs after the pause returned: more than one claim round trip"
-    );
     let waiting = client
         .list(jobvisor::ListParams {
             queue: Some(QUEUE.into()),
@@ -242,10 +233,69 @@ async fn limits_hold_across_processes(backend: Backend) {
             ..Default::default()
         })
         .await
-        .unwrap()
-        .len();
-    assert!(waiting > 0, "jobs wait while paused");
+        .unwrap();
+    let running = client
+        .list(jobvisor::ListParams {
+            queue: Some(QUEUE.into()),
+            state: Some(JobState::Running),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "queue limits [{backend:?}]: pause took {} ms; {before} starts before it, {} after \
+         (the last {:.1} ms after); {} jobs waiting, {} still held",
+        (paused - asked) / 1000,
+        late.len(),
+        worst as f64 / 1000.0,
+        waiting.len(),
+        running.len()
+    );
+    assert!(before > 30, "jobs were running when the pause came");
+    // The bound: a notification (PostgreSQL) or the change signal's interval (50 ms) and
+    // one statement (MariaDB), plus scheduling on a loaded machine. Without the start gate
+    // the prefetched jobs kept starting for 300 ms and more.
+    assert!(
+        worst < 200_000,
+        "a handler started {worst} µs after the pause returned"
+    );
+    assert!(!waiting.is_empty(), "jobs wait while paused");
+    assert!(
+        running.is_empty(),
+        "1.5 s after the pause no job is held: the prefetched ones went back ({running:?})"
+    );
+    assert!(
+        waiting.iter().all(|j| j.attempts == 0),
+        "a job that went back unstarted used no attempt"
+    );
+    let resumed = now_us();
     client.resume_queue(QUEUE).await.unwrap();
+    let first = loop {
+        let execs = side.executions().await.unwrap();
+        if let Some(t) = execs
+            .iter()
+            .map(|x| x.started_at_us)
+            .filter(|t| *t > resumed)
+            .min()
+        {
+            break t - resumed;
+        }
+        assert!(
+            now_us() - resumed < 10_000_000,
+            "nothing started 10 s after the resume"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    eprintln!(
+        "queue limits [{backend:?}]: the first start {:.1} ms after the resume was asked",
+        first as f64 / 1000.0
+    );
+    // The nodes poll once a second: without a prompt wake-up this is up to a second.
+    assert!(
+        first < 300_000,
+        "the first start {first} µs after the resume"
+    );
     wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
 
     // 3. A rate limit: 20 jobs per second.
@@ -304,9 +354,7 @@ async fn limits_hold_across_processes(backend: Backend) {
         worst_claims <= 20,
         "{worst_claims} jobs claimed within one period under 20 per second: {records:?}"
     );
-    // Starts follow their claims: the k-th start comes after the k-th claimed job (both
-    // clocks are this machine's), so the starts are bounded by the claims, shifted by how
-    // long a claimed job takes to start.
+    // The rule users see: no window of the period holds more than 20 handler starts.
     let mut starts: Vec<i64> = side
         .executions()
         .await
@@ -317,21 +365,15 @@ async fn limits_hold_across_processes(backend: Backend) {
         .collect();
     starts.sort_unstable();
     assert_eq!(starts.len(), 100);
-    let mut lag_worst = 0;
-    for (k, (start, claim)) in starts.iter().zip(&claims).enumerate() {
-        assert!(
-            start >= claim,
-            "start {k} at {start} µs, before the {k}-th claimed job ({claim} µs)"
-        );
-        lag_worst = lag_worst.max(start - claim);
-    }
+    let worst_starts = most_in(&starts, period);
     eprintln!(
         "queue limits [{backend:?}]: 100 jobs at 20/s took {took:?}; at most {worst_claims} \
-         claimed in any second ({} claims), at most {} started in any second; a start \
-         followed its claim by at most {:.1} ms",
+         claimed in any second ({} claims), at most {worst_starts} started in any second",
         records.len(),
-        most_in(&starts, period),
-        lag_worst as f64 / 1000.0
+    );
+    assert!(
+        worst_starts <= 20,
+        "{worst_starts} handlers started within one period under 20 per second"
     );
     assert!(
         took >= Duration::from_secs(4),

@@ -13,6 +13,10 @@
 //!   freeze).
 //! * `started`: not started, dropped, or when the handler started.
 //!
+//! Two more conditions of a start come from the attempt's queue ([`QueueGate`]): no start
+//! while the queue is paused, and — for a job claimed under a rate limit — none later than
+//! [`RATE_START_MARGIN`](crate::RATE_START_MARGIN) after its claim was sent.
+//!
 //! A handler starts only through [`Attempt::try_start`], which checks the fence point and
 //! claims the start in one compare-and-swap; the lease manager takes the lease away through
 //! [`Attempt::revoke`], which closes the gate first. Whichever swap wins decides: a revoked
@@ -26,8 +30,10 @@
 //! [`Clock::monotonic`]: crate::clock::Clock::monotonic
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::queue_gate::QueueGate;
 use super::ProgressCell;
 
 /// `started` before the handler started.
@@ -43,6 +49,11 @@ pub(crate) struct Attempt {
     /// The running handler was self-fenced (by the lease manager or by its own task).
     fenced: AtomicBool,
     progress: ProgressCell,
+    /// The queue's pause, read at the start.
+    queue: Arc<QueueGate>,
+    /// No start at or after this monotonic instant (µs) — a rate-limited claim's start
+    /// margin; `i64::MAX` otherwise.
+    start_by_us: i64,
 }
 
 /// What [`Attempt::revoke`] found.
@@ -59,13 +70,26 @@ pub(crate) enum Revoked {
 }
 
 impl Attempt {
-    /// A gate whose fence point is `fence_at` (monotonic; see [`fence_point`]).
+    /// A gate whose fence point is `fence_at`, of a queue no pause reaches (a handler's
+    /// context made for a test).
     pub(crate) fn new(fence_at: Duration) -> Self {
+        Self::of_claim(fence_at, Arc::default(), None)
+    }
+
+    /// The gate of an attempt of a queue whose settings this node knows as `queue`; a job
+    /// claimed under a rate limit must start before `start_by` (monotonic).
+    pub(crate) fn of_claim(
+        fence_at: Duration,
+        queue: Arc<QueueGate>,
+        start_by: Option<Duration>,
+    ) -> Self {
         Attempt {
             fence_at_us: AtomicI64::new(us(fence_at)),
             started_us: AtomicI64::new(NOT_STARTED),
             fenced: AtomicBool::new(false),
             progress: ProgressCell::default(),
+            queue,
+            start_by_us: start_by.map_or(i64::MAX, us),
         }
     }
 
@@ -97,10 +121,11 @@ impl Attempt {
     }
 
     /// Starts the handler now (`now`, monotonic) if `now` is strictly before the fence
-    /// point; otherwise the attempt is dropped and never starts.
+    /// point (and the start margin of a rate-limited claim) and the queue is not paused;
+    /// otherwise the attempt is dropped and never starts.
     pub(crate) fn try_start(&self, now: Duration) -> bool {
         let now_us = us(now);
-        let safe = !self.lapsed(now_us);
+        let safe = !self.lapsed(now_us) && now_us < self.start_by_us && !self.queue.paused();
         let to = if safe {
             now_us.max(DROPPED + 1)
         } else {
@@ -125,6 +150,19 @@ impl Attempt {
             NOT_STARTED | DROPPED => None,
             t => Some(t),
         }
+    }
+
+    /// Withdraws an attempt whose handler has not started (its queue was paused): true if it
+    /// now never will; false if it started (it runs on) or was dropped already.
+    pub(crate) fn withdraw(&self) -> bool {
+        let won = self
+            .started_us
+            .compare_exchange(NOT_STARTED, DROPPED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if won {
+            self.fence_at_us.store(i64::MIN, Ordering::Release);
+        }
+        won
     }
 
     /// Takes the lease away: closes the gate, then reports whether the handler started.
@@ -225,6 +263,33 @@ mod tests {
         assert!(!renewed_first.lapsed(us(5 * S)));
         assert!(renewed_first.try_start(5 * S));
         assert!(renewed_first.lapsed(us(10 * S)));
+    }
+
+    #[test]
+    fn a_paused_queue_refuses_starts_and_withdraws_only_unstarted_attempts() {
+        let q = Arc::new(QueueGate::default());
+        let running = Attempt::of_claim(10 * S, q.clone(), None);
+        assert!(running.try_start(S));
+        q.set_paused(true);
+        let waiting = Attempt::of_claim(10 * S, q.clone(), None);
+        assert!(!waiting.try_start(2 * S), "paused: no start");
+        let prefetched = Attempt::of_claim(10 * S, q.clone(), None);
+        assert!(prefetched.withdraw(), "not started: withdrawn");
+        assert!(!prefetched.try_start(2 * S));
+        assert_eq!(prefetched.revoke(), Revoked::AlreadyDropped);
+        assert!(!running.withdraw(), "a running handler runs on");
+        assert_eq!(running.fence_at_us(), us(10 * S), "and keeps its lease");
+        q.set_paused(false);
+        assert!(Attempt::of_claim(10 * S, q, None).try_start(3 * S));
+    }
+
+    #[test]
+    fn a_rate_limited_claim_starts_only_within_its_margin() {
+        let q = Arc::new(QueueGate::default());
+        let by = 2 * S;
+        assert!(Attempt::of_claim(10 * S, q.clone(), Some(by)).try_start(by - US));
+        assert!(!Attempt::of_claim(10 * S, q.clone(), Some(by)).try_start(by));
+        assert!(!Attempt::of_claim(10 * S, q, Some(by)).try_start(by + US));
     }
 
     #[test]

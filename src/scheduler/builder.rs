@@ -26,6 +26,7 @@ use super::handle::SchedulerHandle;
 use super::leader_elector::LeaderElector;
 use super::leader_term::LeaderTerm;
 use super::lease_manager::{self, LeaseManager};
+use super::queue_watch::QueueWatch;
 use super::reconciler::Reconciler;
 use super::registrar::Registrar;
 use super::root::{HandlerRuntime, NodeActors, Scheduler};
@@ -405,6 +406,11 @@ impl SchedulerBuilder {
             leader: LeaderTerm::default(),
             reconcilers: self.reconcilers,
             schedules,
+            queue_gates: self
+                .queues
+                .iter()
+                .map(|(name, _)| (name.clone(), Arc::default()))
+                .collect(),
         });
         let lease_manager = LeaseManager::new(shared.clone()).start();
         let mut fetchers = HashMap::new();
@@ -430,6 +436,19 @@ impl SchedulerBuilder {
             .collect();
         // Set exactly once, here.
         let _ = wakers.set(weak);
+        let watch = QueueWatch::new(
+            shared.clone(),
+            fetchers
+                .iter()
+                .map(|(q, f)| (q.clone(), f.clone().recipient()))
+                .collect(),
+            fetchers
+                .iter()
+                .map(|(q, f)| (q.clone(), f.clone().recipient()))
+                .collect(),
+            lease_manager.clone().recipient(),
+        )
+        .start();
         let sweeper = Sweeper::new(shared.clone()).start();
         let archiver = Archiver::new(shared.clone()).start();
         let registrar = Registrar::new(shared.clone()).start();
@@ -443,6 +462,7 @@ impl SchedulerBuilder {
                 archiver: archiver.clone(),
                 registrar: registrar.clone(),
                 elector: elector.clone(),
+                watch: watch.clone(),
             },
             HandlerRuntime(Some(rt)),
         )
@@ -456,6 +476,7 @@ impl SchedulerBuilder {
             archiver,
             registrar,
             elector,
+            watch,
             shared,
         })
     }

@@ -30,6 +30,7 @@ use tokio::sync::Semaphore;
 use super::attempt::{fence_point, Attempt};
 use super::job_supervisor::JobSupervisor;
 use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
+use super::queue_gate::QueueGate;
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::config::QueueConfig;
 use crate::metrics::{KindMetrics, QueueMetrics};
@@ -67,6 +68,11 @@ pub struct Fetcher {
     /// The queue's declared limits ([`QueueConfig::limits`]) are not written yet: no claim
     /// until they are.
     declaring: bool,
+    /// The node's view of the queue's pause, read at every start.
+    gate: Arc<QueueGate>,
+    /// The last claim was counted in a rate window: claim no more than idle workers can
+    /// start at once (each job must start within the rate's start margin).
+    rated: bool,
     last_error: Option<Instant>,
     /// The queue's claim instruments.
     metrics: Arc<QueueMetrics>,
@@ -93,6 +99,8 @@ impl Fetcher {
         finished: Recipient<JobFinished>,
     ) -> Self {
         Fetcher {
+            gate: shared.queue_gates.get(&queue).cloned().unwrap_or_default(),
+            rated: false,
             shared,
             workers: Arc::new(Semaphore::new(config.concurrency as usize)),
             window: PrefetchWindow::new(config.concurrency, config.prefetch),
@@ -236,10 +244,20 @@ impl Handler<FetchNow> for Fetcher {
 
     fn handle(&mut self, _: FetchNow, _ctx: &mut Context<Self>) -> Self::Result {
         self.wake_queued = false;
-        if self.stopped || self.declaring || self.free() == 0 {
+        // Paused, as far as this node knows: a claim would take nothing (or, racing a
+        // resume, jobs the start gate would give back); the resume wakes this fetcher.
+        if self.stopped || self.declaring || self.gate.paused() || self.free() == 0 {
             return AtomicResponse::new(Box::pin(fut::ready(0)));
         }
-        let limit = self.free().min(self.chunk());
+        let mut limit = self.free().min(self.chunk());
+        if self.rated {
+            // No prefetch under a rate limit: only what idle workers start at once.
+            let idle = u32::try_from(self.workers.available_permits()).unwrap_or(u32::MAX);
+            limit = limit.min(idle);
+            if limit == 0 {
+                return AtomicResponse::new(Box::pin(fut::ready(0)));
+            }
+        }
         let shared = self.shared.clone();
         // The database counts the lease from its own "now", at the latest when the claim
         // arrives: count ours from before it was sent (on the monotonic clock), so a slow
@@ -272,8 +290,10 @@ impl Handler<FetchNow> for Fetcher {
                     jobs,
                     wait,
                     controlled,
+                    rated,
                 }) => {
                     let n = jobs.len();
+                    act.rated = rated.is_some();
                     // The queue's rate limit holds claims back: try again when the window
                     // frees (a wake meanwhile may claim earlier, if it frees sooner).
                     if let Some(wait) = wait.filter(|_| n == 0 && !act.stopped && !act.rate_wait) {
@@ -290,7 +310,7 @@ impl Handler<FetchNow> for Fetcher {
                     if controlled && !full {
                         act.window.on_held_back();
                     }
-                    act.start_all(jobs, sent_at);
+                    act.start_all(jobs, sent_at, rated);
                     // A full claim: more may be due. Claim the next chunk while these run.
                     if full && act.free() >= act.chunk() {
                         act.wake(ctx);
@@ -308,8 +328,15 @@ impl Handler<FetchNow> for Fetcher {
 
 impl Fetcher {
     /// Takes budget for each job, starts its supervisor (which waits for a worker permit) and
-    /// hands all the leases to the lease manager in one message.
-    fn start_all(&mut self, jobs: Vec<crate::store::ClaimedJob>, claimed_at: Duration) {
+    /// hands all the leases to the lease manager in one message. `rated`: the jobs were
+    /// counted in the queue's rate window at the database's time read this long after
+    /// `claimed_at` or later, so each must start within the start margin of that.
+    fn start_all(
+        &mut self,
+        jobs: Vec<crate::store::ClaimedJob>,
+        claimed_at: Duration,
+        rated: Option<Duration>,
+    ) {
         if jobs.is_empty() {
             return;
         }
@@ -326,10 +353,11 @@ impl Fetcher {
                 attempt: claimed.job.attempts,
                 claim: claimed.token.claim(),
             });
-            let attempt = Arc::new(Attempt::new(fence_point(
-                claimed_at,
-                self.shared.config.lease,
-            )));
+            let attempt = Arc::new(Attempt::of_claim(
+                fence_point(claimed_at, self.shared.config.lease),
+                self.gate.clone(),
+                rated.map(|after| claimed_at + after + crate::RATE_START_MARGIN),
+            ));
             let (id, kind, timeout, created_at) = (
                 claimed.job.id,
                 claimed.job.kind.clone(),
@@ -412,6 +440,23 @@ impl Handler<Wake> for Fetcher {
 
     fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
         if self.free() > 0 {
+            self.wake(ctx);
+        }
+    }
+}
+
+/// A job was enqueued by another process (the change signal of the backends without
+/// notifications): claim soon if some worker is idle. A node whose workers are all busy
+/// claims when a slot frees anyway, so it does not add a claim for every signal.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct NewJobsElsewhere;
+
+impl Handler<NewJobsElsewhere> for Fetcher {
+    type Result = ();
+
+    fn handle(&mut self, _: NewJobsElsewhere, ctx: &mut Context<Self>) {
+        if self.busy < self.config.concurrency {
             self.wake(ctx);
         }
     }

@@ -16,6 +16,7 @@ use super::event::Event;
 use super::fetcher::Fetcher;
 use super::leader_elector::LeaderElector;
 use super::lease_manager::LeaseManager;
+use super::queue_watch::QueueWatch;
 use super::registrar::Registrar;
 use super::root::{Scheduler, Shutdown, ShutdownReport};
 use super::shared::Shared;
@@ -35,6 +36,9 @@ pub struct SchedulerHandle {
     pub(crate) archiver: Addr<Archiver>,
     pub(crate) registrar: Addr<Registrar>,
     pub(crate) elector: Addr<LeaderElector>,
+    // Read by tests only; the root keeps its own address to stop it.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    pub(crate) watch: Addr<QueueWatch>,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -101,6 +105,12 @@ impl SchedulerHandle {
     #[cfg(feature = "test-util")]
     pub(crate) fn fetcher(&self, queue: &str) -> Option<Addr<Fetcher>> {
         self.fetchers.get(queue).cloned()
+    }
+
+    /// The queue watch (tests read the settings through it).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn watch(&self) -> Addr<QueueWatch> {
+        self.watch.clone()
     }
 
     /// The lease manager.

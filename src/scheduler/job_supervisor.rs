@@ -545,6 +545,7 @@ mod tests {
             leader: Default::default(),
             reconcilers: Vec::new(),
             schedules: Vec::new(),
+            queue_gates: HashMap::new(),
         })
     }
 

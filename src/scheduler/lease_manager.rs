@@ -846,6 +846,30 @@ impl LeaseManager {
     }
 }
 
+/// A queue was paused: give back every claimed job of it whose handler has not started —
+/// back to `pending` at once, without using an attempt. Running handlers finish normally.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "usize")]
+pub struct WithdrawQueue(pub String);
+
+impl Handler<WithdrawQueue> for LeaseManager {
+    type Result = usize;
+
+    fn handle(&mut self, WithdrawQueue(queue): WithdrawQueue, ctx: &mut Context<Self>) -> usize {
+        let unstarted: Vec<Key> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.queue == queue && !l.finishing && !l.stopped)
+            .filter(|(_, l)| l.attempt.withdraw())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &unstarted {
+            self.give_back_unstarted(key, ctx);
+        }
+        unstarted.len()
+    }
+}
+
 /// Shutdown: stop every running handler and give its lease back (the job returns to
 /// `pending` without using an attempt). Answers how many.
 #[derive(Debug, Clone, Copy, Message)]

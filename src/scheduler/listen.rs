@@ -1,6 +1,7 @@
-//! The database listener: wakes a queue's fetcher as soon as a job is enqueued on it
-//! (PostgreSQL `LISTEN`), reconnecting with backoff; on other backends it ends at once and
-//! the poll interval does the waking.
+//! The database listener: wakes a queue's fetcher as soon as a job is enqueued on it, and
+//! the queue watch as soon as a queue's settings change (PostgreSQL `LISTEN`), reconnecting
+//! with backoff; on other backends it ends at once and the queue watch's change signal and
+//! the poll interval do the waking.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +11,9 @@ use actix::prelude::*;
 
 use super::event::report_store_error;
 use super::fetcher::Wake;
+use super::queue_watch::RefreshSettings;
 use super::shared::Shared;
+use crate::store::Notice;
 
 /// First pause before listening again after the connection failed; doubles up to the max.
 const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
@@ -20,7 +23,11 @@ const LISTEN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// Wakes fetchers on database notifications (PostgreSQL), reconnecting with backoff; the
 /// poll covers whatever is missed while disconnected, and every fetcher is woken once after
 /// each (re)connect for the same reason. Ends at once on backends without notifications.
-pub(crate) async fn listen_loop(shared: Arc<Shared>, wakers: HashMap<String, Recipient<Wake>>) {
+pub(crate) async fn listen_loop(
+    shared: Arc<Shared>,
+    wakers: HashMap<String, Recipient<Wake>>,
+    settings: Recipient<RefreshSettings>,
+) {
     let mut pause = LISTEN_RETRY_MIN;
     let mut last_error = None;
     let every = Duration::from_secs(30);
@@ -32,11 +39,17 @@ pub(crate) async fn listen_loop(shared: Arc<Shared>, wakers: HashMap<String, Rec
                 for w in wakers.values() {
                     w.do_send(Wake);
                 }
+                settings.do_send(RefreshSettings);
                 while let Some(item) = listener.next().await {
                     match item {
-                        Ok(queue) => {
+                        Ok(Notice::Due(queue)) => {
                             if let Some(w) = wakers.get(&queue) {
                                 w.do_send(Wake);
+                            }
+                        }
+                        Ok(Notice::Settings(queue)) => {
+                            if wakers.contains_key(&queue) {
+                                settings.do_send(RefreshSettings);
                             }
                         }
                         Err(e) => {

@@ -42,6 +42,9 @@ mod leader_term;
 pub(crate) mod lease_manager;
 mod listen;
 mod progress;
+pub(crate) mod queue_gate;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod queue_watch;
 mod reconciler;
 mod registrar;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]

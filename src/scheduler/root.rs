@@ -16,6 +16,7 @@ use super::lease_manager::{
     CheckDeadlines, GetLeaseManagerStatus, LeaseManager, ReleaseAll, RenewLeases,
 };
 use super::listen::listen_loop;
+use super::queue_watch::QueueWatch;
 use super::reconciler::reconcile_loop;
 use super::registrar::{CheckUnserved, NodeHeartbeat, Registrar, Unregister};
 use super::schedule_firer::schedule_loop;
@@ -60,6 +61,7 @@ pub(crate) struct NodeActors {
     pub(crate) archiver: Addr<Archiver>,
     pub(crate) registrar: Addr<Registrar>,
     pub(crate) elector: Addr<LeaderElector>,
+    pub(crate) watch: Addr<QueueWatch>,
 }
 
 /// The node's root actor: owns the timers and the handler runtime; runs shutdown.
@@ -71,6 +73,7 @@ pub struct Scheduler {
     archiver: Addr<Archiver>,
     registrar: Addr<Registrar>,
     elector: Addr<LeaderElector>,
+    watch: Addr<QueueWatch>,
     /// Interval timers, cancelled at shutdown.
     timers: Vec<SpawnHandle>,
     /// Kept at the end of graceful shutdown (see [`HandlerRuntime::keep`]); shut down in the
@@ -95,6 +98,7 @@ impl Scheduler {
             archiver,
             registrar,
             elector,
+            watch,
         } = actors;
         Scheduler {
             shared,
@@ -104,6 +108,7 @@ impl Scheduler {
             archiver,
             registrar,
             elector,
+            watch,
             timers: Vec::new(),
             runtime: Some(runtime),
         }
@@ -164,7 +169,7 @@ impl Actor for Scheduler {
             .iter()
             .map(|(q, a)| (q.clone(), a.clone().recipient()))
             .collect();
-        let listener = listen_loop(self.shared.clone(), wakers);
+        let listener = listen_loop(self.shared.clone(), wakers, self.watch.clone().recipient());
         self.timers.push(ctx.spawn(fut::wrap_future(listener)));
         let schedules = schedule_loop(self.shared.clone());
         self.timers.push(ctx.spawn(fut::wrap_future(schedules)));
@@ -267,6 +272,7 @@ impl Handler<Shutdown> for Scheduler {
             act.archiver.do_send(StopActor);
             act.registrar.do_send(StopActor);
             act.elector.do_send(StopActor);
+            act.watch.do_send(StopActor);
             if let Some(rt) = act.runtime.take() {
                 rt.keep();
             }

@@ -16,6 +16,7 @@ use crate::store::Store;
 
 use super::event::EventBus;
 use super::leader_term::LeaderTerm;
+use super::queue_gate::QueueGate;
 use super::reconciler::Reconciler;
 use super::start_hold::StartHold;
 use super::stats::Stats;
@@ -52,6 +53,9 @@ pub(crate) struct Shared {
     pub(crate) reconcilers: Vec<Reconciler>,
     /// The schedules this node declares (stored at start).
     pub(crate) schedules: Vec<Compiled>,
+    /// The node's view of each served queue's pause, read at every start (kept in step by
+    /// the queue watch).
+    pub(crate) queue_gates: HashMap<String, Arc<QueueGate>>,
 }
 
 impl Shared {

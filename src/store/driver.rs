@@ -292,6 +292,17 @@ impl Driver {
         }
     }
 
+    /// Whether the backend notifies listeners of new jobs and changed settings
+    /// ([`Driver::listen`]); the others are polled.
+    pub(crate) fn notifies(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(_) => true,
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => false,
+        }
+    }
+
     /// A wake-up listener (PostgreSQL's `LISTEN`); `None` elsewhere.
     #[allow(unused_variables)] // `limit` is unused without PostgreSQL
     pub(crate) async fn listen(&self, limit: Duration) -> Result<Option<Listener>> {
@@ -408,16 +419,26 @@ pub(crate) struct Listener {
     pg: super::postgres::listen::PgListener,
 }
 
+/// What a [`Listener`] was told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL notifies
+pub(crate) enum Notice {
+    /// Jobs became due in this queue (an insert, a resume, a loosened limit).
+    Due(String),
+    /// This queue's settings changed (a pause, a resume, new limits).
+    Settings(String),
+}
+
 impl Listener {
-    /// The next notified queue; `None` when the connection is gone (listen again).
+    /// The next notice; `None` when the connection is gone (listen again).
     #[cfg(feature = "postgres")]
-    pub(crate) async fn next(&mut self) -> Option<Result<String>> {
+    pub(crate) async fn next(&mut self) -> Option<Result<Notice>> {
         self.pg.next().await
     }
 
     /// Never constructed without PostgreSQL.
     #[cfg(not(feature = "postgres"))]
-    pub(crate) async fn next(&mut self) -> Option<Result<String>> {
+    pub(crate) async fn next(&mut self) -> Option<Result<Notice>> {
         None
     }
 }

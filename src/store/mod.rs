@@ -71,7 +71,7 @@ pub mod conformance;
 
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use connect::with_query;
-pub(crate) use driver::Listener;
+pub(crate) use driver::{Listener, Notice};
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
@@ -90,9 +90,10 @@ pub(crate) use params::{
 pub use params::{
     CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, StateCount,
 };
+pub(crate) use queues::ChangeSignal;
 pub use queues::{
     QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
-    MIN_RATE_PERIOD,
+    MIN_RATE_PERIOD, RATE_START_MARGIN,
 };
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub(crate) use rows::from_us;
@@ -116,6 +117,12 @@ impl Store {
     /// `LISTEN` fails.
     pub(crate) async fn listen(&self) -> crate::error::Result<Option<Listener>> {
         self.inner.driver.listen(self.inner.statement_bound()).await
+    }
+
+    /// Whether [`Store::listen`] offers a listener (PostgreSQL); nodes of the other
+    /// backends poll a change signal instead.
+    pub(crate) fn notifies(&self) -> bool {
+        self.inner.driver.notifies()
     }
 }
 

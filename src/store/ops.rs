@@ -164,6 +164,7 @@ impl Store {
                 jobs: Vec::new(),
                 wait: None,
                 controlled: false,
+                rated: None,
             });
         }
         let token = LeaseToken::generate();
@@ -179,7 +180,7 @@ impl Store {
         // Shared queue settings (see `queues`): the fast claim refuses a queue that has
         // any, so an empty answer may mean "controlled now".
         let modes = &self.inner.queue_modes;
-        let mut wait = None;
+        let (mut wait, mut rated) = (None, None);
         let mut rows: Vec<JobRow> = Vec::new();
         let mut controlled = modes.is_controlled(&p.queue);
         if !controlled {
@@ -198,6 +199,7 @@ impl Store {
             } else {
                 rows = got.rows;
                 wait = got.wait;
+                rated = got.rated;
             }
         }
         let mut claimed = Vec::with_capacity(rows.len());
@@ -239,6 +241,7 @@ impl Store {
             jobs: claimed,
             wait,
             controlled,
+            rated,
         })
     }
 

@@ -117,6 +117,11 @@ pub(crate) struct Claim {
     /// The queue has shared settings (a pause or a limit), so the claim was a controlled
     /// one: fewer jobs than asked may mean a limit held them back, not that none were due.
     pub(crate) controlled: bool,
+    /// The jobs were counted in the queue's rate window at a time the database read after
+    /// the claim had been running this long: each must start within
+    /// [`RATE_START_MARGIN`](crate::RATE_START_MARGIN) of the claim's send time plus this,
+    /// or go back unstarted.
+    pub(crate) rated: Option<std::time::Duration>,
 }
 
 /// One lease to renew.

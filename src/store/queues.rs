@@ -22,11 +22,16 @@
 //! is free, exactly. Finalizations running concurrently only lower the counts (a claim may
 //! then take fewer than it could have; never more).
 //!
-//! Rate limit: a sliding window. Each controlled claim of a rate-limited queue records
-//! `(queue, claimed_at, jobs)` in `jobvisor_queue_claims`; a claim at `now` takes at most
-//! `rate_limit − Σ jobs claimed in (now − period, now]`, so any window of `period` holds at
-//! most `rate_limit` claimed jobs. A claim that finds the window full reports when its oldest
-//! entry leaves it, and the fetcher sleeps until then (no polling in between).
+//! Rate limit: a sliding window, of **starts**. Each controlled claim of a rate-limited
+//! queue records `(queue, claimed_at, jobs)` in `jobvisor_queue_claims`; a claim at `now`
+//! takes at most `rate_limit − Σ jobs claimed in (now − period − margin, now]`, with
+//! `margin` = [`RATE_START_MARGIN`], so any `rate_limit + 1` claimed jobs span at least
+//! `period + margin` of the database's clock. The node starts each of them before its
+//! claim's send time plus the margin, or gives it back unstarted (`Claim::rated` tells it
+//! to), and never before the claim (it has the answer only after): so any `rate_limit + 1`
+//! starts span at least `period`, and no window of `period` holds more than `rate_limit`
+//! handler starts (ARCHITECTURE.md §7.5). A claim that finds the window full reports when
+//! its oldest entry leaves it, and the fetcher sleeps until then (no polling in between).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -55,12 +60,23 @@ use crate::job::{check_name, JobState, MAX_QUEUE_LEN};
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(24 * 3600);
 /// Shortest rate window, **1 ms**.
 pub const MIN_RATE_PERIOD: Duration = Duration::from_millis(1);
+/// How long after its claim was sent a job of a rate-limited queue may still start:
+/// **50 ms**. The claims of such a queue are spaced over the period plus this margin, so a
+/// queue that always has due jobs starts `jobs` per `period + 50 ms`; a job whose claim was
+/// answered later than this goes back unstarted, without using an attempt (it still counts
+/// in the window, so the bound holds). See [`RateLimit`].
+pub const RATE_START_MARGIN: Duration = Duration::from_millis(50);
 /// Largest limit (concurrency, per partition, jobs per rate window): **1,000,000**.
 pub const MAX_LIMIT: u32 = 1_000_000;
 /// Longest `paused_by` text, in characters: **255**.
 pub const MAX_PAUSED_BY_LEN: usize = 255;
 
-/// At most "jobs per period" claimed across all nodes, in any window of `per`.
+/// At most `jobs` handler starts across all nodes in any window of `per`.
+///
+/// Exact at the start, not only at the claim: a rate-limited queue is claimed without
+/// prefetch, each claimed job starts within [`RATE_START_MARGIN`] of its claim or goes back
+/// unstarted, and the claims are spaced over `per` plus that margin — so a saturated queue
+/// starts `jobs` per `per + 50 ms`.
 ///
 /// # Examples
 /// ```
@@ -296,6 +312,20 @@ pub(crate) struct ControlledClaim {
     pub(crate) rows: Vec<JobRow>,
     /// The rate window is full until this much later.
     pub(crate) wait: Option<Duration>,
+    /// The rows were counted in the queue's rate window, at a time the database read
+    /// after the claim had been running this long (so after the node sent it): each must
+    /// start within [`RATE_START_MARGIN`] of that.
+    pub(crate) rated: Option<Duration>,
+}
+
+/// What [`Store::change_signal`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ChangeSignal {
+    /// The newest job's id (0 with none).
+    pub(crate) newest_job: i64,
+    /// The settings' row count and newest change time: any pause, resume or change of
+    /// limits moves one of them.
+    pub(crate) settings: (i64, i64),
 }
 
 /// The `(partition, running)` pairs of a queue.
@@ -453,6 +483,28 @@ impl Store {
         Ok(row.map(QueueRow::into_info))
     }
 
+    /// A cheap signal of change for the backends without notifications, read every few
+    /// tens of milliseconds by each node's queue watch: the newest job's id (a new job from
+    /// any process moves it) and a digest of the queue settings (rows and newest change),
+    /// in one statement that reads two index ends and the small settings table.
+    pub(crate) async fn change_signal(&self) -> Result<ChangeSignal> {
+        use diesel::dsl::max;
+        let (newest_job, settings, changed): (Option<i64>, i64, Option<i64>) =
+            with_conn!(self, |c| {
+                diesel::select((
+                    jobs::table.select(max(jobs::id)).single_value(),
+                    queues::table.count().single_value().assume_not_null(),
+                    queues::table.select(max(queues::updated_at)).single_value(),
+                ))
+                .get_result(c)
+                .await?
+            });
+        Ok(ChangeSignal {
+            newest_job: newest_job.unwrap_or(0),
+            settings: (settings, changed.unwrap_or(0)),
+        })
+    }
+
     /// Whether the queue has settings, a node serves it or a live job is in it.
     pub(crate) async fn queue_is_known(&self, q: &str) -> Result<bool> {
         if self.queue_get(q).await?.is_some() {
@@ -531,6 +583,7 @@ impl Store {
         let any_kind = a.kinds.is_none();
         let kinds = a.kinds.clone().unwrap_or_default();
         let q = a.queue.clone();
+        let began = std::time::Instant::now();
         let out: ControlledClaim = with_tx!(self, |c| {
             // The row's lock, its settings and the database's "now", in one statement.
             let found: Vec<(QueueRow, i64)> = ForUpdate(
@@ -568,14 +621,17 @@ impl Store {
                 budget = budget.min(i64::from(limit) - running);
             }
             let mut wait = None;
+            let mut rated = None;
             let rate = row.rate();
             if let Some(r) = rate {
-                let per = dur_us(r.per);
+                let per = dur_us(r.per) + dur_us(RATE_START_MARGIN);
                 // The window's records with the clock read now that the row is locked: the
                 // time this claim records. The first statement's "now" may be much earlier —
                 // PostgreSQL's is the transaction's start, MySQL's the statement's, before the
                 // lock wait — and a claim recorded earlier than it commits would let the
-                // claims just after a window's end crowd into it in real time.
+                // claims just after a window's end crowd into it in real time. Sent now:
+                // the time it reads is later than this instant, whatever the lock waited.
+                rated = Some(began.elapsed());
                 let found: Vec<(i64, Option<i64>, Option<i32>)> = queues::table
                     .filter(queues::name.eq(&q))
                     .left_join(claims_log::table.on(claims_log::queue.eq(queues::name)))
@@ -623,6 +679,7 @@ impl Store {
             if budget <= 0 {
                 return Ok(ControlledClaim {
                     wait,
+                    rated,
                     ..ControlledClaim::default()
                 });
             }
@@ -763,7 +820,10 @@ impl Store {
                     .await?
             };
             if ids.is_empty() {
-                return Ok(ControlledClaim::default());
+                return Ok(ControlledClaim {
+                    rated,
+                    ..ControlledClaim::default()
+                });
             }
             // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as it is.
             diesel::update(
@@ -803,6 +863,7 @@ impl Store {
             }
             Ok::<_, diesel::result::Error>(ControlledClaim {
                 rows,
+                rated,
                 ..ControlledClaim::default()
             })
         })?;

@@ -130,6 +130,22 @@ impl Simulation {
         self.fetcher(queue).send(FetchNow).await.unwrap_or(0)
     }
 
+    /// Reads the queues' shared settings and applies them, as a running node does when a
+    /// notification or its change signal tells it of a change: a pause closes the queues'
+    /// start gates and gives back the claimed jobs that have not started; a resume wakes
+    /// the fetcher.
+    ///
+    /// # Panics
+    /// If the read fails.
+    pub async fn read_settings(&self) {
+        self.handle
+            .watch()
+            .send(crate::scheduler::queue_watch::ReadSettings)
+            .await
+            .expect("the queue watch is running")
+            .expect("the settings could be read");
+    }
+
     /// Stops the lease manager, as the end of a shutdown does, whatever it is doing.
     pub fn stop_lease_manager(&self) {
         self.lease_manager().do_send(crate::scheduler::StopActor);

@@ -237,7 +237,10 @@ pub async fn listeners_hear_due_inserts_of_every_kind(b: Backend) {
             .expect("a notification within 10 s")
             .expect("listener open")
             .unwrap();
-        if let Some(name) = got.strip_prefix(&prefix) {
+        if let Some(name) = match &got {
+            super::Notice::Due(q) => q.strip_prefix(&prefix),
+            super::Notice::Settings(_) => None,
+        } {
             return name.to_string();
         }
     };

@@ -457,6 +457,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!("../../../migrations/postgres/2026-12-04-000017_settings_notify/down.sql"),
             include_str!(
                 "../../../migrations/postgres/2026-12-03-000016_running_index_serves_sweep/down.sql"
             ),
@@ -498,7 +499,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
     let expected = match b {
-        Backend::Postgres => "20261203000016",
+        Backend::Postgres => "20261204000017",
         Backend::Mysql | Backend::Sqlite => "20261202000015",
     };
     assert_eq!(

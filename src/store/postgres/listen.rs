@@ -1,5 +1,7 @@
 //! Wake-ups from the database: on PostgreSQL a dedicated connection `LISTEN`s on
-//! `jobvisor_jobs`, which an insert trigger notifies with the queue of newly due jobs.
+//! `jobvisor_jobs`, which an insert trigger notifies with the queue of newly due jobs, and
+//! on `jobvisor_queues`, which a trigger on the settings table notifies with the queue whose
+//! settings changed.
 //! Other backends have no such channel; their nodes rely on polling and in-process wake-ups.
 //! Opened by [`PgDriver::listen`](super::PgDriver::listen).
 
@@ -7,9 +9,12 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 
 use crate::error::{Error, Result, StoreError};
+use crate::store::driver::Notice;
 
-/// The notification channel.
+/// The channel of newly due jobs.
 pub(crate) const CHANNEL: &str = "jobvisor_jobs";
+/// The channel of changed queue settings.
+pub(crate) const SETTINGS_CHANNEL: &str = "jobvisor_queues";
 
 /// A listening connection. Notifications that arrive while no one awaits
 /// [`PgListener::next`] are buffered by the driver and returned later.
@@ -24,13 +29,16 @@ impl std::fmt::Debug for PgListener {
 }
 
 impl PgListener {
-    /// The next notified queue; `None` when the connection is gone (listen again).
-    pub(crate) async fn next(&mut self) -> Option<Result<String>> {
+    /// The next notice; `None` when the connection is gone (listen again).
+    pub(crate) async fn next(&mut self) -> Option<Result<Notice>> {
         let stream = self.conn.notifications_stream();
         futures_util::pin_mut!(stream);
         stream.next().await.map(|n| {
-            n.map(|n| n.payload)
-                .map_err(|e| Error::Database(StoreError::Transient(e.to_string())))
+            n.map(|n| match n.channel.as_str() {
+                SETTINGS_CHANNEL => Notice::Settings(n.payload),
+                _ => Notice::Due(n.payload),
+            })
+            .map_err(|e| Error::Database(StoreError::Transient(e.to_string())))
         })
     }
 }
@@ -41,7 +49,7 @@ impl PgListener {
         mut conn: AsyncPgConnection,
         limit: std::time::Duration,
     ) -> Result<PgListener> {
-        let sql = format!("LISTEN {CHANNEL}");
+        let sql = format!("LISTEN {CHANNEL}; LISTEN {SETTINGS_CHANNEL}");
         let listen = conn.batch_execute(&sql);
         tokio::time::timeout(limit, listen).await.map_err(|_| {
             Error::Database(StoreError::Transient(format!(
