@@ -203,6 +203,11 @@ pub struct Finalize {
     pub token: LeaseToken,
     /// What to write.
     pub outcome: Finalization,
+    /// How long ago the attempt's handler started, if it has and no renewal recorded its
+    /// start yet (a job shorter than a heartbeat): the finalization then records
+    /// `started_at = now - started_ago` and `first_started_at` if unset. `None` leaves both
+    /// as they are.
+    pub started_ago: Option<Duration>,
 }
 
 // Some constructors are used only by the engine's tests (feature `test-util`).
@@ -214,6 +219,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Succeeded { result },
+            started_ago: None,
         }
     }
 
@@ -223,6 +229,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Retry { error, delay },
+            started_ago: None,
         }
     }
 
@@ -232,6 +239,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Dead { error },
+            started_ago: None,
         }
     }
 
@@ -241,7 +249,15 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Cancelled { error },
+            started_ago: None,
         }
+    }
+
+    /// The same finalization, recording that the handler started `ago` before it is written
+    /// (see [`Finalize::started_ago`]).
+    pub fn with_started_ago(mut self, ago: Option<Duration>) -> Self {
+        self.started_ago = ago;
+        self
     }
 
     /// Back to pending after `delay`, the attempt not counted (snooze, or lease given back).
@@ -250,6 +266,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Requeue { delay },
+            started_ago: None,
         }
     }
 }
