@@ -5,7 +5,8 @@
 //! Application-facing types ([`Guarded`], [`Enqueued`], [`CancelOutcome`], [`ListParams`],
 //! [`StateCount`], [`ReclaimReason`]) are re-exported by [`crate::store`]; the lease holder's
 //! vocabulary (claim, renew, finalize, reclaim, archive, prune) is crate-private and reachable
-//! from outside only through [`crate::testing`] (feature `test-util`, not a stable API).
+//! from outside only through the hidden `testing::internal` (feature `test-util`, not a
+//! stable API).
 
 use std::sync::Arc;
 use std::time::Duration;
