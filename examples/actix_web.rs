@@ -305,11 +305,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("listening on http://127.0.0.1:8080 (jobs in {url})");
     let data = web::Data::new(state);
+    // actix-web's server handles the signals itself: SIGTERM (what `docker stop`, Kubernetes
+    // and systemd send) stops it gracefully, finishing the requests in progress; Ctrl-C
+    // (SIGINT) and SIGQUIT stop it at once. Either way `run()` returns, and then the scheduler
+    // stops claiming and waits for its running jobs (`shutdown_timeout`, 30 s), giving back
+    // the leases of those still running.
     HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
         .bind(("127.0.0.1", 8080))?
         .run()
         .await?;
-    scheduler.shutdown().await;
+    let report = scheduler.shutdown().await;
+    println!(
+        "stopped: {} jobs finished, {} given back",
+        report.finished, report.released
+    );
     Ok(())
 }
 

@@ -12,6 +12,7 @@
 //!
 //! `Scheduler::start()` sees there is no actix system and starts jobvisor's actors on a
 //! thread of their own; the `Client` it hands out works from axum's handlers as it is.
+//! SIGTERM or Ctrl-C stops it gracefully: the server first, then the scheduler.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -138,13 +139,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     println!("listening on http://{addr} (jobs in {url})");
+    // On SIGTERM or Ctrl-C: axum stops accepting and finishes its requests, then the
+    // scheduler stops claiming and waits for its running jobs (`shutdown_timeout`, 30 s),
+    // giving back the leases of those still running.
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown_signal())
         .await?;
-    scheduler.shutdown().await;
+    let report = scheduler.shutdown().await;
+    println!(
+        "stopped: {} jobs finished, {} given back",
+        report.finished, report.released
+    );
     Ok(())
+}
+
+/// Completes on Ctrl-C (SIGINT) or SIGTERM — what `docker stop`, Kubernetes and systemd send
+/// before they kill the process.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }
 
 /// One HTTP/1.1 request over a fresh connection; answers the status and the body (JSON, or

@@ -218,7 +218,20 @@ impl JobContext {
         self.cancel.is_cancelled()
     }
 
-    /// A context for calling a handler directly in a unit test.
+    /// A context for calling a handler directly in a unit test (no database, no feature
+    /// needed): queue `default`, [`DEFAULT_MAX_ATTEMPTS`](crate::job::DEFAULT_MAX_ATTEMPTS),
+    /// a deadline 30 minutes away, never cancelled, no client (add one with
+    /// [`JobContext::with_client`]). A stable part of the testing surface
+    /// (the `testing` module, feature `test-util`, has the rest).
+    ///
+    /// ```
+    /// # async fn demo() {
+    /// use jobvisor::{handler_fn, JobContext, JobHandler, JobId, JobOutcome};
+    /// let h = handler_fn(|n: u32, _ctx: JobContext| async move { JobOutcome::success(n * 2) });
+    /// let ctx = JobContext::for_test(JobId(1), "double", serde_json::json!(21), 1);
+    /// assert!(h.run(21, ctx).await.is_ok());
+    /// # }
+    /// ```
     pub fn for_test(id: JobId, kind: &str, payload: Value, attempt: u32) -> Self {
         JobContext {
             id,

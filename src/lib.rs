@@ -29,14 +29,14 @@
 //! * [`store`] — the only code that speaks SQL: [`Store`], a connection handle (connect,
 //!   options, backend, migrate); the operations behind [`Client`] and the actors are
 //!   crate-private.
-//! * `testing` (feature `test-util`, not a stable API) — test databases, the simulation
-//!   harness, and the engine's operations and actors opened to jobvisor's own tests.
+//! * `testing` (feature `test-util`) — testing handlers: the simulation harness with a manual
+//!   clock (stable); hidden in it, the engine internals jobvisor's own tests use (not).
 //!
 //! # Features
 //! * `postgres`, `mysql`, `sqlite` (all on by default): the backends compiled in. A build
 //!   with one of them compiles no code, and links no driver, of the others; a URL of a
 //!   backend left out is refused with [`Error::InvalidInput`] naming the feature.
-//! * `test-util`: the `testing` module (not a stable API).
+//! * `test-util`: the `testing` module (its documented items are stable).
 //! * `cli`: the `jobvisor` operator command line (`src/bin/jobvisor/`).
 //! * `prometheus`: `metrics::install_prometheus`, a Prometheus recorder.
 //! * `actix-web`: `metrics::actix_web_service`, `/metrics` for an actix-web service (implies `prometheus`).

@@ -251,16 +251,15 @@ async fn commands_do_what_they_say(backend: Backend) {
         (v["kind"].clone(), v["state"].clone()),
         (json!("sms"), json!("pending"))
     );
-    for field in [
-        "payload",
-        "errors",
-        "lease_owner",
-        "heartbeat_at",
-        "created_at",
-        "attempts",
-    ] {
+    for field in ["payload", "errors", "lease", "created_at", "attempts"] {
         assert!(v.get(field).is_some(), "get --json has {field}: {v}");
     }
+    // One JSON shape for a job: the command line prints `Job`'s serde form, the API's.
+    let api = client.get(sms).await.unwrap();
+    assert_eq!(v, serde_json::to_value(&api).unwrap());
+    assert_eq!(serde_json::from_value::<jobvisor::Job>(v).unwrap(), api);
+    let listed = json_of(jobvisor(&url).args(["list", "--kind", "sms", "--json"]), 0);
+    assert_eq!(listed["jobs"][0], serde_json::to_value(&api).unwrap());
     let err = stderr_of(jobvisor(&url).args(["get", "987654321"]), 3);
     assert!(err.contains("987654321"), "{err}");
 
@@ -644,9 +643,42 @@ fn bad_arguments_and_unreachable_databases_are_clear_and_keep_secrets() {
 async fn metrics_listen_serves_the_gauges_over_http() {
     let db = TestDb::create(Backend::Sqlite).await;
     let url = db.url.clone();
-    let client = Client::new(db.store().await);
+    let store = db.store().await;
+    let client = Client::new(store.clone());
     client
         .enqueue(NewJob::new("k", json!(1)).queue("served"))
+        .await
+        .unwrap();
+    // Two jobs ended by a node this exporter never sees: one succeeded, one dead. Their
+    // outcomes reach the exporter through the database only.
+    for n in [2, 3] {
+        client
+            .enqueue(NewJob::new("k", json!(n)).queue("ended"))
+            .await
+            .unwrap();
+    }
+    let claimed = store
+        .job_claim(ClaimParams {
+            queue: "ended".into(),
+            owner: NodeId::new("elsewhere").unwrap(),
+            limit: 2,
+            kinds: None,
+            lease: Duration::from_secs(30),
+            now: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let items = vec![
+        Finalize::succeeded(claimed[0].job.id, claimed[0].token.clone(), json!(null)),
+        Finalize::dead(
+            claimed[1].job.id,
+            claimed[1].token.clone(),
+            JobFailure::new("boom", "it broke", 1),
+        ),
+    ];
+    store
+        .job_finalize_many(FinalizeParams { items, now: None })
         .await
         .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -666,7 +698,11 @@ async fn metrics_listen_serves_the_gauges_over_http() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let want = "jobvisor_jobs{queue=\"served\",state=\"pending\"} 1";
+    let want = [
+        "jobvisor_jobs{queue=\"served\",state=\"pending\"} 1",
+        "jobvisor_jobs_ended_recently{queue=\"ended\",kind=\"k\",state=\"succeeded\"} 1",
+        "jobvisor_jobs_ended_recently{queue=\"ended\",kind=\"k\",state=\"dead\"} 1",
+    ];
     let mut last = String::new();
     for _ in 0..100 {
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
@@ -674,7 +710,7 @@ async fn metrics_listen_serves_the_gauges_over_http() {
             s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
             last.clear();
             let _ = s.read_to_string(&mut last);
-            if last.contains(want) {
+            if want.iter().all(|w| last.contains(w)) {
                 break;
             }
         }
@@ -682,7 +718,15 @@ async fn metrics_listen_serves_the_gauges_over_http() {
     }
     child.kill().unwrap();
     let _ = child.wait();
-    assert!(last.contains(want), "{want} not served:\n{last}");
+    for w in want {
+        assert!(last.contains(w), "{w} not served:\n{last}");
+    }
+    // Its HELP line says where it comes from.
+    let help = last
+        .lines()
+        .find(|l| l.starts_with("# HELP jobvisor_jobs_ended_recently "))
+        .unwrap_or_else(|| panic!("no HELP line:\n{last}"));
+    assert!(help.contains("database-derived"), "{help}");
 }
 
 /// Splits a shell line into words: single and double quotes group, nothing else is special.

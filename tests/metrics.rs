@@ -87,6 +87,7 @@ const DOCUMENTED: &[&str] = &[
     metrics::QUEUE_LAG,
     metrics::NODE_HEARTBEAT_AGE,
     metrics::NODES_GONE,
+    metrics::JOBS_ENDED,
     metrics::GAUGES_AGE,
     metrics::GAUGES_REFRESH,
 ];

@@ -1128,6 +1128,39 @@ async fn a_refused_finalization_is_written_again_by_itself(backend: Backend) {
     );
 }
 
+/// A job shorter than a heartbeat: no renewal recorded its start, so its finalization does —
+/// `started_at` and `first_started_at` are the handler's start, not null.
+async fn a_quick_jobs_start_is_written_with_its_finalization(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut sim = Simulation::on_store(db.store().await, clock.clone(), "quick", |b| {
+        b.handler("work", gated(gate.clone(), "done"))
+    })
+    .keep(db.clone());
+    let id = enqueue(&sim, NewJob::new("work", json!({}))).await;
+    assert_eq!(sim.fetch("default").await, 1);
+    sim.next_event(|e| matches!(e, Event::Started { id: i, .. } if *i == id))
+        .await;
+    let started = clock.now();
+    // Two seconds of handler time and no heartbeat: the database has no start yet.
+    clock.advance(2 * SEC);
+    let running = sim.client.get(id).await.unwrap();
+    assert_eq!((running.started_at, running.first_started_at), (None, None));
+    gate.add_permits(1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+    let job = sim.client.get(id).await.unwrap();
+    assert_eq!(
+        (job.started_at, job.first_started_at),
+        (Some(started), Some(started)),
+        "the start as the node saw it, written by the finalization"
+    );
+    assert_eq!(
+        job.finished_at,
+        Some(started + chrono::Duration::seconds(2))
+    );
+}
+
 macro_rules! two_node_tests {
     ($($name:ident => $backend:expr),+ $(,)?) => {
         mod two_nodes {
@@ -1150,6 +1183,10 @@ macro_rules! two_node_tests {
                     #[actix::test]
                     async fn write_a_refused_finalization_again_by_themselves() {
                         a_refused_finalization_is_written_again_by_itself($backend).await;
+                    }
+                    #[actix::test]
+                    async fn write_a_quick_jobs_start_with_its_finalization() {
+                        a_quick_jobs_start_is_written_with_its_finalization($backend).await;
                     }
                     #[actix::test]
                     async fn elect_one_leader_take_over_and_hand_over() {

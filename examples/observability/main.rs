@@ -9,9 +9,9 @@
 //! cargo run --features actix-web --example observability -- --check   # self-test (used by CI)
 //! ```
 //!
-//! Point a Prometheus at `127.0.0.1:9464` (scrape interval 15 s), load `alerts.yml` as a rule
-//! file, and import `grafana-dashboard.json` into Grafana with that Prometheus as its data
-//! source.
+//! It stops gracefully on SIGTERM or Ctrl-C. Point a Prometheus at `127.0.0.1:9464` (scrape
+//! interval 15 s), load `alerts.yml` as a rule file, and import `grafana-dashboard.json` into
+//! Grafana with that Prometheus as its data source.
 
 use std::time::Duration;
 
@@ -74,6 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         App::new().service(jobvisor::metrics::actix_web_service(metrics.clone()))
     })
     .workers(1)
+    .disable_signals()
     .bind(LISTEN)?
     .run();
     let server_handle = server.handle();
@@ -83,7 +84,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = scheduler.client();
     let mut n: u64 = 0;
     let rounds = if check { 5 } else { u64::MAX };
-    while n < rounds * 20 {
+    // Stops on SIGTERM or Ctrl-C (the server's own signal handling is off: this loop
+    // decides).
+    let mut stop = std::pin::pin!(shutdown_signal());
+    while n < rounds.saturating_mul(20) {
         for _ in 0..20 {
             n += 1;
             client
@@ -95,7 +99,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .await?;
             }
         }
-        tokio::time::sleep(Duration::from_millis(if check { 100 } else { 1000 })).await;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(if check { 100 } else { 1000 })) => {}
+            () = &mut stop => {
+                let report = scheduler.shutdown().await;
+                println!(
+                    "stopped: {} jobs finished, {} given back",
+                    report.finished, report.released
+                );
+                server_handle.stop(true).await;
+                return Ok(());
+            }
+        }
     }
 
     if check {
@@ -137,4 +152,28 @@ async fn scrape() -> Result<String, Box<dyn std::error::Error>> {
     let mut page = String::new();
     s.read_to_string(&mut page).await?;
     Ok(page)
+}
+
+/// Completes on Ctrl-C (SIGINT) or SIGTERM — what `docker stop`, Kubernetes and systemd send
+/// before they kill the process.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }

@@ -1,5 +1,6 @@
 //! [`DatabaseGauges`]: the gauges that need the database — jobs by queue and state, due jobs by
-//! queue and priority, queue lag, node heartbeats — refreshed on every node, computed by one.
+//! queue and priority, queue lag, node heartbeats, jobs ended in the last 5 minutes by final
+//! state — refreshed on every node, computed by one.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -204,6 +205,17 @@ impl DatabaseGauges {
             );
         }
         set(super::NODES_GONE, Vec::new(), gone as f64);
+        for (queue, kind, state, n) in &s.ended {
+            set(
+                super::JOBS_ENDED,
+                vec![
+                    ("queue", queue.clone()),
+                    ("kind", kind.clone()),
+                    ("state", state.clone()),
+                ],
+                *n as f64,
+            );
+        }
         let age = Utc::now().timestamp_micros() - s.at;
         set(super::GAUGES_AGE, Vec::new(), secs(age));
         set(super::GAUGES_REFRESH, Vec::new(), took.as_secs_f64());

@@ -47,6 +47,7 @@
 //! | `jobvisor_queue_lag_seconds` | gauge | queue | how long the oldest due job has waited (0: none waiting) |
 //! | `jobvisor_node_heartbeat_age_seconds` | gauge | node | since each live node last reported (0 once it has left or is gone: silent for over 30 s, `NODE_GONE_AFTER`) |
 //! | `jobvisor_nodes_gone` | gauge | | registered nodes silent for over 30 s: killed or cut off without a goodbye (`jobvisor nodes --forget` removes them) |
+//! | `jobvisor_jobs_ended_recently` | gauge | queue, kind, state | jobs that reached `succeeded`, `dead` or `cancelled` in the last 5 minutes, read from the jobs table and its archive: throughput (÷ 300 s) and failures where only the database is seen (a standalone exporter) |
 //! | `jobvisor_gauges_age_seconds` | gauge | | how old these database gauges are |
 //! | `jobvisor_gauges_refresh_seconds` | gauge | | how long their last computation took |
 
@@ -119,6 +120,8 @@ pub const QUEUE_LAG: &str = "jobvisor_queue_lag_seconds";
 pub const NODE_HEARTBEAT_AGE: &str = "jobvisor_node_heartbeat_age_seconds";
 /// Registered nodes silent for longer than `NODE_GONE_AFTER` (database-wide).
 pub const NODES_GONE: &str = "jobvisor_nodes_gone";
+/// Jobs that ended in the last 5 minutes, by queue, kind and final state (database-wide).
+pub const JOBS_ENDED: &str = "jobvisor_jobs_ended_recently";
 /// Age of the database gauges.
 pub const GAUGES_AGE: &str = "jobvisor_gauges_age_seconds";
 /// How long the database gauges took to compute.
@@ -159,6 +162,7 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
     (QUEUE_LAG, Kind::Gauge, "Seconds the oldest due job of each queue has waited; database-wide, aggregate with max."),
     (NODE_HEARTBEAT_AGE, Kind::Gauge, "Seconds since each live node last reported; database-wide, aggregate with max."),
     (NODES_GONE, Kind::Gauge, "Registered nodes silent for over 30 s (killed or cut off); database-wide, aggregate with max."),
+    (JOBS_ENDED, Kind::Gauge, "Jobs that reached succeeded, dead or cancelled in the last 5 minutes, by queue, kind and state; database-derived (read from the jobs table and its archive, not counted by a node), aggregate with max."),
     (GAUGES_AGE, Kind::Gauge, "Seconds since the database gauges were computed."),
     (GAUGES_REFRESH, Kind::Gauge, "Seconds the last computation of the database gauges took."),
 ];

@@ -118,6 +118,9 @@ struct Pending {
     received: Instant,
     /// When its job was enqueued.
     created_at: Option<DateTime<Utc>>,
+    /// When the handler started (monotonic µs), if no renewal recorded it: a job shorter
+    /// than a heartbeat has its start written with its finalization.
+    started_us: Option<i64>,
 }
 
 /// Owns the node's leases; see the module docs.
@@ -226,6 +229,7 @@ impl LeaseManager {
             released: true,
             received: Instant::now(),
             created_at: Some(l.created_at),
+            started_us: None,
         });
         self.flush(ctx);
     }
@@ -259,10 +263,19 @@ impl LeaseManager {
         self.flushing += 1;
         self.shared.stats.count_finalize();
         let batch = next_batch(&mut self.pending, MAX_FLUSH);
-        let params = FinalizeParams {
-            items: batch.iter().map(|p| p.item.clone()).collect(),
-            now: self.shared.clock.bound_now(),
-        };
+        let sent_at = self.mono();
+        let params =
+            FinalizeParams {
+                items: batch
+                    .iter()
+                    .map(|p| {
+                        p.item.clone().with_started_ago(p.started_us.map(|t| {
+                            Duration::from_micros(u64::try_from(sent_at - t).unwrap_or(0))
+                        }))
+                    })
+                    .collect(),
+                now: self.shared.clock.bound_now(),
+            };
         let store = self.shared.store.clone();
         let fut = async move {
             let t0 = Instant::now();
@@ -484,6 +497,11 @@ impl Handler<JobFinished> for LeaseManager {
     fn handle(&mut self, m: JobFinished, ctx: &mut Context<Self>) {
         let key = (m.id, m.token);
         let created_at = self.leases.get(&key).map(|l| l.created_at);
+        let started_us = self.leases.get(&key).and_then(|l| {
+            l.attempt
+                .started_us()
+                .filter(|_| m.started && !l.start_recorded)
+        });
         if let Some(l) = self.leases.get_mut(&key) {
             if l.finishing {
                 // Already given back by this manager (never started): nothing more to write.
@@ -516,6 +534,7 @@ impl Handler<JobFinished> for LeaseManager {
                 id,
                 token,
                 outcome: m.outcome,
+                started_ago: None,
             },
             released,
             queue: m.queue,
@@ -524,6 +543,7 @@ impl Handler<JobFinished> for LeaseManager {
             error,
             received: Instant::now(),
             created_at,
+            started_us,
         });
         self.flush(ctx);
     }
@@ -965,6 +985,7 @@ mod tests {
             released: false,
             received: Instant::now(),
             created_at: None,
+            started_us: None,
         }
     }
 

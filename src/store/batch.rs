@@ -263,6 +263,8 @@ pub(crate) struct FinalRow {
     pub(crate) error: Option<String>,
     pub(crate) delay_us: Option<i64>,
     pub(crate) refund: i32,
+    /// Microseconds since the handler started, when its start is not recorded yet.
+    pub(crate) ago_us: Option<i64>,
 }
 
 impl From<&Finalize> for FinalRow {
@@ -289,6 +291,7 @@ impl From<&Finalize> for FinalRow {
             error,
             delay_us,
             refund,
+            ago_us: f.started_ago.map(dur_us),
         }
     }
 }

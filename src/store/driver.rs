@@ -42,6 +42,8 @@
 //!   `result`, `last_error` (cleared on success), appends the error to `errors`, `attempts −
 //!   1` for a requeue, `run_at = now + delay` when there is a delay, `finished_at` for a
 //!   terminal state, clears the lease columns and `timeout_at`, `version + 1`, `updated_at`;
+//!   `started_at` and `first_started_at`, where still unset, `= now − started_ago` for an
+//!   item carrying it (a handler that started and ended between two heartbeats);
 //!   and `unique_hold = NULL` when the state reached is terminal and the key's scope is
 //!   `while_active`.
 //!   Returns the state each applied row reached; a missing row is a lost lease.

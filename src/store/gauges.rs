@@ -1,5 +1,8 @@
 //! The database-wide gauges (`jobvisor_gauges`): live jobs by queue and state, due jobs by
-//! queue and priority with the oldest one's due time, and the nodes' last heartbeats.
+//! queue and priority with the oldest one's due time, the nodes' last heartbeats, and the
+//! jobs that ended in the last [`ENDED_WINDOW`] by queue, kind and final state (from the
+//! live table and the archive: throughput and failures for whoever sees only the database,
+//! such as a standalone exporter).
 //!
 //! The counts read the whole jobs table, so they are computed **once per database per
 //! interval**, not once per node or per scrape: a node takes the turn with one guarded
@@ -23,9 +26,12 @@ use serde::{Deserialize, Serialize};
 use super::batch::bound;
 use super::driver::{with_conn, with_write};
 use super::expr::DbNow;
+use super::expr::TERMINAL;
 use super::leader_fence;
 use super::rows::dur_us;
-use super::schema::{jobvisor_gauges as gauges, jobvisor_jobs as jobs};
+use super::schema::{
+    jobvisor_gauges as gauges, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+};
 use super::Store;
 use crate::error::{Error, Result, StoreError};
 use crate::job::JobState;
@@ -36,6 +42,12 @@ use crate::job::JobState;
 /// default 15 s / 50) and stretches on a table so large that counting it every interval would
 /// be a load of its own: the gauges' age (`jobvisor_gauges_age_seconds`) says so.
 pub(crate) const COST_SHARE_INVERSE: i64 = 50;
+
+/// How far back the ended-jobs counts look: **5 minutes**. The reads are bounded by it: on
+/// the live table, the terminal jobs' index by `finished_at`; on the archive, its index by
+/// `archived_at` (a job is archived after it finished, so one that ended in the window was
+/// archived in it too).
+pub(crate) const ENDED_WINDOW: Duration = Duration::from_secs(300);
 
 /// What one turn computed. Times are epoch microseconds (UTC) on the database's clock (or the
 /// test clock given to the turn).
@@ -50,6 +62,11 @@ pub(crate) struct GaugeSnapshot {
     pub(crate) due: Vec<(String, i32, u64, i64)>,
     /// `(node, last heartbeat)` of every registered node.
     pub(crate) nodes: Vec<(String, i64)>,
+    /// `(queue, kind, final state, jobs)` of the jobs that reached `succeeded`, `dead` or
+    /// `cancelled` in the last [`ENDED_WINDOW`], live or archived (absent from snapshots
+    /// stored by older versions: empty).
+    #[serde(default)]
+    pub(crate) ended: Vec<(String, String, String, u64)>,
 }
 
 /// The stored row: the snapshot, who computed it and how long the reads took.
@@ -130,6 +147,7 @@ impl Store {
                 .await?
         });
         let nodes = self.nodes_list().await?;
+        let ended = self.ended_recently(now).await?;
         Ok(GaugeSnapshot {
             at,
             jobs: counts
@@ -146,7 +164,46 @@ impl Store {
                 .into_iter()
                 .map(|n| (n.node, super::rows::to_us(n.heartbeat_at)))
                 .collect(),
+            ended,
         })
+    }
+
+    /// Jobs that ended in the last [`ENDED_WINDOW`] by queue, kind and final state, live and
+    /// archived; two grouped reads, each bounded by the window through an index.
+    async fn ended_recently(
+        &self,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<Vec<(String, String, String, u64)>> {
+        let since = DbNow::new(bound(now)).plus(-dur_us(ENDED_WINDOW));
+        // `TERMINAL` is the partial index's own predicate (PostgreSQL, SQLite) and the
+        // leading column of MySQL's (state, finished_at) index.
+        let live: Vec<(String, String, String, i64)> = with_conn!(self, |conn| {
+            jobs::table
+                .filter(TERMINAL)
+                .filter(jobs::finished_at.ge(since.nullable()))
+                .group_by((jobs::queue, jobs::kind, jobs::state))
+                .select((jobs::queue, jobs::kind, jobs::state, count_star()))
+                .load(conn)
+                .await?
+        });
+        let archived: Vec<(String, String, String, i64)> = with_conn!(self, |conn| {
+            archive::table
+                .filter(archive::archived_at.ge(since))
+                .filter(archive::finished_at.ge(since.nullable()))
+                .group_by((archive::queue, archive::kind, archive::state))
+                .select((archive::queue, archive::kind, archive::state, count_star()))
+                .load(conn)
+                .await?
+        });
+        let mut all: std::collections::BTreeMap<(String, String, String), u64> =
+            std::collections::BTreeMap::new();
+        for (queue, kind, state, n) in live.into_iter().chain(archived) {
+            *all.entry((queue, kind, state)).or_default() += u64::try_from(n).unwrap_or(0);
+        }
+        Ok(all
+            .into_iter()
+            .map(|((queue, kind, state), n)| (queue, kind, state, n))
+            .collect())
     }
 
     /// Stores a turn's snapshot, unless a later turn was taken meanwhile (by a node that

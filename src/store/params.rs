@@ -5,7 +5,8 @@
 //! Application-facing types ([`Guarded`], [`Enqueued`], [`CancelOutcome`], [`ListParams`],
 //! [`StateCount`], [`ReclaimReason`]) are re-exported by [`crate::store`]; the lease holder's
 //! vocabulary (claim, renew, finalize, reclaim, archive, prune) is crate-private and reachable
-//! from outside only through [`crate::testing`] (feature `test-util`, not a stable API).
+//! from outside only through the hidden `testing::internal` (feature `test-util`, not a
+//! stable API).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,6 +209,11 @@ pub struct Finalize {
     pub token: LeaseToken,
     /// What to write.
     pub outcome: Finalization,
+    /// How long ago the attempt's handler started, if it has and no renewal recorded its
+    /// start yet (a job shorter than a heartbeat): the finalization then records
+    /// `started_at = now - started_ago` and `first_started_at` if unset. `None` leaves both
+    /// as they are.
+    pub started_ago: Option<Duration>,
 }
 
 // Some constructors are used only by the engine's tests (feature `test-util`).
@@ -219,6 +225,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Succeeded { result },
+            started_ago: None,
         }
     }
 
@@ -228,6 +235,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Retry { error, delay },
+            started_ago: None,
         }
     }
 
@@ -237,6 +245,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Dead { error },
+            started_ago: None,
         }
     }
 
@@ -246,7 +255,15 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Cancelled { error },
+            started_ago: None,
         }
+    }
+
+    /// The same finalization, recording that the handler started `ago` before it is written
+    /// (see [`Finalize::started_ago`]).
+    pub fn with_started_ago(mut self, ago: Option<Duration>) -> Self {
+        self.started_ago = ago;
+        self
     }
 
     /// Back to pending after `delay`, the attempt not counted (snooze, or lease given back).
@@ -255,6 +272,7 @@ impl Finalize {
             id,
             token,
             outcome: Finalization::Requeue { delay },
+            started_ago: None,
         }
     }
 }

@@ -118,6 +118,7 @@ impl TestDb {
                     _dir: None,
                 }
             }
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("jobs.db").display());

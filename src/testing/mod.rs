@@ -1,24 +1,29 @@
-//! Test support — **not a stable API**: it exists for jobvisor's own tests, benchmarks and
-//! tools, and may change in any release (feature `test-util`).
+//! Testing your handlers (feature `test-util`, for `[dev-dependencies]`).
 //!
-//! * [`Simulation`] (`simulation`): a harness for testing handlers and the runtime: a
-//!   [`ManualClock`](crate::clock::ManualClock), the actors started on a temp SQLite store (or
-//!   any store) with **no timers**, and each actor's address, so a test drives everything
-//!   through mailboxes — fetch, renew, check deadlines, sweep, archive, advance the clock —
-//!   deterministically, without sleeping. Handlers still run on their own threads; a test
-//!   waits for the [`Event`](crate::scheduler::Event)s that report what they did
-//!   ([`Simulation::next_event`]), with a generous real-time safety net that only fires if
-//!   something is broken.
-//! * [`StoreEngine`] and [`NodeActors`] (`engine`): the lease holder's store operations and
-//!   the actors' addresses, crate-private otherwise; with them the actors and messages and the
-//!   engine's parameter and outcome types are re-exported here.
-//! * [`TestDb`] (`db`): an isolated database per test on any backend (a PostgreSQL schema, a
-//!   MySQL database, a temp SQLite file), dropped afterwards.
+//! # The stable surface
+//! What this page documents follows semantic versioning like the rest of the crate:
+//!
+//! * [`Simulation`]: a node started on a temp SQLite file ([`Simulation::sqlite`], feature
+//!   `sqlite`) or on any [`Store`](crate::Store) ([`Simulation::on_store`]) with **no timers**
+//!   and a [`ManualClock`]. The test drives it — [`fetch`](Simulation::fetch) (claim and
+//!   start jobs), [`renew`](Simulation::renew) (the heartbeat),
+//!   [`check_deadlines`](Simulation::check_deadlines) (timeouts),
+//!   [`sweep`](Simulation::sweep) (expired leases), [`archive`](Simulation::archive) — and
+//!   waits for what happened with [`finished`](Simulation::finished) and
+//!   [`next_event`](Simulation::next_event): deterministic, no sleeps. Handlers still run
+//!   on their own threads; a generous real-time safety net ([`EVENT_TIMEOUT`]) only fires
+//!   if something is broken.
+//! * **Time travel**: [`Simulation::advance`] (or the shared [`ManualClock`], also
+//!   [`jobvisor::clock::ManualClock`](crate::clock::ManualClock)) moves the clock every
+//!   statement of the node binds: backoff delays, leases, timeouts and `run_at` pass
+//!   without waiting.
+//! * [`JobContext::for_test`](crate::JobContext::for_test) (no feature needed): call a
+//!   handler directly, without a database.
 //!
 //! ```no_run
 //! # async fn demo() {
 //! use std::time::Duration;
-//! use jobvisor::{handler_fn, JobOutcome, NewJob, testing::Simulation};
+//! use jobvisor::{handler_fn, JobOutcome, JobState, NewJob, testing::Simulation};
 //!
 //! let mut sim = Simulation::sqlite(|b| {
 //!     b.handler("hello", handler_fn(|_: serde_json::Value, _ctx| async { JobOutcome::success("hi") }))
@@ -26,10 +31,16 @@
 //! .await;
 //! let id = sim.client.enqueue(NewJob::new("hello", serde_json::json!({}))).await.unwrap().id;
 //! sim.fetch("default").await;
-//! assert_eq!(sim.finished(id).await, jobvisor::JobState::Succeeded);
-//! sim.clock.advance(Duration::from_secs(60));
+//! assert_eq!(sim.finished(id).await, JobState::Succeeded);
+//! sim.advance(Duration::from_secs(60));
 //! # }
 //! ```
+//!
+//! # Not part of it
+//! The engine's operations, actors and messages, and the test databases jobvisor's own
+//! suites run on (`TestDb`, per-test PostgreSQL schemas and MySQL databases), are opened to
+//! jobvisor's own tests, benchmarks and tools in hidden items of this module; they are not
+//! documented and change in any release.
 
 #![allow(clippy::missing_panics_doc)]
 
@@ -37,22 +48,36 @@ mod db;
 mod engine;
 mod simulation;
 
-pub use db::{base_url, exec_sql, unique_name, TestDb, DEFAULT_MYSQL_URL, DEFAULT_PG_URL};
-pub use engine::{NodeActors, StoreEngine};
+pub use crate::clock::ManualClock;
+pub use crate::scheduler::archiver::ArchiveReport;
+pub use crate::scheduler::lease_manager::RenewReport;
 pub use simulation::{sim_config, Simulation, EVENT_TIMEOUT};
 
-pub use crate::scheduler::archiver::{ArchiveNow, ArchiveReport, Archiver};
-pub use crate::scheduler::fetcher::{
-    FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
-};
-pub use crate::scheduler::job_supervisor::{JobSupervisor, StopJob, StopReason};
-pub use crate::scheduler::lease_manager::{
-    CheckDeadlines, FlushFinalizations, GetLeaseManagerStatus, JobFinished, LeaseManager,
-    LeaseManagerStatus, ReleaseAll, RenewLeases, RenewReport, TokenOf,
-};
-pub use crate::scheduler::sweeper::{SweepNow, Sweeper};
-pub use crate::store::params::{
-    ArchiveParams, CancelParams, ClaimParams, ClaimedJob, EnqueueParams, Finalization, Finalize,
-    FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams, Renewed,
-    RetryParams,
-};
+/// The engine internals jobvisor's own tests use: not a stable API, not documented.
+#[doc(hidden)]
+pub mod internal {
+    pub use super::db::{
+        base_url, exec_sql, unique_name, TestDb, DEFAULT_MYSQL_URL, DEFAULT_PG_URL,
+    };
+    pub use super::engine::{NodeActors, StoreEngine};
+
+    pub use crate::scheduler::archiver::{ArchiveNow, Archiver};
+    pub use crate::scheduler::fetcher::{
+        FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
+    };
+    pub use crate::scheduler::job_supervisor::{JobSupervisor, StopJob, StopReason};
+    pub use crate::scheduler::lease_manager::{
+        CheckDeadlines, FlushFinalizations, GetLeaseManagerStatus, JobFinished, LeaseManager,
+        LeaseManagerStatus, ReleaseAll, RenewLeases, TokenOf,
+    };
+    pub use crate::scheduler::sweeper::{SweepNow, Sweeper};
+    pub use crate::store::params::{
+        ArchiveParams, CancelParams, ClaimParams, ClaimedJob, EnqueueParams, Finalization,
+        Finalize, FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams,
+        Renewed, RetryParams,
+    };
+}
+
+// The project's own tests name the internals from here as well.
+#[doc(hidden)]
+pub use internal::*;

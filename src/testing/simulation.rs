@@ -1,5 +1,6 @@
 //! [`Simulation`]: a node under a [`ManualClock`] with no timers, driven through its actors'
-//! mailboxes.
+//! mailboxes. The methods documented here are the stable surface (see the module docs of
+//! [`testing`](super)); the hidden ones drive engine internals for jobvisor's own tests.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +34,8 @@ pub fn sim_config() -> SchedulerConfig {
     }
 }
 
-/// A running node under a manual clock.
+/// A running node under a manual clock, driven by the test: nothing happens until it asks
+/// (no poll, no heartbeat, no sweep timers), so every step is deterministic.
 pub struct Simulation {
     /// The node.
     pub handle: SchedulerHandle,
@@ -61,6 +63,7 @@ impl Simulation {
     /// handlers and settings in `configure`. Must run inside an actix system
     /// (`#[actix::test]`). Needs the `sqlite` feature.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(
         configure: impl FnOnce(SchedulerBuilder) -> SchedulerBuilder,
     ) -> Simulation {
@@ -107,12 +110,14 @@ impl Simulation {
         }
     }
 
+    #[doc(hidden)]
     /// Keeps `db` alive as long as this simulation (for nodes sharing a test database).
     pub fn keep(mut self, db: Arc<TestDb>) -> Self {
         self._db = Some(db);
         self
     }
 
+    #[doc(hidden)]
     /// The fetcher of `queue`.
     pub fn fetcher(&self, queue: &str) -> Addr<Fetcher> {
         self.handle
@@ -120,6 +125,7 @@ impl Simulation {
             .unwrap_or_else(|| panic!("no queue {queue:?}"))
     }
 
+    #[doc(hidden)]
     /// The lease manager.
     pub fn lease_manager(&self) -> Addr<LeaseManager> {
         self.handle.lease_manager()
@@ -146,6 +152,7 @@ impl Simulation {
             .expect("the settings could be read");
     }
 
+    #[doc(hidden)]
     /// Stops the lease manager, as the end of a shutdown does, whatever it is doing.
     pub fn stop_lease_manager(&self) {
         self.lease_manager().do_send(crate::scheduler::StopActor);
@@ -169,6 +176,7 @@ impl Simulation {
         self.handle.sweeper().send(SweepNow).await.unwrap_or(0)
     }
 
+    #[doc(hidden)]
     /// Keeps or takes the database's leadership (the elector's tick); answers the term this
     /// node leads under afterwards.
     pub async fn elect(&self) -> Option<u64> {
@@ -179,6 +187,7 @@ impl Simulation {
             .unwrap_or(None)
     }
 
+    #[doc(hidden)]
     /// One gauge refresh by this node (the gauge loop's tick): it counts if it leads the
     /// database, reads otherwise. Answers whether it counted.
     pub async fn refresh_gauges(&self) -> crate::Result<bool> {
@@ -191,6 +200,7 @@ impl Simulation {
         crate::scheduler::refresh_gauges(shared, &mut gauges).await
     }
 
+    #[doc(hidden)]
     /// One pass of the reconciler `name` (its interval's tick), if this node leads the
     /// database: answers the [`Event::Reconciled`] or [`Event::ReconcileFailed`] it reported
     /// (each call counts failures from zero); `None` if it does not lead.
@@ -208,11 +218,13 @@ impl Simulation {
         Some(crate::scheduler::reconcile_pass(shared, r, &mut 0).await)
     }
 
+    #[doc(hidden)]
     /// Stores this node's declared schedules (what the node does once at start).
     pub async fn sync_schedules(&self) -> crate::Result<()> {
         crate::scheduler::sync_schedules(&self.handle.shared, crate::store::SyncMode::Start).await
     }
 
+    #[doc(hidden)]
     /// Declares this node's schedules again (what a running node does every
     /// [`DECLARE_EVERY`](crate::schedule::DECLARE_EVERY)), retiring those nobody declared
     /// for [`RETIRE_AFTER`](crate::schedule::RETIRE_AFTER).
@@ -220,12 +232,14 @@ impl Simulation {
         crate::scheduler::sync_schedules(&self.handle.shared, crate::store::SyncMode::Refresh).await
     }
 
+    #[doc(hidden)]
     /// Fires the due schedules (the firer's tick) if this node leads: answers how many jobs
     /// it enqueued, `None` if it does not lead.
     pub async fn fire_schedules(&self) -> crate::Result<Option<usize>> {
         crate::scheduler::fire_schedules(&self.handle.shared).await
     }
 
+    #[doc(hidden)]
     /// Refreshes this node's row in the node registry.
     pub async fn node_heartbeat(&self) {
         let _ = self
@@ -235,6 +249,7 @@ impl Simulation {
             .await;
     }
 
+    #[doc(hidden)]
     /// Looks for due jobs no live node can run; answers how many groups were reported (as
     /// [`Event::Unserved`](crate::Event::Unserved)).
     pub async fn check_unserved(&self) -> usize {

@@ -1,6 +1,9 @@
 //! `jobvisor metrics`: a standalone Prometheus exporter of the database-wide gauges (jobs by
-//! queue and state, due jobs, queue lag, node heartbeats), for a database whose services do
-//! not serve `/metrics` themselves — or `--once` to print the page and exit.
+//! queue and state, due jobs, queue lag, node heartbeats, jobs ended in the last 5 minutes by
+//! final state), for a database whose services do not serve `/metrics` themselves — or
+//! `--once` to print the page and exit. The node-side series (claims, finalizations by
+//! outcome, latencies) exist only where the jobs run: from here, throughput and failures are
+//! `jobvisor_jobs_ended_recently`.
 //!
 //! It takes part in the gauges' turns like any node: the counts still run once per database
 //! per interval, whoever computes them.

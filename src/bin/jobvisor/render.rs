@@ -1,11 +1,10 @@
 //! How the command line shows things: a job, a page of jobs, queue status and nodes, as
 //! aligned text tables for people or as JSON for scripts. The JSON field names are part of
-//! the command line's interface: they change only with a major version.
+//! the command line's interface: they change only with a major version. A job is printed in
+//! `Job`'s own serde form, the API's.
 
 use chrono::{DateTime, Utc};
-use jobvisor::{
-    Job, JobFailure, Leader, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved, UnservedReason,
-};
+use jobvisor::{Job, Leader, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved, UnservedReason};
 use serde_json::{json, Value};
 
 /// A timestamp as RFC 3339 (microseconds, `Z`).
@@ -17,45 +16,12 @@ fn ts_opt(t: Option<DateTime<Utc>>) -> Value {
     t.map_or(Value::Null, |t| Value::String(ts(t)))
 }
 
-fn failure(f: &JobFailure) -> Value {
-    json!({
-        "attempt": f.attempt,
-        "code": f.code,
-        "message": f.message,
-        "detail": f.detail,
-        "at": ts_opt(f.at),
-    })
-}
-
-/// A job as JSON: every field an operator asks about.
+/// A job as JSON: exactly `Job`'s serde form, the shape a service returning a `Job` from
+/// the API gives (the lease nested as `lease`, `timeout` as `timeout_ms`), so a script reads
+/// the command line's output and a service's alike.
 pub(crate) fn job_json(j: &Job) -> Value {
-    json!({
-        "id": j.id.0,
-        "queue": j.queue,
-        "kind": j.kind,
-        "state": j.state.as_str(),
-        "unique_key": j.unique_key,
-        "priority": j.priority,
-        "attempts": j.attempts,
-        "max_attempts": j.max_attempts,
-        "payload": j.payload,
-        "result": j.result,
-        "progress": j.progress,
-        "last_error": j.last_error.as_ref().map(failure),
-        "errors": j.errors.iter().map(failure).collect::<Vec<_>>(),
-        "run_at": ts(j.run_at),
-        "timeout_ms": u64::try_from(j.timeout.as_millis()).unwrap_or(u64::MAX),
-        "lease_owner": j.lease.as_ref().map(|l| l.owner.as_str().to_string()),
-        "lease_expires_at": ts_opt(j.lease.as_ref().map(|l| l.expires_at)),
-        "heartbeat_at": ts_opt(j.lease.as_ref().and_then(|l| l.heartbeat_at)),
-        "started_at": ts_opt(j.started_at),
-        "created_at": ts(j.created_at),
-        "updated_at": ts(j.updated_at),
-        "finished_at": ts_opt(j.finished_at),
-        "archived_at": ts_opt(j.archived_at),
-        "cancel_requested_at": ts_opt(j.cancel_requested_at),
-        "version": j.version,
-    })
+    // `Job` holds JSON values, text, numbers and instants only: serializing it cannot fail.
+    serde_json::to_value(j).unwrap_or_else(|e| json!({"id": j.id.0, "error": e.to_string()}))
 }
 
 /// One job in full, for people.

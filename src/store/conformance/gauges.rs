@@ -145,4 +145,31 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
         .gauges_take_turn("slow", every, None, t.at(75))
         .await
         .unwrap());
+
+    // Jobs ended in the last five minutes, by queue, kind and final state: the success at
+    // t0+6 while it is live, once archived (counted once), and no more five minutes on.
+    let ended = vec![(
+        "gb".to_string(),
+        "k".to_string(),
+        "succeeded".to_string(),
+        1,
+    )];
+    assert_eq!(snap.ended, ended);
+    assert_eq!(newer.ended, ended);
+    let archived = t
+        .store
+        .job_archive(ArchiveParams {
+            older_than: Duration::from_secs(1),
+            dead_older_than: Duration::from_secs(1),
+            limit: 100,
+            now: t.at(20),
+        })
+        .await
+        .unwrap();
+    assert_eq!(archived, 1);
+    let later = t.store.gauges_compute(t.at(100)).await.unwrap();
+    assert_eq!(later.ended, ended, "archived, still counted once");
+    assert!(!later.jobs.iter().any(|(q, _, _)| q == "gb"));
+    let gone = t.store.gauges_compute(t.at(6 + 301)).await.unwrap();
+    assert_eq!(gone.ended, vec![], "out of the window");
 }

@@ -47,7 +47,8 @@ use sql::{padded_rows, Bind, BoundSql, ClaimQueueIs, LeasePairs};
 /// The migrations, embedded.
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
-/// Most jobs in one renew or finalize statement (8 binds each, under the 65,535 limit).
+/// Most jobs in one renew or finalize statement (at most 9 binds each, under the 65,535
+/// limit).
 const CHUNK: usize = 1000;
 
 /// A MySQL/MariaDB store's connections and what its server can do.
@@ -546,9 +547,9 @@ async fn finalize(
                 if k == 0 {
                     "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
                      ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
-                     CAST(? AS SIGNED) AS finished"
+                     CAST(? AS SIGNED) AS finished, CAST(? AS SIGNED) AS ago"
                 } else {
-                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?"
+                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
                 },
                 [
                     Bind::BigInt(f.id.0),
@@ -559,6 +560,7 @@ async fn finalize(
                     Bind::NullBigInt(row.delay_us),
                     Bind::Int(row.refund),
                     Bind::Int(i32::from(*finished)),
+                    Bind::NullBigInt(row.ago_us),
                 ],
             );
         }

@@ -326,7 +326,8 @@ pub(crate) const RENEW_TAIL: &str = concat!(
 
 /// The tail of the finalize statement after its `UNION ALL` batch (see
 /// [`finalize`](super::finalize)). A job whose key is held `while_active` releases it in the
-/// same statement that ends it.
+/// same statement that ends it; a start no renewal recorded (`ago`: a job shorter than a
+/// heartbeat) is recorded.
 pub(crate) const FINALIZE_TAIL: &str = concat!(
     by_id_join!(),
     "SET j.state = v.state, \
@@ -340,6 +341,8 @@ pub(crate) const FINALIZE_TAIL: &str = concat!(
     j.attempts = j.attempts - v.refund, \
     j.run_at = CASE WHEN v.delay_us IS NULL THEN j.run_at ELSE n.now + v.delay_us END, \
     j.finished_at = CASE WHEN v.finished = 1 THEN n.now ELSE NULL END, \
+    j.started_at = COALESCE(j.started_at, n.now - v.ago), \
+    j.first_started_at = COALESCE(j.first_started_at, n.now - v.ago), \
     j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_at = NULL, \
     j.heartbeat_at = NULL, j.timeout_at = NULL, j.version = j.version + 1, \
     j.unique_hold = CASE WHEN v.finished = 1 AND j.unique_scope = 'while_active' THEN NULL \

@@ -563,6 +563,7 @@ async fn finalize_pg(
     let mut errors: Vec<Option<String>> = Vec::with_capacity(n);
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut refunds: Vec<i32> = Vec::with_capacity(n);
+    let mut agos: Vec<Option<i64>> = Vec::with_capacity(n);
     for f in items {
         let row = FinalRow::from(f);
         ids.push(f.id.0);
@@ -572,6 +573,7 @@ async fn finalize_pg(
         errors.push(row.error);
         delays.push(row.delay_us);
         refunds.push(row.refund);
+        agos.push(row.ago_us);
     }
     let rows: Vec<Finalized> = sql::PgFinalize {
         ids,
@@ -581,6 +583,7 @@ async fn finalize_pg(
         errors,
         delays,
         refunds,
+        agos,
         now,
     }
     .load(conn)

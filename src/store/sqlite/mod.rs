@@ -420,7 +420,7 @@ async fn enqueue_one_sqlite<C: SqliteAsync>(
 
 /// SQLite: the whole batch in one cached `UPDATE … FROM json_each(…)` statement — one call
 /// into the database thread, each row still guarded by its own token. The batch travels as
-/// one JSON bind: a `VALUES` list of 7 binds per job made SQLite compile a new, long statement
+/// one JSON bind: a `VALUES` list of 8 binds per job made SQLite compile a new, long statement
 /// per batch, in time quadratic in its binds (a third of a drain's CPU).
 async fn finalize_sqlite(
     conn: &mut SqliteConn,
@@ -435,6 +435,7 @@ async fn finalize_sqlite(
         Option<String>,
         Option<i64>,
         i32,
+        Option<i64>,
     );
     let batch: Vec<Item<'_>> = items
         .iter()
@@ -448,6 +449,7 @@ async fn finalize_sqlite(
                 row.error,
                 row.delay_us,
                 row.refund,
+                row.ago_us,
             )
         })
         .collect();

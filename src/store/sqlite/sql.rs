@@ -138,14 +138,15 @@ prepared_statement!(Sqlite
 );
 
 /// SQLite: finalizes a batch given as one JSON array of
-/// `[id, token, state, result, error, delay_us, refund]`, each row guarded by its token; a
-/// job whose key is held `while_active` releases it in the same statement that ends it.
+/// `[id, token, state, result, error, delay_us, refund, ago]`, each row guarded by its token; a
+/// job whose key is held `while_active` releases it in the same statement that ends it, and a
+/// start no renewal recorded (`ago`: a job shorter than a heartbeat) is recorded.
 pub(crate) const FINALIZE_SQLITE: &str = concat!(
     "\
 WITH n(now) AS (SELECT COALESCE(?, ", now_us!(), ")), \
-v(id, token, state, result, error, delay_us, refund) AS ( \
+v(id, token, state, result, error, delay_us, refund, ago) AS ( \
     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, \
-           value ->> 6 \
+           value ->> 6, value ->> 7 \
     FROM jsonb_each(?)) \
 UPDATE jobvisor_jobs SET \
     state = CASE WHEN v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts \
@@ -160,6 +161,8 @@ UPDATE jobvisor_jobs SET \
     finished_at = CASE WHEN v.state IN ('succeeded', 'dead', 'cancelled') \
                          OR (v.state = 'retrying' AND jobvisor_jobs.attempts >= jobvisor_jobs.max_attempts) \
                        THEN n.now ELSE NULL END, \
+    started_at = COALESCE(jobvisor_jobs.started_at, n.now - v.ago), \
+    first_started_at = COALESCE(jobvisor_jobs.first_started_at, n.now - v.ago), \
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL, \
     timeout_at = NULL, version = jobvisor_jobs.version + 1, updated_at = n.now, \
     unique_hold = CASE WHEN jobvisor_jobs.unique_scope = 'while_active' \
