@@ -2,7 +2,8 @@
 //! of minute fires with leadership moving every minute (exactly 1,440 jobs, none twice);
 //! every missed-fire policy after three hours with no node up, on every backend; an hourly
 //! schedule across DST days in Berlin and New York; pause, resume and trigger-now through the
-//! client; schedules added by one node fired by whichever leads.
+//! client; schedules added by one node fired by whichever leads; a new leader fires what is
+//! due at once.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,7 +15,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use jobvisor::clock::ManualClock;
 use jobvisor::schedule::RETIRE_AFTER;
 use jobvisor::testing::{Simulation, TestDb};
-use jobvisor::{handler_fn, Backend, Job, JobOutcome, ListParams, MissedFires, NewJob, Schedule};
+use jobvisor::{
+    handler_fn, Backend, Event, Job, JobOutcome, ListParams, MissedFires, NewJob, Schedule,
+};
 use serde_json::{json, Value};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -390,4 +393,37 @@ async fn schedules_from_any_node_are_fired_by_the_leader() {
         3,
         "one fire, none caught up"
     );
+}
+
+/// A node that takes over from a dead leader fires the fires missed meanwhile as soon as it
+/// begins its term — its firer wakes on the new term — not at its next tick: here that tick
+/// is an hour of real time away, and the clock does not move after the election.
+#[actix::test]
+async fn a_new_leader_fires_the_catch_up_at_once() {
+    let db = Arc::new(TestDb::create(Backend::Sqlite).await);
+    let clock = ManualClock::new(start());
+    let old = node(&db, &clock, "old", vec![tick("t", MINUTE)]).await;
+    let mut new = node(&db, &clock, "new", vec![tick("t", MINUTE)]).await;
+    assert_eq!(old.elect().await, Some(1));
+    let firer = new.spawn_schedule_firer(Duration::from_secs(3600));
+    // Its first tick comes at once: not the leader, it fires nothing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The leader dies; three minutes pass with no fire.
+    clock.advance(3 * MINUTE);
+    assert!(jobs_of(&new, "t").await.is_empty());
+    assert_eq!(new.elect().await, Some(2), "a takeover, under a new term");
+    let fired = tokio::time::timeout(
+        Duration::from_secs(10),
+        new.next_event(|e| matches!(e, Event::ScheduleFired { name, .. } if name == "t")),
+    )
+    .await
+    .expect("the new leader fires at once, not at its next tick");
+    assert!(
+        matches!(fired, Event::ScheduleFired { fires: 1, .. }),
+        "{fired:?}"
+    );
+    let jobs = jobs_of(&new, "t").await;
+    assert_eq!(jobs.len(), 1, "the latest missed fire");
+    assert_eq!(fire_of(&jobs[0]), start() + chrono::Duration::minutes(3));
+    firer.abort();
 }

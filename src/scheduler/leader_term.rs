@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 use super::attempt::us;
@@ -49,9 +50,11 @@ impl LeaderTerm {
     }
 
     /// Resolves when this node next begins a term (leader work that runs at an interval
-    /// starts at once on a new leader instead of an interval later).
-    pub(crate) async fn elected(&self) {
-        self.elected.notified().await;
+    /// starts at once on a new leader instead of an interval later). It counts from its
+    /// creation, not its first poll: a term begun after this call and before the wait still
+    /// wakes it.
+    pub(crate) fn elected(&self) -> Notified<'_> {
+        self.elected.notified()
     }
 
     /// No term held any more.

@@ -85,7 +85,9 @@ pub(crate) use reconciler::run as reconcile_pass;
 pub(crate) use registrar::{CheckUnserved, NodeHeartbeat};
 pub(crate) use root::StopActor;
 #[cfg(feature = "test-util")]
-pub(crate) use schedule_firer::{fire_due as fire_schedules, sync as sync_schedules};
+pub(crate) use schedule_firer::{
+    fire_due as fire_schedules, schedule_loop, sync as sync_schedules,
+};
 pub(crate) use shared::Shared;
 #[cfg(feature = "test-util")]
 pub(crate) use sweeper::Sweeper;

@@ -19,7 +19,7 @@ use super::listen::listen_loop;
 use super::queue_watch::QueueWatch;
 use super::reconciler::reconcile_loop;
 use super::registrar::{CheckUnserved, NodeHeartbeat, Registrar, Unregister};
-use super::schedule_firer::schedule_loop;
+use super::schedule_firer::{schedule_loop, SCHEDULE_TICK};
 use super::shared::Shared;
 use super::sweeper::{SweepNow, Sweeper};
 
@@ -171,7 +171,7 @@ impl Actor for Scheduler {
             .collect();
         let listener = listen_loop(self.shared.clone(), wakers, self.watch.clone().recipient());
         self.timers.push(ctx.spawn(fut::wrap_future(listener)));
-        let schedules = schedule_loop(self.shared.clone());
+        let schedules = schedule_loop(self.shared.clone(), SCHEDULE_TICK);
         self.timers.push(ctx.spawn(fut::wrap_future(schedules)));
         for r in &self.shared.reconcilers {
             let pass = reconcile_loop(self.shared.clone(), r.clone());

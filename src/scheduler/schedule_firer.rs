@@ -1,8 +1,10 @@
 //! The schedule firer: stores this node's declared schedules at start (`store::schedules`
 //! sync) and declares them again every [`DECLARE_EVERY`] while it runs (so they are not
-//! retired under it); every [`SCHEDULE_TICK`] while this node leads the database, it fires
-//! the due schedules — each fire one term-fenced transaction that moves the schedule on and enqueues
-//! the fire's job (exactly one job per fire; ARCHITECTURE.md §7.10).
+//! retired under it); every [`SCHEDULE_TICK`] while this node leads the database — and at
+//! once when it begins a term, so a new leader catches up on the fires missed during the
+//! takeover without waiting a tick — it fires the due schedules, each fire one term-fenced
+//! transaction that moves the schedule on and enqueues the fire's job (exactly one job per
+//! fire; ARCHITECTURE.md §7.10).
 //!
 //! The leader fires every stored schedule, declared by its own code or not: a rolling deploy
 //! that adds a schedule on one node has it fired whichever node leads.
@@ -20,21 +22,31 @@ use crate::schedule::{
 use crate::store::{Fire, SyncMode};
 
 /// How often the leader looks for due schedules: **1 s** (a fire runs at most about this
-/// late, plus the claim).
+/// late, plus the claim). A node that becomes the leader looks at once.
 pub const SCHEDULE_TICK: Duration = Duration::from_secs(1);
 
 /// Store errors are logged at most this often.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Runs until the scheduler cancels it.
-pub(crate) async fn schedule_loop(shared: Arc<Shared>) {
+/// Runs until the scheduler cancels it, ticking every `every` ([`SCHEDULE_TICK`]) and waking
+/// as well when this node begins a term.
+pub(crate) async fn schedule_loop(shared: Arc<Shared>, every: Duration) {
     let mut synced = shared.schedules.is_empty();
     let mut declared = shared.clock.monotonic();
     let mut last_error: Option<Instant> = None;
-    let mut tick = tokio::time::interval(SCHEDULE_TICK);
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Made before each pass, so a term begun while a pass runs still wakes the next wait.
+    let mut elected = Box::pin(shared.leader.elected());
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut elected => {
+                // The next tick counts from this pass.
+                tick.reset();
+            }
+        }
+        elected.set(shared.leader.elected());
         let res = async {
             if !synced {
                 // A failed sync is retried next tick; firing the stored schedules goes on.

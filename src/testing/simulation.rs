@@ -240,6 +240,19 @@ impl Simulation {
     }
 
     #[doc(hidden)]
+    /// Runs the node's schedule firer as a running node does — it fires the due schedules
+    /// whenever this node leads, at each tick and as soon as it begins a term, and declares
+    /// the node's schedules again every [`DECLARE_EVERY`](crate::schedule::DECLARE_EVERY) —
+    /// but ticking every `tick` (real time; a simulation has no timers). Abort the answered
+    /// task to stop it.
+    pub fn spawn_schedule_firer(&self, tick: Duration) -> tokio::task::JoinHandle<()> {
+        actix::spawn(crate::scheduler::schedule_loop(
+            self.handle.shared.clone(),
+            tick,
+        ))
+    }
+
+    #[doc(hidden)]
     /// Refreshes this node's row in the node registry.
     pub async fn node_heartbeat(&self) {
         let _ = self
