@@ -278,15 +278,24 @@ pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
         .await
         .unwrap();
     assert!(none.jobs.is_empty());
+    // The window is the period plus the start margin (a job starts up to that long after
+    // its claim): the 4 claimed at 0 leave it at +10.05 s.
     assert_eq!(
         none.wait,
-        Some(Duration::from_secs(6)),
+        Some(Duration::from_secs(6) + crate::RATE_START_MARGIN),
         "until the first claim leaves"
     );
-    // (t − 10 s, t]: at +10 s the 4 claimed at 0 have left, the 6 at +3 s have not.
-    let third = t
+    let margin = chrono::Duration::from_std(crate::RATE_START_MARGIN).unwrap();
+    let early = t
         .store
         .job_claim_waiting(params("api", "n1", 50, t.at(10)))
+        .await
+        .unwrap();
+    assert!(early.jobs.is_empty(), "at +10 s the margin is not over");
+    // (t − 10.05 s, t]: at +10.05 s the 4 claimed at 0 have left, the 6 at +3 s have not.
+    let third = t
+        .store
+        .job_claim_waiting(params("api", "n1", 50, t.at(10).map(|t| t + margin)))
         .await
         .unwrap();
     assert_eq!(third.jobs.len(), 4);
