@@ -45,6 +45,12 @@ pub const WAIT_POLL_MIN: Duration = Duration::from_millis(5);
 /// Longest pause of [`Client::wait`]'s polling: **250 ms**.
 pub const WAIT_POLL_MAX: Duration = Duration::from_millis(250);
 
+/// How long a node's client ([`SchedulerHandle::client`](crate::SchedulerHandle::client))
+/// waits, in its schedule calls, for the node to store the schedules it declares: they are
+/// listed as soon as `start()` returns. 5 s; past it the call goes on (the database is
+/// unreachable, and the call reads what is there or fails as it would).
+pub const SCHEDULES_STORED_WAIT: Duration = Duration::from_secs(5);
+
 /// Enqueue, inspect, cancel, retry and await jobs.
 ///
 /// # Examples
@@ -64,6 +70,9 @@ pub struct Client {
     store: Store,
     clock: Arc<dyn Clock>,
     wake: Option<Wake>,
+    /// A node's client: turns true once the node has stored the schedules it declares, so
+    /// the schedule calls made right after `start()` see them.
+    declared: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -87,12 +96,32 @@ impl Client {
             store,
             clock,
             wake: None,
+            declared: None,
         }
     }
 
     pub(crate) fn with_wake(mut self, wake: Wake) -> Self {
         self.wake = Some(wake);
         self
+    }
+
+    /// Makes the schedule calls wait (at most [`SCHEDULES_STORED_WAIT`]) until `declared`
+    /// turns true: the node's schedules are stored.
+    pub(crate) fn with_declared(mut self, declared: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.declared = Some(declared);
+        self
+    }
+
+    /// On a node's client, waits until the node has stored the schedules it declares, or
+    /// [`SCHEDULES_STORED_WAIT`] has passed (the database unreachable: the call then reads
+    /// what is there, or fails as it would).
+    async fn schedules_stored(&self) {
+        if let Some(rx) = &self.declared {
+            let mut rx = rx.clone();
+            // A closed channel (the node stopped) waits no longer.
+            let _ =
+                tokio::time::timeout(SCHEDULES_STORED_WAIT, rx.wait_for(|stored| *stored)).await;
+        }
     }
 
     /// The store it uses.
@@ -254,6 +283,7 @@ impl Client {
     /// # Errors
     /// [`Error::Database`].
     pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.schedules_stored().await;
         self.store.schedules_list().await
     }
 
@@ -263,6 +293,7 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
     pub async fn pause_schedule(&self, name: &str) -> Result<ScheduleInfo> {
+        self.schedules_stored().await;
         self.store
             .schedule_set_paused(name, true, self.clock.bound_now())
             .await
@@ -273,6 +304,7 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
     pub async fn resume_schedule(&self, name: &str) -> Result<ScheduleInfo> {
+        self.schedules_stored().await;
         self.store
             .schedule_set_paused(name, false, self.clock.bound_now())
             .await
@@ -284,6 +316,7 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidInput`] naming an unknown schedule; [`Error::Database`].
     pub async fn trigger_schedule(&self, name: &str) -> Result<Enqueued> {
+        self.schedules_stored().await;
         let template = self.store.schedule_template(name).await?;
         let now = self.clock.now();
         let key = format!(

@@ -3,7 +3,8 @@
 //! every missed-fire policy after three hours with no node up, on every backend; an hourly
 //! schedule across DST days in Berlin and New York; pause, resume and trigger-now through the
 //! client; schedules added by one node fired by whichever leads; a new leader fires what is
-//! due at once.
+//! due at once; a started node's client lists and triggers its schedules as soon as
+//! `start()` returns.
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,7 +17,8 @@ use jobvisor::clock::ManualClock;
 use jobvisor::schedule::RETIRE_AFTER;
 use jobvisor::testing::{Simulation, TestDb};
 use jobvisor::{
-    handler_fn, Backend, Event, Job, JobOutcome, ListParams, MissedFires, NewJob, Schedule,
+    handler_fn, Backend, Event, Job, JobOutcome, ListParams, MissedFires, NewJob, QueueConfig,
+    Schedule, Scheduler,
 };
 use serde_json::{json, Value};
 
@@ -426,4 +428,46 @@ async fn a_new_leader_fires_the_catch_up_at_once() {
     assert_eq!(jobs.len(), 1, "the latest missed fire");
     assert_eq!(fire_of(&jobs[0]), start() + chrono::Duration::minutes(3));
     firer.abort();
+}
+
+/// A real node (timers on): the schedules it declares are listed, and can be triggered, by
+/// its client as soon as `start()` returns — storing them is the schedule loop's first pass,
+/// which the node's client waits for.
+async fn declared_schedules_are_listed_when_start_returns(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    for round in 0..3 {
+        let name = format!("listed-{round}");
+        let scheduler = Scheduler::builder(db.store().await)
+            .queue("default", QueueConfig::default())
+            .handler(
+                "tick",
+                handler_fn(|_: Value, _ctx| async { JobOutcome::success(()) }),
+            )
+            .periodic(tick(&name, Duration::from_secs(3600)))
+            .start()
+            .unwrap();
+        let client = scheduler.client();
+        let listed = client.schedules().await.unwrap();
+        assert!(
+            listed.iter().any(|s| s.name == name),
+            "round {round}: {name} not listed right after start(): {listed:?}"
+        );
+        client.trigger_schedule(&name).await.unwrap();
+        scheduler.shutdown().await;
+    }
+}
+
+#[actix::test]
+async fn declared_schedules_are_listed_when_start_returns_on_postgres() {
+    declared_schedules_are_listed_when_start_returns(Backend::Postgres).await;
+}
+
+#[actix::test]
+async fn declared_schedules_are_listed_when_start_returns_on_mysql() {
+    declared_schedules_are_listed_when_start_returns(Backend::Mysql).await;
+}
+
+#[actix::test]
+async fn declared_schedules_are_listed_when_start_returns_on_sqlite() {
+    declared_schedules_are_listed_when_start_returns(Backend::Sqlite).await;
 }

@@ -387,6 +387,11 @@ impl SchedulerBuilder {
             .iter()
             .map(Schedule::compile)
             .collect::<Result<Vec<_>>>()?;
+        // Stored by the schedule loop, which runs only with timers; without either there is
+        // nothing to wait for.
+        let (schedules_stored, declared) =
+            tokio::sync::watch::channel(schedules.is_empty() || !self.config.timers);
+        let client = client.with_declared(declared);
         let node = self.node.unwrap_or_else(NodeId::random);
         let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
         kinds.sort_unstable();
@@ -406,6 +411,7 @@ impl SchedulerBuilder {
             leader: LeaderTerm::default(),
             reconcilers: self.reconcilers,
             schedules,
+            schedules_stored,
             queue_gates: self
                 .queues
                 .iter()

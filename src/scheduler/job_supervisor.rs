@@ -545,6 +545,7 @@ mod tests {
             leader: Default::default(),
             reconcilers: Vec::new(),
             schedules: Vec::new(),
+            schedules_stored: tokio::sync::watch::Sender::new(true),
             queue_gates: HashMap::new(),
         })
     }

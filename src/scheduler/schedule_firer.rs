@@ -54,6 +54,7 @@ pub(crate) async fn schedule_loop(shared: Arc<Shared>, every: Duration) {
                     Ok(()) => {
                         synced = true;
                         declared = shared.clock.monotonic();
+                        shared.schedules_stored.send_replace(true);
                     }
                     Err(e) => tracing::warn!(error = %e, "schedules not stored; will retry"),
                 }

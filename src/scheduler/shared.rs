@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) reconcilers: Vec<Reconciler>,
     /// The schedules this node declares (stored at start).
     pub(crate) schedules: Vec<Compiled>,
+    /// Set to true once `schedules` are stored; the node's client waits for it.
+    pub(crate) schedules_stored: tokio::sync::watch::Sender<bool>,
     /// The node's view of each served queue's pause, read at every start (kept in step by
     /// the queue watch).
     pub(crate) queue_gates: HashMap<String, Arc<QueueGate>>,
