@@ -87,7 +87,33 @@ impl SchedulerHandle {
         &self.shared.store
     }
 
-    /// Graceful shutdown with the configured timeout.
+    /// Graceful shutdown with the configured timeout
+    /// ([`SchedulerConfig::shutdown_timeout`](crate::SchedulerConfig::shutdown_timeout),
+    /// default 30 s).
+    ///
+    /// The node's fetchers stop claiming at once; the jobs the node holds get up to the
+    /// timeout to finish, and those that do are written as usual. Then each job still held is
+    /// given back: one not started yet goes back to `pending` at once; a running handler sees
+    /// [`JobContext::cancelled`](crate::JobContext::cancelled) complete and its task is
+    /// aborted at its next `.await`, and its job goes back to `pending` with the attempt not
+    /// counted, to run again elsewhere (keep handlers idempotent). A handler stuck in blocking
+    /// code cannot be aborted: after `cancel_grace` (5 s) its lease is left to expire and
+    /// another node reclaims the job, as after a crash. The node then leaves the node
+    /// registry and resigns the lead. [`ShutdownReport`] says how many jobs finished and how
+    /// many were given back.
+    ///
+    /// Call it when the process is asked to stop: SIGTERM is what `docker stop`, Kubernetes
+    /// and systemd send. Under `#[actix_web::main]`, `HttpServer` handles the signals and
+    /// `run()` returns; shut the scheduler down after it (`examples/actix_web.rs`). Under
+    /// `#[tokio::main]`, wait for the signal yourself (`examples/axum.rs`):
+    ///
+    /// ```ignore
+    /// axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    /// scheduler.shutdown().await;
+    /// ```
+    ///
+    /// Give the orchestrator's grace period (Kubernetes' `terminationGracePeriodSeconds`, 30 s
+    /// by default) more than the timeout plus your server's own drain, or lower the timeout.
     pub async fn shutdown(&self) -> ShutdownReport {
         self.shutdown_within(self.shared.config.shutdown_timeout)
             .await

@@ -16,6 +16,20 @@
 //! * `LeaderElector` keeps or takes the database's leadership (one node per database does
 //!   the once-per-database work, fenced by its term).
 //!
+//! # Periodic services: which idiom
+//! * **An actor ticked by the root** (`Sweeper`, `Archiver`, `Registrar`, `LeaderElector`:
+//!   the root's `run_interval` sends them a message) when the work must be stepped by a test
+//!   or by another actor: the simulation sends the same message the timer sends
+//!   (`Simulation::sweep`), so the test decides when it runs, and a message's answer says
+//!   what it did. `QueueWatch` is an actor for the same reason but keeps its own timers,
+//!   because how often it reads depends on the backend (a notification or a 50 ms signal).
+//! * **A self-timed task** (`schedule_loop`, `reconcile_loop`, `gauge_loop`, `listen_loop`)
+//!   when no one sends it anything: leader-only work that sleeps on its own interval or a wake
+//!   signal (a new term), runs user code on the handler runtime, or blocks on a connection.
+//!   It ends when the node's stop signal fires.
+//!
+//! A new periodic service is an actor if a test must step it, a task otherwise.
+//!
 //! Actors hold no connection and build no SQL: they call the [`Store`](crate::store::Store). All of them run on
 //! the arbiter that called [`SchedulerBuilder::start`] — or, outside any actix system, on a
 //! dedicated one of their own (`jobvisor-actors` thread); handlers run on a separate

@@ -7,7 +7,7 @@
 //! instead). Writes by a lease holder present its [`LeaseToken`](crate::LeaseToken) in the
 //! SQL and report a lost guard as [`Guarded::LeaseLost`] — an outcome, not an error.
 //!
-//! # Layout, in layers (each imports only those below it)
+//! # Layout, in layers
 //! 1. The engine's entry points on [`Store`]: `ops` (enqueue, claim, renew, finalize:
 //!    validation, bounds, retries, matching results — once for every backend), `maintain`
 //!    (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts) and
@@ -26,6 +26,26 @@
 //! 4. Shared below both: `batch` (helpers several backends' statements use), `expr`
 //!    (custom SQL expressions), `errors` (classification), `options`, `params`, `rows`,
 //!    `schema`, `timeout` (bounded operations, poisoned connections).
+//!
+//! The layers are the intended direction. Two imports still run upward and are the next to
+//! move below the backends: the backends use `connect` (pool set-up, connection attempts)
+//! and `migrate` (the embedded-migration helpers).
+//!
+//! # Operation → file
+//! | operation | entry point | SQL |
+//! |---|---|---|
+//! | enqueue, claim, renew, finalize (the hot path) | `ops.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
+//! | claim of a paused or limited queue, queue settings, the change signal | `queues.rs` | portable, PostgreSQL's own claim in `postgres/` |
+//! | the partition search of a limited claim | `partitions.rs` | per-backend scan text in `partitions.rs` |
+//! | reclaim, archive, prune, cancel, manual retry | `maintain.rs` | portable (diesel's query builder) |
+//! | get, list, counts, lags, search | `read.rs` | portable |
+//! | enqueue in the caller's transaction | `outbox.rs` | each backend's enqueue |
+//! | node registry, unserved jobs | `nodes.rs` | portable |
+//! | database-wide gauges | `gauges.rs` | portable |
+//! | leader election | `leader.rs` | portable |
+//! | periodic schedules | `schedules.rs` | portable |
+//! | connect, options, TLS | `connect.rs`, `options.rs`, `tls.rs` | each backend's connection set-up |
+//! | migrations and the schema check | `migrate.rs` | `migrations/<backend>/` |
 
 use std::sync::Arc;
 

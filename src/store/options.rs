@@ -8,11 +8,32 @@ use super::DEFAULT_MAX_PAYLOAD_BYTES;
 use crate::error::{Error, Result};
 
 /// Which database a store talks to.
+///
+/// # MariaDB and MySQL
+/// MariaDB 10.6 or later is supported and tested (CI runs MariaDB 10.11). MySQL 8.0.1 or
+/// later has its own code paths (no `INSERT … RETURNING`, `max_execution_time`) but **no test
+/// has run against it**: treat it as untested.
+///
+/// * **URL**: `mysql://user:password@host:3306/database`, TLS by `ssl-mode` (or `sslmode`),
+///   see [`TlsMode`]. Create the database first (`CREATE DATABASE app`); the schema comes from
+///   [`StoreOptions::migrate`] or `jobvisor migrate --database-url …`, which need `CREATE`,
+///   `ALTER`, `INDEX` and `DROP` on it; running nodes need `SELECT`, `INSERT`, `UPDATE`,
+///   `DELETE`.
+/// * **Sessions** are set by jobvisor on every connection: READ COMMITTED (no gap-lock
+///   deadlocks between claimers), `time_zone = '+00:00'`, and the server-side statement bound
+///   ([`StoreOptions::server_statement_timeout`]; MariaDB `max_statement_time`, MySQL
+///   `max_execution_time`, which bounds `SELECT`s only). Times are stored as integer
+///   microseconds, so the server's own time zone does not matter.
+/// * **Wake-ups** from other processes' enqueues come from a change signal each node reads
+///   every 50 ms; a node's own enqueues wake it at once.
+/// * **Prepared statements**: each connection keeps a few shapes of every hot statement
+///   prepared; with many nodes and large pools mind the server-wide
+///   `max_prepared_stmt_count` (16,382 by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// PostgreSQL 13+.
     Postgres,
-    /// MySQL 8.0.1+ or MariaDB 10.6+.
+    /// MariaDB 10.6+ (tested); MySQL 8.0.1+ (untested).
     Mysql,
     /// SQLite 3.35+ (bundled).
     Sqlite,

@@ -1,4 +1,4 @@
-//! MySQL 8 and MariaDB 10.6+: row locks and `SKIP LOCKED` like PostgreSQL, but no
+//! MariaDB 10.6+ (tested) and MySQL 8 (untested): row locks and `SKIP LOCKED` like PostgreSQL, but no
 //! `UPDATE … RETURNING`.
 //!
 //! How it differs from the others, up front:
