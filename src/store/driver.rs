@@ -124,6 +124,7 @@ pub(crate) struct RenewArgs<'a> {
     /// A hedge: sent on a connection opened for it alone (closed afterwards), not one of the
     /// renewal lane's, which may be the one an overdue renewal hangs on or one that sat
     /// through the same cut. SQLite has no network and renews from its lane.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fresh: bool,
 }
 
