@@ -1910,3 +1910,102 @@ async fn a_stale_finalization_answer_leaves_the_newer_attempt_alone() {
     let job = a.client.get(id).await.unwrap();
     assert_eq!(job.result, Some(json!("later")));
 }
+
+/// A node on PostgreSQL whose one job is running: claimed at the clock's start, so its fence
+/// point is 25 s (30 s lease, 5 s margin), renewed every 10 s, a renewal overdue after 1 s.
+async fn one_running_job() -> (Arc<TestDb>, Simulation, Arc<Semaphore>, JobId) {
+    let db = Arc::new(TestDb::create(Backend::Postgres).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut a = Simulation::on_store(patient_store(&db).await, clock, "node-a", |b| {
+        b.queue("default", QueueConfig::default().concurrency(1))
+            .handler("work", gated(gate.clone(), "A"))
+    })
+    .keep(db.clone());
+    let id = enqueue(&a, NewJob::new("work", json!({}))).await;
+    assert_eq!(a.fetch("default").await, 1);
+    a.next_event(|e| matches!(e, Event::Started { .. })).await;
+    (db, a, gate, id)
+}
+
+const MICRO: Duration = Duration::from_micros(1);
+
+#[actix::test]
+async fn an_overdue_renewal_is_hedged_on_a_fresh_connection_and_the_handler_goes_on() {
+    let (db, mut a, gate, id) = one_running_job().await;
+    // The heartbeat at 10 s hangs (its statement stalls 3 s on its connection)...
+    a.advance(10 * SEC);
+    delay_next_update(&db, RENEWAL, 3.0).await;
+    let old = actix_rt::spawn(a.lease_manager().send(jobvisor::testing::RenewLeases));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...and is overdue a second later: the next renewal goes out on a fresh connection and
+    // answers at once. Its fence point: 11 s + 25 s = 36 s.
+    a.advance(SEC);
+    let r = a.renew().await;
+    assert_eq!(
+        (r.renewed, r.lost),
+        (1, 0),
+        "no renewal was sent while the first one hung"
+    );
+    // At the claim's fence point (25 s) the handler goes on.
+    a.advance(14 * SEC);
+    assert_eq!(
+        a.check_deadlines().await,
+        0,
+        "fenced although a renewal had answered"
+    );
+    // The hung renewal answers late, applied: its own fence point (35 s) is earlier than the
+    // hedge's, and the fence point does not move back to it.
+    let r = old.await.unwrap().unwrap();
+    assert_eq!((r.renewed, r.lost), (1, 0));
+    a.advance(11 * SEC - MICRO); // 36 s − 1 µs
+    assert_eq!(
+        a.check_deadlines().await,
+        0,
+        "the late answer moved the fence point back to its own"
+    );
+    assert!(
+        !a.seen()
+            .iter()
+            .any(|e| matches!(e, Event::SelfFenced { .. })),
+        "{:?}",
+        a.seen()
+    );
+    a.advance(MICRO); // 36 s: the hedge's fence point, exactly
+    assert_eq!(a.check_deadlines().await, 1);
+    assert_eq!(a.finished(id).await, JobState::Retrying);
+    gate.add_permits(1);
+    assert_eq!(a.finished(id).await, JobState::Succeeded);
+}
+
+#[actix::test]
+async fn an_answer_is_credited_with_its_own_send_time_not_a_newer_hedges() {
+    let (db, mut a, gate, id) = one_running_job().await;
+    // The heartbeat at 10 s stalls 1.5 s; the hedge sent at 12 s stalls 4 s (the trigger
+    // takes the delays in the order they were inserted).
+    a.advance(10 * SEC);
+    delay_next_update(&db, RENEWAL, 1.5).await;
+    delay_next_update(&db, RENEWAL, 4.0).await;
+    let old = actix_rt::spawn(a.lease_manager().send(jobvisor::testing::RenewLeases));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.advance(2 * SEC);
+    let hedge = actix_rt::spawn(a.lease_manager().send(jobvisor::testing::RenewLeases));
+    // The old renewal answers first: the fence point is its own, 10 s + 25 s = 35 s — not
+    // the hedge's (37 s), which has not answered.
+    let r = old.await.unwrap().unwrap();
+    assert_eq!((r.renewed, r.lost), (1, 0));
+    a.advance(23 * SEC - MICRO); // 35 s − 1 µs
+    assert_eq!(a.check_deadlines().await, 0, "the old answer moved nothing");
+    a.advance(MICRO); // 35 s
+    assert_eq!(
+        a.check_deadlines().await,
+        1,
+        "the old answer was credited with the hedge's later send time"
+    );
+    assert_eq!(a.finished(id).await, JobState::Retrying);
+    // The hedge answers after the give-back: it extends nothing.
+    let r = hedge.await.unwrap().unwrap();
+    assert_eq!(r.renewed, 0, "{r:?}");
+    gate.add_permits(1);
+    assert_eq!(a.finished(id).await, JobState::Succeeded);
+}

@@ -9,6 +9,13 @@
 //!   latest progress reports (see [`ProgressCell`](super::ProgressCell)). A lease
 //!   found lost is reported to its supervisor at once (the handler is stopped, its result
 //!   discarded), and a cancel request seen on renewal is passed on.
+//! * Hedged renewals: a renewal whose answer is not back within `hedge_after` (half the
+//!   interval, at most a second) is *overdue* — its connection may hang in a silent network
+//!   cut, or its statement wait on a lock — and another goes out on a connection opened for
+//!   it alone, without waiting for the first to fail (up to `MAX_RENEWALS_IN_FLIGHT`).
+//!   Whichever answers first moves the fence point; each answer moves it to the fence point
+//!   of *its own* send time, and never back (`Attempt::extend`), so a late answer to an
+//!   older renewal changes nothing once a newer one has answered.
 //! * Deadlines ([`CheckDeadlines`]): stops handlers past their timeout (counted from their
 //!   start) or cancel grace, and takes away a lease that could not be renewed before the fence
 //!   margin: a job that never started is given back at once, its attempt not counted; a
@@ -52,6 +59,19 @@ const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(1);
 /// most the heartbeat interval): after a network cut heals, leases are renewed within a
 /// second or two instead of a whole heartbeat interval later.
 const RENEW_RETRY: Duration = Duration::from_millis(250);
+/// Most renewals in flight at once: the one sent at its tick and up to two hedges. With the
+/// default statement bound (1.5 s) and a hedge every second at most, a cut never leaves a
+/// node waiting for room to send one.
+pub(crate) const MAX_RENEWALS_IN_FLIGHT: usize = 3;
+/// The longest a renewal may go unanswered before it is overdue and hedged.
+const MAX_HEDGE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a renewal may go unanswered before another is sent on a fresh connection: half
+/// the renewal interval, at most a second (so with the defaults — 10 s renewals — one second;
+/// a healthy renewal answers in milliseconds).
+pub(crate) fn hedge_after(renew_every: Duration) -> Duration {
+    (renew_every / 2).min(MAX_HEDGE_AFTER)
+}
 
 /// One attempt: a job and the token of the claim that holds it.
 type Key = (JobId, LeaseToken);
@@ -133,7 +153,12 @@ pub struct LeaseManager {
     fetchers: HashMap<String, Recipient<SlotFreed>>,
     /// Finalization statements in flight (at most [`MAX_FLUSHES`]).
     flushing: u32,
-    renewing: bool,
+    /// Renewals in flight, oldest first: their numbers and send times (monotonic µs). At
+    /// most [`MAX_RENEWALS_IN_FLIGHT`]; a new one goes out while others are in flight only
+    /// once the newest is overdue (a hedge).
+    renewals: Vec<(u64, i64)>,
+    /// Numbers renewals, so that a hedge timer knows whether its renewal is still the newest.
+    renewal_seq: u64,
     /// After a failed flush, the next one waits until this (the node's clock).
     flush_not_before: Option<Instant>,
     flush_failures: u32,
@@ -166,7 +191,8 @@ impl LeaseManager {
             pending: Vec::new(),
             fetchers: HashMap::new(),
             flushing: 0,
-            renewing: false,
+            renewals: Vec::new(),
+            renewal_seq: 0,
             flush_not_before: None,
             flush_failures: 0,
             last_error: None,
@@ -574,7 +600,9 @@ pub struct RenewReport {
     pub statements: usize,
 }
 
-/// Heartbeat: renew every lease in one statement.
+/// Heartbeat: renew every lease in one statement. While a renewal is in flight, another is
+/// sent only if the newest in flight is overdue — unanswered for half the renewal interval,
+/// at most a second — and then on a fresh connection (a hedge).
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "RenewReport")]
 pub struct RenewLeases;
@@ -582,11 +610,21 @@ pub struct RenewLeases;
 impl Handler<RenewLeases> for LeaseManager {
     type Result = ResponseActFuture<Self, RenewReport>;
 
-    fn handle(&mut self, _: RenewLeases, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: RenewLeases, ctx: &mut Context<Self>) -> Self::Result {
         let sent_at = self.mono();
-        if self.renewing {
-            return Box::pin(fut::ready(RenewReport::default()));
-        }
+        let hedge_after = hedge_after(self.shared.config.renew_every);
+        // A renewal in flight: another only if the newest is overdue, as a hedge.
+        let hedge = match self.renewals.last() {
+            None => false,
+            Some(&(_, newest)) => {
+                if self.renewals.len() >= MAX_RENEWALS_IN_FLIGHT
+                    || sent_at - newest < us(hedge_after)
+                {
+                    return Box::pin(fut::ready(RenewReport::default()));
+                }
+                true
+            }
+        };
         // Fenced leases are not renewed: they are being given back.
         let keys: Vec<Key> = self
             .leases
@@ -598,7 +636,24 @@ impl Handler<RenewLeases> for LeaseManager {
             self.revalidated(sent_at);
             return Box::pin(fut::ready(RenewReport::default()));
         }
-        self.renewing = true;
+        self.renewal_seq += 1;
+        let seq = self.renewal_seq;
+        self.renewals.push((seq, sent_at));
+        if hedge {
+            tracing::debug!(
+                in_flight = self.renewals.len() - 1,
+                "a lease renewal is overdue; sending another on a fresh connection"
+            );
+        }
+        if self.shared.config.timers {
+            // Unanswered by then and still the newest: hedge it. (Under a test's manual
+            // drive the test sends the next renewal itself.)
+            ctx.run_later(hedge_after, move |act, ctx| {
+                if act.renewals.last().is_some_and(|r| r.0 == seq) {
+                    ctx.notify(RenewLeases);
+                }
+            });
+        }
         self.shared.stats.count_renew();
         let mut starts = Vec::with_capacity(keys.len());
         let leases: Vec<LeaseRef> = keys
@@ -628,12 +683,16 @@ impl Handler<RenewLeases> for LeaseManager {
         let store = self.shared.store.clone();
         let fut = async move {
             let t0 = Instant::now();
-            let res = store.job_renew_leases(params).await;
+            let res = if hedge {
+                store.job_renew_leases_hedged(params).await
+            } else {
+                store.job_renew_leases(params).await
+            };
             crate::metrics::renew_statement(t0.elapsed());
             res
         };
         Box::pin(fut.into_actor(self).map(move |res, act, ctx| {
-            act.renewing = false;
+            act.renewals.retain(|r| r.0 != seq);
             let results = match res {
                 Ok(r) => r,
                 Err(e) => {
@@ -652,6 +711,10 @@ impl Handler<RenewLeases> for LeaseManager {
                         .min(Duration::from_secs(1))
                         .min(act.shared.config.renew_every);
                     ctx.notify_later(RenewLeases, wait);
+                    if !act.renewals.is_empty() {
+                        // Room for a hedge again, if the newest in flight is overdue.
+                        ctx.notify(RenewLeases);
+                    }
                     return RenewReport::default();
                 }
             };
@@ -660,6 +723,9 @@ impl Handler<RenewLeases> for LeaseManager {
                 statements: 1,
                 ..RenewReport::default()
             };
+            // This statement's own send time, whichever renewal it was: an older renewal
+            // answering after a newer one moves nothing (`Attempt::extend` never moves
+            // the fence point back), and no answer is credited with a later send than its own.
             let fence_at = fence_point(
                 Duration::from_micros(u64::try_from(sent_at).unwrap_or(0)),
                 act.shared.config.lease,

@@ -37,6 +37,8 @@
 //!   carrying `started_ago` whose start is not recorded yet: `started_at = now − ago`,
 //!   `first_started_at` if unset, `timeout_at = started_at + timeout + grace`. Returns the
 //!   renewed rows' (id, token, new expiry, cancel request); a missing row is a lost lease.
+//!   Sent on the renewal lane, or — a hedge for an overdue renewal — on a connection opened
+//!   for it alone (`RenewArgs::fresh`; SQLite uses its lane either way).
 //! * [`finalize`](Driver::finalize) — guard per row: `(id, lease_token)` and `running`.
 //!   Writes the outcome's state (a retry with its attempts used up becomes `dead`),
 //!   `result`, `last_error` (cleared on success), appends the error to `errors`, `attempts −
@@ -119,6 +121,11 @@ pub(crate) struct RenewArgs<'a> {
     pub(crate) lease_us: i64,
     pub(crate) grace_us: i64,
     pub(crate) now: Option<i64>,
+    /// A hedge: sent on a connection opened for it alone (closed afterwards), not one of the
+    /// renewal lane's, which may be the one an overdue renewal hangs on or one that sat
+    /// through the same cut. SQLite has no network and renews from its lane.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fresh: bool,
 }
 
 /// A backend this build leaves out.
@@ -236,7 +243,8 @@ impl Driver {
         }
     }
 
-    /// Renews leases, on the renewal lane (see the module doc).
+    /// Renews leases, on the renewal lane or, for a hedge, on a fresh connection (see the
+    /// module doc).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
         match self {
             #[cfg(feature = "postgres")]

@@ -254,10 +254,30 @@ impl Store {
         &self,
         p: RenewParams,
     ) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
-        self.bounded(Op::Renew, self.renew_unbounded(p)).await
+        self.bounded(Op::Renew, self.renew_unbounded(p, false))
+            .await
     }
 
-    async fn renew_unbounded(&self, p: RenewParams) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
+    /// [`job_renew_leases`](Self::job_renew_leases) as a hedge: the same statement, sent on
+    /// a connection opened for it alone rather than one of the renewal lane's, for a
+    /// renewal sent while an earlier one is overdue (its connection may hang in a silent
+    /// network cut; the lane's others may have sat through the same cut). On SQLite, the
+    /// lane's.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub(crate) async fn job_renew_leases_hedged(
+        &self,
+        p: RenewParams,
+    ) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
+        self.bounded(Op::Renew, self.renew_unbounded(p, true)).await
+    }
+
+    async fn renew_unbounded(
+        &self,
+        p: RenewParams,
+        fresh: bool,
+    ) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
         if p.leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -269,6 +289,7 @@ impl Store {
                 lease_us: dur_us(p.lease),
                 grace_us: dur_us(p.timeout_grace),
                 now: bound(p.now),
+                fresh,
             })
             .await?;
         let rows = rows.into_iter().map(|r| {

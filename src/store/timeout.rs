@@ -307,6 +307,66 @@ where
     }
 }
 
+/// A connection for one renewal: the renewal lane's, or one opened for a hedge alone.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) enum RenewConn<'a, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    /// Checked out of the lane.
+    Lane(Lease<'a, C>),
+    /// Opened for this renewal and closed when dropped (never pooled, so one abandoned
+    /// mid-statement cannot be reused either).
+    Fresh(C),
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<C> std::ops::Deref for RenewConn<'_, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        match self {
+            RenewConn::Lane(l) => l,
+            RenewConn::Fresh(c) => c,
+        }
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<C> std::ops::DerefMut for RenewConn<'_, C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
+{
+    fn deref_mut(&mut self) -> &mut C {
+        match self {
+            RenewConn::Lane(l) => l,
+            RenewConn::Fresh(c) => c,
+        }
+    }
+}
+
+/// A connection for a renewal: from `lane`, or (`fresh`) a new one opened by the lane's
+/// manager (the same setup, bounded by the same connection attempts) outside the pool.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn renew_conn<C>(lane: &ConnPool<C>, fresh: bool) -> Result<RenewConn<'_, C>>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>, Error = PoolError>,
+{
+    if !fresh {
+        return Ok(RenewConn::Lane(checkout(lane).await?));
+    }
+    set_phase(Phase::Checkout);
+    let conn = lane
+        .dedicated_connection()
+        .await
+        .map_err(|e| super::errors::pool_err(bb8::RunError::User(e)))?;
+    set_phase(Phase::Answer);
+    Ok(RenewConn::Fresh(conn.conn))
+}
+
 /// Checks a connection out of `pool` for the current operation.
 pub(crate) async fn checkout<C>(pool: &ConnPool<C>) -> Result<Lease<'_, C>>
 where

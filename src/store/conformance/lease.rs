@@ -2,6 +2,57 @@
 
 use super::*;
 
+/// A hedge (a renewal sent while an earlier one is overdue) goes out on a connection opened
+/// for it alone (on SQLite, the lane's): same guard, same answer as a renewal from the lane.
+pub async fn a_hedged_renewal_on_a_fresh_connection_renews_the_same_way(b: Backend) {
+    let t = Bundle::new(b).await;
+    t.enqueue(NewJob::new("k", json!(1)), 0).await;
+    let claimed = t.claim("default", "n1", 1, 1).await;
+    let leases = vec![
+        LeaseRef {
+            started_ago: None,
+            progress: None,
+            id: claimed[0].job.id,
+            token: claimed[0].token.clone(),
+        },
+        LeaseRef {
+            started_ago: None,
+            progress: None,
+            id: claimed[0].job.id,
+            token: LeaseToken::generate(),
+        },
+    ];
+    let params = |leases: Vec<LeaseRef>, at: i64| RenewParams {
+        timeout_grace: Duration::ZERO,
+        leases,
+        lease: Duration::from_secs(30),
+        now: t.at(at),
+    };
+    let out = t
+        .store
+        .job_renew_leases_hedged(params(leases.clone(), 20))
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 2);
+    match &out[0].1 {
+        Guarded::Applied(r) => assert_eq!(r.expires_at, t.at(50).unwrap()),
+        other => panic!("expected applied, got {other:?}"),
+    }
+    assert_eq!(out[1].1, Guarded::LeaseLost, "a wrong token renews nothing");
+    assert_eq!(
+        t.get(claimed[0].job.id).await.lease.unwrap().expires_at,
+        t.at(50).unwrap()
+    );
+    // More at once than the lane has connections: each opens its own.
+    let many = (0..crate::store::RENEW_LANE_SIZE + 2).map(|_| {
+        t.store
+            .job_renew_leases_hedged(params(leases[..1].to_vec(), 25))
+    });
+    for out in futures_util::future::join_all(many).await {
+        assert!(matches!(out.unwrap()[0].1, Guarded::Applied(_)));
+    }
+}
+
 pub async fn renew_extends_leases_and_reports_lost_ones(b: Backend) {
     let t = Bundle::new(b).await;
     for i in 0..3 {

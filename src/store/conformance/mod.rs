@@ -203,6 +203,7 @@ macro_rules! conformance_tests {
             claim_sets_lease_attempts_and_version,
             concurrent_claimers_never_claim_a_job_twice,
             renew_extends_leases_and_reports_lost_ones,
+            a_hedged_renewal_on_a_fresh_connection_renews_the_same_way,
             zombie_renew_and_finalize_are_rejected_after_reclaim_and_reclaim_by_another,
             finalize_succeeded_clears_last_error_and_keeps_attempts,
             attempts_exhausted_become_dead_with_every_error_kept,

@@ -33,7 +33,7 @@ use super::driver::{ClaimArgs, OpenError, RenewArgs};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::rows::{dur_ms, dur_us, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
-use super::timeout::{checkout, ConnPool, Lease};
+use super::timeout::{checkout, renew_conn, ConnPool, Lease};
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::Result;
 use crate::job::{JobId, JobState, NewJob};
@@ -197,7 +197,7 @@ impl MysqlDriver {
 
     /// [`Driver::renew`](super::driver::Driver::renew): see [`renew`].
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        let mut c = self.conn(true).await?;
+        let mut c = renew_conn(&self.renew_pool, a.fresh).await?;
         Ok(
             diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
                 renew(c, a.leases, a.now, a.lease_us, a.grace_us).await

@@ -28,7 +28,7 @@ use super::connect::pool;
 use super::driver::{ClaimArgs, ControlledFast, OpenError, RenewArgs};
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
-use super::timeout::{checkout, ConnPool, Lease};
+use super::timeout::{checkout, renew_conn, ConnPool, Lease};
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, RunAt};
@@ -241,7 +241,7 @@ impl PgDriver {
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW_PG`]).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        let mut c = self.conn(true).await?;
+        let mut c = renew_conn(&self.renew_pool, a.fresh).await?;
         Ok(sql::PgRenew {
             ids: a.leases.iter().map(|l| l.id.0).collect(),
             tokens: a.leases.iter().map(|l| l.token.as_str()).collect(),
