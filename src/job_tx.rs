@@ -253,7 +253,7 @@ impl JobContext {
     /// # Examples
     /// ```no_run
     /// # async fn demo(ctx: jobvisor::JobContext) -> jobvisor::JobResult {
-    /// use diesel_async::{AsyncPgConnection, RunQueryDsl};
+    /// use diesel_async::AsyncPgConnection;
     /// use jobvisor::{JobError, JobTx};
     ///
     /// // Intent first: record the charge and its idempotency key before calling the provider.
@@ -300,16 +300,15 @@ impl JobContext {
     ///
     /// # Examples
     /// ```no_run
-    /// use diesel_async::{AsyncPgConnection, RunQueryDsl};
+    /// use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
     /// use jobvisor::{handler_fn, JobContext, JobError, JobTx};
     ///
     /// let pay = handler_fn(|order: i64, ctx: JobContext| async move {
     ///     let outcome = ctx
     ///         .complete_in_transaction(async |mut tx: JobTx<'_, AsyncPgConnection>| {
-    ///             diesel::sql_query("UPDATE orders SET paid = true WHERE id = $1")
-    ///                 .bind::<diesel::sql_types::BigInt, _>(order)
-    ///                 .execute(tx.conn())
-    ///                 .await?;
+    ///             // Any diesel-async statement on `tx.conn()` (the query builder too).
+    ///             let paid = format!("UPDATE orders SET paid = true WHERE id = {order}");
+    ///             tx.conn().batch_execute(&paid).await?;
     ///             Ok::<_, JobError>(serde_json::json!({ "order": order, "paid": true }))
     ///         })
     ///         .await
