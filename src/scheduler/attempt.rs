@@ -399,4 +399,45 @@ mod tests {
         assert_eq!(fence_margin(6 * S), S);
         assert_eq!(fence_margin(60 * S), 5 * S);
     }
+
+    #[test]
+    fn a_commit_is_refused_at_or_past_the_fence_point_and_after_a_revoke() {
+        let f = 9 * S;
+        let at = Attempt::new(f);
+        assert!(!at.begin_commit(f), "exactly at the fence point: no");
+        assert!(!at.committing());
+        let revoked = Attempt::new(f);
+        assert!(revoked.try_start(S));
+        assert_eq!(revoked.revoke(), Revoked::Started(us(S)));
+        assert!(
+            !revoked.begin_commit(2 * S),
+            "a revoked attempt never commits"
+        );
+        let before = Attempt::new(f);
+        assert!(before.begin_commit(f - US), "1 µs before: commits");
+    }
+
+    #[test]
+    fn a_committing_attempt_is_not_revoked_and_a_completed_one_stays_so() {
+        let a = Attempt::new(10 * S);
+        assert!(a.try_start(S));
+        assert!(a.begin_commit(2 * S));
+        assert_eq!(a.revoke(), Revoked::Committing, "its own guard decides");
+        assert!(
+            a.committing() && !a.lapsed(us(3 * S)),
+            "the gate stays open"
+        );
+        a.end_commit(Some(serde_json::json!("paid")));
+        assert!(a.is_completed());
+        assert_eq!(a.completed(), Some(serde_json::json!("paid")));
+        assert_eq!(a.revoke(), Revoked::Committing);
+
+        // A plain transaction's commit leaves the attempt as it was: revocable again.
+        let b = Attempt::new(10 * S);
+        assert!(b.try_start(S));
+        assert!(b.begin_commit(2 * S));
+        b.end_commit(None);
+        assert!(!b.committing() && b.completed().is_none());
+        assert_eq!(b.revoke(), Revoked::Started(us(S)));
+    }
 }
