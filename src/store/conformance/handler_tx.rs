@@ -111,6 +111,8 @@ async fn zombie_case<C: Biz>(b: Backend) {
         .complete_in_transaction(async |mut tx: JobTx<'_, C>| {
             tx.conn().pay(7).await?;
             tx.record_effect("charge", json!({"by": "zombie"})).await?;
+            tx.enqueue(vec![NewJob::new("receipt", json!({"by": "zombie"}))])
+                .await?;
             Ok::<_, JobError>(json!({"by": "zombie"}))
         })
         .await;
@@ -137,6 +139,8 @@ async fn zombie_case<C: Biz>(b: Backend) {
                 .record_effect("charge", json!({"by": "holder"}))
                 .await?
                 .is_new());
+            tx.enqueue(vec![NewJob::new("receipt", json!({"by": "holder"}))])
+                .await?;
             Ok::<_, JobError>(json!({"by": "holder"}))
         })
         .await
@@ -157,6 +161,17 @@ async fn zombie_case<C: Biz>(b: Backend) {
     assert_eq!(effects.len(), 1);
     assert_eq!(effects[0].detail, Some(json!({"by": "holder"})));
     assert_eq!(effects[0].claim, holder.token.claim().to_string());
+    // Follow-up jobs enqueued in the transactions: the holder's only.
+    let receipts: Vec<_> = t
+        .store
+        .job_list(ListParams::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|j| j.kind == "receipt")
+        .map(|j| j.payload)
+        .collect();
+    assert_eq!(receipts, vec![json!({"by": "holder"})]);
 }
 
 /// A body that returns `Err` rolls its writes back and leaves the job running under its
