@@ -206,6 +206,16 @@ impl Client {
         self.store.job_get(id).await?.ok_or(Error::NotFound { id })
     }
 
+    /// The effects job `id`'s handlers recorded
+    /// ([`JobTx::record_effect`](crate::JobTx::record_effect)), by key: kept while the job is
+    /// live or archived, deleted with it when the archive is pruned.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn effects(&self, id: JobId) -> Result<Vec<crate::Effect>> {
+        self.store.job_effects(id).await
+    }
+
     /// Jobs matching filters, a page at a time.
     ///
     /// # Errors

@@ -1,8 +1,9 @@
 //! What users implement: a [`JobHandler`] per job kind, the [`JobContext`] it receives, and
 //! the [`JobOutcome`] / [`JobError`] it returns, whose constructors say what happens next.
 //!
-//! Handlers never see the store or the lease: the runtime claims, renews and finalizes for
-//! them. They may be plain async functions via [`handler_fn`].
+//! Handlers never see the lease: the runtime claims, renews and finalizes for them — or
+//! a handler completes its job in its own transaction on the job's store, fenced by the
+//! lease (`job_tx.rs`). They may be plain async functions via [`handler_fn`].
 //!
 //! Handlers run on the scheduler's handler runtime: a multi-threaded tokio runtime of its
 //! own (threads named `jobvisor-handler`), whether the application runs actix or plain tokio.
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Client;
 use crate::clock::Clock;
 use crate::job::{JobFailure, JobId};
-use crate::lease::ClaimId;
+use crate::lease::{ClaimId, LeaseToken};
 use crate::scheduler::Attempt;
 
 /// Boxed future returned by erased handlers.
@@ -68,7 +69,9 @@ pub struct JobContext {
     /// reported with [`JobContext::progress`] (`None` on a first attempt, or if none did). A
     /// retry can resume from it — a checkpoint.
     pub last_progress: Option<Value>,
-    claim: ClaimId,
+    /// The attempt's lease token: its transactions present it (`job_tx.rs`). Redacted in
+    /// `Debug`.
+    token: LeaseToken,
     cancel: CancellationToken,
     client: Option<Client>,
     progress: Arc<Attempt>,
@@ -83,7 +86,7 @@ impl JobContext {
         cancel: CancellationToken,
         client: Client,
         attempt: Arc<Attempt>,
-        claim: ClaimId,
+        token: LeaseToken,
         clock: Arc<dyn Clock>,
     ) -> Self {
         JobContext {
@@ -95,7 +98,7 @@ impl JobContext {
             max_attempts: job.max_attempts,
             deadline,
             last_progress: job.progress.clone(),
-            claim,
+            token,
             cancel,
             client: Some(client),
             progress: attempt,
@@ -126,7 +129,27 @@ impl JobContext {
     ///
     /// [`JobFailure::claim`]: crate::JobFailure::claim
     pub fn claim_id(&self) -> ClaimId {
-        self.claim
+        self.token.claim()
+    }
+
+    /// The attempt's lease token (a handler's transaction presents it).
+    pub(crate) fn lease_token(&self) -> &LeaseToken {
+        &self.token
+    }
+
+    /// The attempt's start gate and fence point, shared with the lease manager.
+    pub(crate) fn attempt_gate(&self) -> &Attempt {
+        &self.progress
+    }
+
+    /// The node's clock.
+    pub(crate) fn node_clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The node's client, if the context has one.
+    pub(crate) fn client_opt(&self) -> Option<&Client> {
+        self.client.as_ref()
     }
 
     /// Reports how far the handler got: any JSON-serializable value (a percentage, a
@@ -218,6 +241,33 @@ impl JobContext {
         self.cancel.is_cancelled()
     }
 
+    /// A context for an attempt a test claimed itself (`job` as claimed, `token` its
+    /// lease): its transactions run on `client`'s store, its clock is `clock`, and its fence
+    /// point is `valid_for` from now on that clock (zero: already passed). The handler counts
+    /// as started. Not a stable API: for jobvisor's own tests.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn for_claim(
+        job: &crate::job::Job,
+        token: LeaseToken,
+        client: Client,
+        clock: Arc<dyn Clock>,
+        valid_for: Duration,
+    ) -> Self {
+        let now = clock.monotonic();
+        let attempt = Arc::new(Attempt::new(now + valid_for));
+        attempt.try_start(now);
+        JobContext::new(
+            job,
+            Utc::now() + chrono::Duration::minutes(30),
+            CancellationToken::new(),
+            client,
+            attempt,
+            token,
+            clock,
+        )
+    }
+
     /// A context for calling a handler directly in a unit test (no database, no feature
     /// needed): queue `default`, [`DEFAULT_MAX_ATTEMPTS`](crate::job::DEFAULT_MAX_ATTEMPTS),
     /// a deadline 30 minutes away, never cancelled, no client (add one with
@@ -242,7 +292,7 @@ impl JobContext {
             max_attempts: crate::job::DEFAULT_MAX_ATTEMPTS,
             deadline: Utc::now() + chrono::Duration::minutes(30),
             last_progress: None,
-            claim: crate::lease::LeaseToken::generate().claim(),
+            token: LeaseToken::generate(),
             cancel: CancellationToken::new(),
             client: None,
             progress: Arc::new(Attempt::new(Duration::MAX)),

@@ -15,6 +15,9 @@
 //!   [`Event`]s; its actors (fetcher, lease manager, job supervisor, sweeper, archiver,
 //!   registrar) are crate-private.
 //! * [`handler`] — [`JobHandler`], [`handler_fn`], [`JobContext`] and what a handler returns.
+//! * `job_tx` — a handler's own transaction on the job's store, fenced by its lease
+//!   ([`JobContext::transaction`], [`JobContext::complete_in_transaction`]): [`JobTx`] and
+//!   its effect records ([`Recorded`], [`Effect`]), [`TxError`].
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
@@ -65,6 +68,7 @@ pub mod config;
 pub mod error;
 pub mod handler;
 pub mod job;
+mod job_tx;
 pub mod lease;
 pub mod metrics;
 pub mod schedule;
@@ -82,12 +86,16 @@ pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
 pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
+pub use job_tx::{JobTx, TxBody, TxError};
 pub use lease::{ClaimId, LeaseToken, NodeId};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
+#[cfg(feature = "sqlite")]
+pub use store::SqliteJobConnection;
 pub use store::{
     Backend, CancelOutcome, Enqueued, Guarded, ListParams, OutboxConnection, ReclaimReason,
     StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
 };
+pub use store::{Effect, JobConnection, Recorded, MAX_EFFECT_KEY_LEN};
 pub use store::{Leader, NodeInfo, QueueLag, Unserved, UnservedReason};
 pub use store::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};

@@ -2009,3 +2009,83 @@ async fn an_answer_is_credited_with_its_own_send_time_not_a_newer_hedges() {
     gate.add_permits(1);
     assert_eq!(a.finished(id).await, JobState::Succeeded);
 }
+
+/// A handler that completes its job in its own transaction, then lingers (until the test
+/// lets it go) and returns something else: the job is `succeeded` from the commit on, the
+/// lease manager renews nothing for it meanwhile, reports no lost lease, writes nothing
+/// more, and reports the job finished once, with the transaction's result.
+#[actix::test]
+async fn a_job_completed_in_its_handlers_transaction_is_not_finalized_again() {
+    use jobvisor::{JobTx, SqliteJobConnection};
+    let committed = Arc::new(tokio::sync::Notify::new());
+    let linger = Arc::new(Semaphore::new(0));
+    let (c2, l2) = (committed.clone(), linger.clone());
+    let mut sim = Simulation::sqlite(move |b| {
+        b.handler(
+            "pay",
+            handler_fn(move |_: Value, ctx: jobvisor::JobContext| {
+                let (committed, linger) = (c2.clone(), l2.clone());
+                async move {
+                    let outcome = ctx
+                        .complete_in_transaction(async |mut tx: JobTx<'_, SqliteJobConnection>| {
+                            tx.record_effect("charge", json!({"id": "ch_1"})).await?;
+                            Ok::<_, JobError>(json!({"paid": true}))
+                        })
+                        .await
+                        .map_err(|e| e.into_job_error())?;
+                    assert_eq!(outcome, JobOutcome::Succeeded(json!({"paid": true})));
+                    committed.notify_one();
+                    let _permit = linger.acquire().await.map_err(JobError::fail)?;
+                    Err(JobError::retry("returned after the commit: ignored"))
+                }
+            }),
+        )
+    })
+    .await;
+    let id = enqueue(&sim, NewJob::new("pay", json!({}))).await;
+    assert_eq!(sim.fetch("default").await, 1);
+    committed.notified().await;
+    let done = sim.client.get(id).await.unwrap();
+    assert_eq!(
+        (done.state, done.result.clone()),
+        (JobState::Succeeded, Some(json!({"paid": true})))
+    );
+    // Heartbeats and deadline checks while the handler lingers after its commit.
+    sim.advance(10 * SEC);
+    let r = sim.renew().await;
+    assert_eq!(
+        (r.renewed, r.lost),
+        (0, 0),
+        "nothing to renew, nothing lost"
+    );
+    sim.advance(25 * SEC);
+    sim.check_deadlines().await;
+    linger.add_permits(1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+    let after = sim.client.get(id).await.unwrap();
+    assert_eq!(
+        (
+            after.version,
+            after.result,
+            after.finished_at,
+            after.errors.len()
+        ),
+        (done.version, done.result, done.finished_at, 0),
+        "nothing written after the commit"
+    );
+    let stats = sim.handle.stats();
+    assert_eq!((stats.finished, stats.lease_lost), (1, 0));
+    assert!(
+        !sim.seen()
+            .iter()
+            .any(|e| matches!(e, Event::LeaseLost { .. } | Event::SelfFenced { .. })),
+        "{:?}",
+        sim.seen()
+    );
+    let status = sim
+        .lease_manager()
+        .send(jobvisor::testing::GetLeaseManagerStatus)
+        .await
+        .unwrap();
+    assert_eq!((status.tracked, status.pending), (0, 0));
+}

@@ -27,9 +27,19 @@
 //! The attempt also carries its handler's progress reports to the lease manager
 //! ([`ProgressCell`]), which writes them with its renewals.
 //!
+//! **Commits.** A handler's transaction on the job's store
+//! ([`JobContext::transaction`](crate::JobContext::transaction)) takes its lease guard in SQL
+//! and then commits through [`Attempt::begin_commit`], which refuses at or past the fence
+//! point and races [`Attempt::revoke`] in one compare-and-swap (`commit`): a revoked attempt
+//! never commits, and a committing one is not revoked — its row is locked by its own guard
+//! until the commit ends, so no other node can take the job meanwhile, and the lease manager
+//! and the handler's fence leave it to finish. A transaction that completed the job leaves
+//! the attempt [`completed`](Attempt::completed): its lease is no longer renewed and the
+//! lease manager writes nothing more for it.
+//!
 //! [`Clock::monotonic`]: crate::clock::Clock::monotonic
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +50,15 @@ use super::ProgressCell;
 const NOT_STARTED: i64 = i64::MIN;
 /// `started` once the attempt was dropped before its handler started.
 const DROPPED: i64 = i64::MIN + 1;
+
+/// `commit`: no transaction of the handler is committing.
+const OPEN: u8 = 0;
+/// `commit`: a handler's transaction holds its lease guard and is committing.
+const COMMITTING: u8 = 1;
+/// `commit`: a handler's transaction completed the job (it is `succeeded` in the database).
+const COMPLETED: u8 = 2;
+/// `commit`: the lease was taken away; no transaction commits any more.
+const CLOSED: u8 = 3;
 
 /// The start gate of one claimed attempt; see the module docs.
 #[derive(Debug)]
@@ -54,6 +73,11 @@ pub(crate) struct Attempt {
     /// No start at or after this monotonic instant (µs) — a rate-limited claim's start
     /// margin; `i64::MAX` otherwise.
     start_by_us: i64,
+    /// A handler's transaction and the revoke: `OPEN`, `COMMITTING`, `COMPLETED` or
+    /// `CLOSED` (see the module docs).
+    commit: AtomicU8,
+    /// The result a completing transaction stored (what the lease manager reports).
+    completed_with: std::sync::Mutex<Option<serde_json::Value>>,
 }
 
 /// What [`Attempt::revoke`] found.
@@ -67,6 +91,9 @@ pub(crate) enum Revoked {
     /// The handler started at this monotonic instant (µs): stop it before giving anything
     /// back.
     Started(i64),
+    /// A transaction of the handler holds its lease guard and is committing, or completed
+    /// the job: nothing was taken away; its supervisor reports how it ended.
+    Committing,
 }
 
 impl Attempt {
@@ -90,7 +117,57 @@ impl Attempt {
             progress: ProgressCell::default(),
             queue,
             start_by_us: start_by.map_or(i64::MAX, us),
+            commit: AtomicU8::new(OPEN),
+            completed_with: std::sync::Mutex::new(None),
         }
+    }
+
+    /// A handler's transaction, its lease guard taken in SQL, is about to commit at `now`
+    /// (monotonic): true unless the fence point has been reached or the lease was taken
+    /// away (then it must roll back). Until [`end_commit`](Self::end_commit) the attempt is
+    /// neither revoked nor fenced.
+    pub(crate) fn begin_commit(&self, now: Duration) -> bool {
+        !self.lapsed(us(now))
+            && self
+                .commit
+                .compare_exchange(OPEN, COMMITTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// The commit begun by [`begin_commit`](Self::begin_commit) ended: with the job completed
+    /// (`Some(result)`: it is `succeeded` in the database), or not (committed without
+    /// completing, or failed: the attempt goes on).
+    pub(crate) fn end_commit(&self, completed: Option<serde_json::Value>) {
+        let to = if completed.is_some() {
+            if let Ok(mut r) = self.completed_with.lock() {
+                *r = completed;
+            }
+            COMPLETED
+        } else {
+            OPEN
+        };
+        let _ = self
+            .commit
+            .compare_exchange(COMMITTING, to, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// A transaction of the handler is committing, or completed the job: the lease is not to
+    /// be fenced or reported lost (the transaction's own guard decides).
+    pub(crate) fn committing(&self) -> bool {
+        matches!(self.commit.load(Ordering::Acquire), COMMITTING | COMPLETED)
+    }
+
+    /// A handler's transaction completed the job.
+    pub(crate) fn is_completed(&self) -> bool {
+        self.commit.load(Ordering::Acquire) == COMPLETED
+    }
+
+    /// The result stored by the handler's transaction that completed the job, if one did.
+    pub(crate) fn completed(&self) -> Option<serde_json::Value> {
+        if self.commit.load(Ordering::Acquire) != COMPLETED {
+            return None;
+        }
+        self.completed_with.lock().ok().and_then(|r| r.clone())
     }
 
     /// The handler's progress reports, on their way to the next renewal.
@@ -165,8 +242,16 @@ impl Attempt {
         won
     }
 
-    /// Takes the lease away: closes the gate, then reports whether the handler started.
+    /// Takes the lease away: closes the gate, then reports whether the handler started —
+    /// unless a transaction of the handler is committing or completed the job
+    /// ([`Revoked::Committing`]: nothing is taken away).
     pub(crate) fn revoke(&self) -> Revoked {
+        if let Err(COMMITTING | COMPLETED) =
+            self.commit
+                .compare_exchange(OPEN, CLOSED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            return Revoked::Committing;
+        }
         self.fence_at_us.store(i64::MIN, Ordering::Release);
         match self.started_us.compare_exchange(
             NOT_STARTED,
@@ -313,5 +398,46 @@ mod tests {
     fn the_margin_is_a_sixth_of_the_lease_at_most_five_seconds() {
         assert_eq!(fence_margin(6 * S), S);
         assert_eq!(fence_margin(60 * S), 5 * S);
+    }
+
+    #[test]
+    fn a_commit_is_refused_at_or_past_the_fence_point_and_after_a_revoke() {
+        let f = 9 * S;
+        let at = Attempt::new(f);
+        assert!(!at.begin_commit(f), "exactly at the fence point: no");
+        assert!(!at.committing());
+        let revoked = Attempt::new(f);
+        assert!(revoked.try_start(S));
+        assert_eq!(revoked.revoke(), Revoked::Started(us(S)));
+        assert!(
+            !revoked.begin_commit(2 * S),
+            "a revoked attempt never commits"
+        );
+        let before = Attempt::new(f);
+        assert!(before.begin_commit(f - US), "1 µs before: commits");
+    }
+
+    #[test]
+    fn a_committing_attempt_is_not_revoked_and_a_completed_one_stays_so() {
+        let a = Attempt::new(10 * S);
+        assert!(a.try_start(S));
+        assert!(a.begin_commit(2 * S));
+        assert_eq!(a.revoke(), Revoked::Committing, "its own guard decides");
+        assert!(
+            a.committing() && !a.lapsed(us(3 * S)),
+            "the gate stays open"
+        );
+        a.end_commit(Some(serde_json::json!("paid")));
+        assert!(a.is_completed());
+        assert_eq!(a.completed(), Some(serde_json::json!("paid")));
+        assert_eq!(a.revoke(), Revoked::Committing);
+
+        // A plain transaction's commit leaves the attempt as it was: revocable again.
+        let b = Attempt::new(10 * S);
+        assert!(b.try_start(S));
+        assert!(b.begin_commit(2 * S));
+        b.end_commit(None);
+        assert!(!b.committing() && b.completed().is_none());
+        assert_eq!(b.revoke(), Revoked::Started(us(S)));
     }
 }

@@ -152,6 +152,22 @@ impl JobSupervisor {
             return;
         }
         self.done = true;
+        // The handler's transaction completed the job: whatever it returned afterwards (or
+        // however it was stopped), the job is `succeeded` in the database with that result.
+        let (outcome, written) = match self.attempt.completed() {
+            Some(result) => {
+                if !matches!(outcome, Finalization::Succeeded { .. }) {
+                    tracing::warn!(
+                        id = self.job.id.0,
+                        kind = %self.job.kind,
+                        "the handler completed its job in a transaction, then returned \
+                         another outcome; the job stays succeeded"
+                    );
+                }
+                (Finalization::Succeeded { result }, true)
+            }
+            None => (outcome, false),
+        };
         self.finished.do_send(JobFinished {
             id: self.job.id,
             token: self.token.clone(),
@@ -160,6 +176,7 @@ impl JobSupervisor {
             kind: self.job.kind.clone(),
             attempt: self.job.attempts,
             started,
+            written,
         });
         ctx.stop();
     }
@@ -171,6 +188,11 @@ impl JobSupervisor {
 
     fn handler_done(&mut self, res: Result<Ran, JoinError>, ctx: &mut Context<Self>) {
         if self.done {
+            return;
+        }
+        if let Some(result) = self.attempt.completed() {
+            // Completed in the handler's transaction: `report` says so, whatever came after.
+            self.report(Finalization::Succeeded { result }, ctx);
             return;
         }
         let res = match res {
@@ -267,6 +289,12 @@ async fn run_fenced<F: Future<Output = JobResult>>(
     // The timer and the fence point it was armed for.
     let mut timer: Option<(i64, Pin<Box<tokio::time::Sleep>>)> = None;
     std::future::poll_fn(move |cx| loop {
+        if gate.committing() {
+            // A transaction of the handler holds its lease guard and is committing (no other
+            // node can take the job until it ends), or completed the job: its own guard
+            // decides, so it is polled on (see `attempt.rs`).
+            return handler.as_mut().poll(cx).map(Ran::Returned);
+        }
         let fence_at = gate.fence_at_us();
         let left = fence_at.saturating_sub(us(clock.monotonic()));
         let Some(left) = u64::try_from(left).ok().filter(|&l| l > 0) else {
@@ -333,7 +361,7 @@ impl Actor for JobSupervisor {
             self.cancel.clone(),
             self.shared.client.clone(),
             self.attempt.clone(),
-            self.token.claim(),
+            self.token.clone(),
             self.shared.clock.clone(),
         );
         // OpenTelemetry's messaging conventions, so that tracing-opentelemetry exports a

@@ -515,12 +515,19 @@ pub struct JobFinished {
     pub attempt: u32,
     /// Whether the handler started (false: the job is given back unstarted).
     pub started: bool,
+    /// The outcome is already written: the handler's transaction completed the job
+    /// (`outcome` is its success). Nothing is written again; it is reported as finished.
+    pub written: bool,
 }
 
 impl Handler<JobFinished> for LeaseManager {
     type Result = ();
 
     fn handle(&mut self, m: JobFinished, ctx: &mut Context<Self>) {
+        if m.written {
+            self.written_by_handler(m);
+            return;
+        }
         let key = (m.id, m.token);
         let created_at = self.leases.get(&key).map(|l| l.created_at);
         let started_us = self.leases.get(&key).and_then(|l| {
@@ -575,6 +582,41 @@ impl Handler<JobFinished> for LeaseManager {
     }
 }
 
+impl LeaseManager {
+    /// A job its handler's transaction completed: already `succeeded` in the database, so
+    /// nothing is written — the lease is forgotten, its slot freed, and the job reported
+    /// finished as a written finalization would be.
+    fn written_by_handler(&mut self, m: JobFinished) {
+        let key = (m.id, m.token);
+        let Some(l) = self.leases.remove(&key) else {
+            return;
+        };
+        self.free_slots(&l.queue, 1, l.waited());
+        self.shared.stats.add_finished(1);
+        let now = self.shared.clock.now();
+        self.outcome_metrics(&m.queue, &m.kind).record(
+            &Finished {
+                state: JobState::Succeeded,
+                attempt: m.attempt,
+                released: false,
+                created_at: Some(l.created_at),
+                waited: Duration::ZERO,
+            },
+            now,
+        );
+        self.shared.events.emit(Event::Finished {
+            id: m.id,
+            kind: m.kind,
+            queue: m.queue,
+            attempt: m.attempt,
+            claim: key.1.claim(),
+            state: JobState::Succeeded,
+            code: None,
+            message: None,
+        });
+    }
+}
+
 /// Writes buffered finalizations now (normally automatic).
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
@@ -625,11 +667,12 @@ impl Handler<RenewLeases> for LeaseManager {
                 true
             }
         };
-        // Fenced leases are not renewed: they are being given back.
+        // Fenced leases are not renewed: they are being given back; nor those of jobs their
+        // handler's transaction completed (they are `succeeded` in the database).
         let keys: Vec<Key> = self
             .leases
             .iter()
-            .filter(|(_, l)| !l.fenced)
+            .filter(|(_, l)| !l.fenced && !l.attempt.is_completed())
             .map(|(k, _)| k.clone())
             .collect();
         if keys.is_empty() {
@@ -764,7 +807,14 @@ impl Handler<RenewLeases> for LeaseManager {
                         report.lost += 1;
                         // A job whose finalization or give-back is in flight learns its fate
                         // from that write itself; only this attempt's lease is dropped.
-                        if act.leases.get(&key).is_some_and(|l| !l.finishing) {
+                        // So does one whose handler's transaction is committing or
+                        // completed the job: that transaction's own guard decides, and its
+                        // supervisor reports the outcome (no lease-lost report for it).
+                        if act
+                            .leases
+                            .get(&key)
+                            .is_some_and(|l| !l.finishing && !l.attempt.committing())
+                        {
                             if let Some(l) = act.forget(&key) {
                                 l.attempt.revoke();
                                 act.shared.stats.add_lease_lost(1);
@@ -813,8 +863,9 @@ impl LeaseManager {
         };
         match l.attempt.revoke() {
             Revoked::NotStarted => self.give_back_unstarted(key, ctx),
-            // Its supervisor is reporting the give-back already.
-            Revoked::AlreadyDropped => {}
+            // Its supervisor is reporting the give-back already; or a transaction of the
+            // handler holds its lease guard and is committing (its guard decides).
+            Revoked::AlreadyDropped | Revoked::Committing => {}
             Revoked::Started(_) => {
                 l.fenced = true;
                 l.stop(StopReason::SelfFence, now + grace);
@@ -848,7 +899,9 @@ impl Handler<CheckDeadlines> for LeaseManager {
         let mut at_risk = Vec::new();
         let mut abandoned = Vec::new();
         for (key, l) in &mut self.leases {
-            if l.finishing {
+            // A handler's transaction holding its lease guard is committing, or completed the
+            // job: nothing to fence or time out (its supervisor reports how it ended).
+            if l.finishing || l.attempt.committing() {
                 continue;
             }
             if l.stopped {
@@ -977,7 +1030,8 @@ impl Handler<ReleaseAll> for LeaseManager {
             n += 1;
             match l.attempt.revoke() {
                 Revoked::NotStarted => unstarted.push(key.clone()),
-                Revoked::AlreadyDropped => {}
+                // Committing or completed in the handler's transaction: it reports itself.
+                Revoked::AlreadyDropped | Revoked::Committing => {}
                 Revoked::Started(_) => l.stop(StopReason::Release, now + grace),
             }
         }

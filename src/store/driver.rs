@@ -51,6 +51,12 @@
 //!   Returns the state each applied row reached; a missing row is a lost lease.
 //! * [`vacuum_live`](Driver::vacuum_live) and [`listen`](Driver::listen) — PostgreSQL only;
 //!   nothing (or no listener) elsewhere.
+//! * A handler's transaction (`job_conn.rs`) checks out the backend's own connection type
+//!   through [`pg`](Driver::pg), [`mysql`](Driver::mysql) or [`sqlite`](Driver::sqlite);
+//!   its effect insert is the backend's (`insert_effect_*`): of concurrent inserts of one
+//!   `(job_id, effect_key)` exactly one writes, the others change nothing and report so
+//!   without failing the transaction (PostgreSQL, SQLite: `ON CONFLICT DO NOTHING`; MySQL:
+//!   the duplicate-key error, which rolls back that statement only).
 //! * Migrations ([`run_migrations`], [`latest_migration`]) — each backend embeds its own
 //!   folder and serialises concurrent migrators its own way.
 //!
@@ -212,6 +218,37 @@ impl Driver {
             Driver::Mysql(d) => d.pool_state(),
             #[cfg(feature = "sqlite")]
             Driver::Sqlite(d) => d.pool_state(),
+        }
+    }
+
+    /// The PostgreSQL driver, if the store is on PostgreSQL (a handler's transaction checks
+    /// out its connection: `job_conn.rs`).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn pg(&self) -> Option<&PgDriver> {
+        match self {
+            Driver::Postgres(d) => Some(d),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => None,
+        }
+    }
+
+    /// The MySQL driver, if the store is on MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(&self) -> Option<&MysqlDriver> {
+        match self {
+            Driver::Mysql(d) => Some(d),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => None,
+        }
+    }
+
+    /// The SQLite driver, if the store is on SQLite.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(&self) -> Option<&SqliteDriver> {
+        match self {
+            Driver::Sqlite(d) => Some(d),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => None,
         }
     }
 

@@ -11,6 +11,7 @@
 //!   unique-key period.
 //! * [`ReleaseHold`], [`RetakeHold`]: a `while_active` job releasing its unique key as it
 //!   ends, or taking it again on a manual retry.
+//! * [`KeepOrNowMinus`]: a start time kept, or now minus how long ago the handler started.
 //!
 //! * [`InList`]: `column IN (?, …)` whose text takes one of a few shapes, so it stays cached
 //!   (diesel's `eq_any` is never cached: on MySQL every use cost a prepare round trip).
@@ -154,6 +155,48 @@ where
         out.push_sql(DB::NOW_US);
         out.push_sql(") + ");
         out.push_bind_param::<Nullable<BigInt>, _>(&self.plus_us)?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+/// A start time kept if recorded, else "now" minus how long ago the handler started:
+/// `COALESCE(<column>, COALESCE(bound, db-now) - ago)` — `started_at` and `first_started_at`
+/// of a job completed in its handler's transaction between two heartbeats. Without an `ago`
+/// (`NULL`) the column is left as it is.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct KeepOrNowMinus {
+    /// The column (a constant: `started_at` or `first_started_at`).
+    pub(crate) column: &'static str,
+    /// The test clock's instant, or `None` for the database clock.
+    pub(crate) bound: Option<i64>,
+    /// How long ago the handler started, in µs.
+    pub(crate) ago_us: Option<i64>,
+}
+
+impl Expression for KeepOrNowMinus {
+    type SqlType = Nullable<BigInt>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for KeepOrNowMinus {}
+impl SelectableExpression<jobvisor_jobs::table> for KeepOrNowMinus {}
+impl<GB> ValidGrouping<GB> for KeepOrNowMinus {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB> QueryFragment<DB> for KeepOrNowMinus
+where
+    DB: Backend + ClockSql + diesel::sql_types::HasSqlType<BigInt>,
+    Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("COALESCE(");
+        out.push_sql(self.column);
+        out.push_sql(", COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.bound)?;
+        out.push_sql(", ");
+        out.push_sql(DB::NOW_US);
+        out.push_sql(") - ");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.ago_us)?;
         out.push_sql(")");
         Ok(())
     }

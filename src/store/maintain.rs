@@ -15,7 +15,9 @@ use super::expr::{
     DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,
 };
 use super::rows::{dur_us, from_us};
-use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
+use super::schema::{
+    jobvisor_effects as effects, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+};
 use super::timeout::Op;
 use super::{
     ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
@@ -179,8 +181,8 @@ impl Store {
         self.inner.driver.vacuum_live().await
     }
 
-    /// Deletes archived jobs archived more than `older_than` ago, at most `limit`. Returns
-    /// how many.
+    /// Deletes archived jobs archived more than `older_than` ago, at most `limit`, with their
+    /// effect records (`jobvisor_effects`), in one transaction. Returns how many jobs.
     ///
     /// # Errors
     /// [`Error::Database`].
@@ -190,7 +192,8 @@ impl Store {
         }
         let cutoff = DbNow::new(bound(p.now)).plus(-dur_us(p.older_than));
         let limit = i64::from(p.limit);
-        let n: usize = with_write!(self, |conn| {
+        // The jobs' effect records go with them, in the same transaction.
+        let n: usize = with_tx!(self, |conn| {
             let ids: Vec<i64> = archive::table
                 .select(archive::id)
                 .filter(archive::archived_at.lt(cutoff))
@@ -199,13 +202,16 @@ impl Store {
                 .load(conn)
                 .await?;
             if ids.is_empty() {
-                0
+                Ok(0)
             } else {
+                diesel::delete(effects::table.filter(effects::job_id.eq_any(&ids)))
+                    .execute(conn)
+                    .await?;
                 diesel::delete(archive::table.filter(archive::id.eq_any(&ids)))
                     .execute(conn)
-                    .await?
+                    .await
             }
-        });
+        })?;
         Ok(n as u64)
     }
 

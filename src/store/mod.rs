@@ -13,8 +13,10 @@
 //!    (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts) and
 //!    `gauges` (the database-wide gauges, one node's turn per interval), written once with
 //!    diesel's query builder; `outbox` (enqueue in the caller's
-//!    transaction); `migrate` (embedded migrations, the schema check); `connect` (URL →
-//!    backend, open).
+//!    transaction); `job_conn` (a handler's transaction on the store's connection: the lease
+//!    guard, the completion, effect records) and `effects` (the effect records' types and
+//!    reads); `migrate` (embedded migrations, the schema check); `connect` (URL → backend,
+//!    open).
 //! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
 //!    of each operation whose SQL differs (columns written, guard, result), and the only
 //!    dispatch on the backend.
@@ -52,9 +54,11 @@ use std::sync::Arc;
 mod batch;
 mod connect;
 pub(crate) mod driver;
+mod effects;
 mod errors;
 mod expr;
 mod gauges;
+pub(crate) mod job_conn;
 mod leader;
 mod maintain;
 mod migrate;
@@ -89,10 +93,18 @@ mod tls;
 ))]
 pub mod conformance;
 
+pub(crate) use batch::bound as bound_us;
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use connect::with_query;
 pub(crate) use driver::{Listener, Notice};
+pub(crate) use effects::validate_key as validate_effect_key;
+pub use effects::{Effect, Recorded, MAX_EFFECT_KEY_LEN};
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
+pub use job_conn::JobConnection;
+#[cfg(feature = "sqlite")]
+pub use job_conn::SqliteJobConnection;
+#[doc(hidden)]
+pub use job_conn::{Completion, NewEffect};
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
 pub use nodes::{NodeInfo, Unserved, UnservedReason, NODE_GONE_AFTER};
@@ -118,6 +130,9 @@ pub use queues::{
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub(crate) use rows::from_us;
 pub(crate) use schedules::{Fire, SyncMode};
+#[cfg(feature = "sqlite")]
+#[doc(hidden)]
+pub use sqlite::SqliteRunner;
 pub use tls::TlsMode;
 
 impl Store {

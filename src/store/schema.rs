@@ -167,3 +167,17 @@ diesel::allow_tables_to_appear_in_same_query!(
     jobvisor_queues,
     jobvisor_queue_claims
 );
+
+diesel::table! {
+    /// Effects jobs recorded in their handlers' transactions (see `store::effects`): one row
+    /// per (job, effect key).
+    jobvisor_effects (job_id, effect_key) {
+        job_id -> BigInt,
+        effect_key -> Text,
+        detail -> Nullable<Json>,
+        claim -> Text,
+        recorded_at -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_effects);

@@ -11,7 +11,8 @@
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
 //! migrations), `partition` (partition keys), `unique` (unique-key scopes), `gauges` (the database-wide
-//! gauges' turns and counts), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
+//! gauges' turns and counts), `handler_tx` (a handler's own transaction: lease-fenced
+//! completion, effect records), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
 //! Databases come from [`crate::testing::TestDb`].
 //!
@@ -42,6 +43,7 @@ mod deploy;
 mod enqueue;
 mod finalize;
 mod gauges;
+mod handler_tx;
 mod leader;
 mod lease;
 mod maintenance;
@@ -66,6 +68,7 @@ pub use deploy::*;
 pub use enqueue::*;
 pub use finalize::*;
 pub use gauges::*;
+pub use handler_tx::*;
 pub use leader::*;
 pub use lease::*;
 pub use maintenance::*;
@@ -260,6 +263,11 @@ macro_rules! conformance_tests {
             a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers,
             a_schedule_is_retired_only_once_no_node_declares_it,
             progress_is_written_with_the_renewal_and_guarded_by_the_token,
+            a_zombies_business_write_rolls_back_with_its_completion,
+            a_completion_the_body_rolls_back_leaves_the_job_running,
+            sixteen_concurrent_attempts_of_one_effect_key_record_it_once,
+            a_completed_attempt_is_never_written_again_and_a_fenced_one_never_commits,
+            bad_effect_keys_and_transactions_get_clear_errors,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

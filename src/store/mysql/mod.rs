@@ -576,3 +576,22 @@ async fn finalize(
     }
     Ok(applied)
 }
+
+/// Records an effect unless its key is recorded (see `driver.rs`): a plain `INSERT` whose
+/// duplicate-key error rolls back that statement only (InnoDB), so the caller's transaction
+/// goes on; true if it inserted.
+pub(crate) async fn insert_effect_mysql(
+    conn: &mut AsyncMysqlConnection,
+    e: &super::NewEffect,
+) -> QueryResult<bool> {
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+    match diesel::insert_into(super::schema::jobvisor_effects::table)
+        .values(super::job_conn::effect_values!(e))
+        .execute(conn)
+        .await
+    {
+        Ok(n) => Ok(n == 1),
+        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+        Err(other) => Err(other),
+    }
+}

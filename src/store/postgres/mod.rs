@@ -594,6 +594,20 @@ async fn finalize_pg(
         .collect())
 }
 
+/// Records an effect unless its key is recorded (see `driver.rs`): `INSERT … ON CONFLICT
+/// DO NOTHING`; true if it inserted.
+pub(crate) async fn insert_effect_pg(
+    conn: &mut AsyncPgConnection,
+    e: &super::NewEffect,
+) -> QueryResult<bool> {
+    let n = diesel::insert_into(super::schema::jobvisor_effects::table)
+        .values(super::job_conn::effect_values!(e))
+        .on_conflict_do_nothing()
+        .execute(conn)
+        .await?;
+    Ok(n == 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,8 +31,10 @@ use tokio::runtime::Handle;
 pub(crate) type SqliteConn = SyncConnectionWrapper<SqliteConnection, Detached>;
 
 /// Runs a connection's blocking calls on tokio's blocking threads; a call whose future is
-/// dropped runs to its end regardless.
-pub(crate) struct Detached {
+/// dropped runs to its end regardless. Public only as the runner of
+/// [`SqliteJobConnection`](crate::SqliteJobConnection); not a stable API.
+#[derive(Debug)]
+pub struct Detached {
     /// Calls started and not yet finished.
     busy: Arc<AtomicUsize>,
     /// The runtime the connection was opened on, for calls made outside any runtime.
@@ -98,6 +100,22 @@ where
     Fut: Future<Output = R>,
 {
     type Fut = Fut;
+}
+
+/// `BEGIN IMMEDIATE` on the store's connection (the write lock taken up front).
+pub(crate) async fn begin_immediate(conn: &mut SqliteConn) -> diesel::QueryResult<()> {
+    conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE"))
+        .await
+}
+
+/// `COMMIT` of a transaction begun by [`begin_immediate`].
+pub(crate) async fn commit(conn: &mut SqliteConn) -> diesel::QueryResult<()> {
+    SyncTransactionManagerWrapper::<AnsiTransactionManager>::commit_transaction(conn).await
+}
+
+/// `ROLLBACK` of a transaction begun by [`begin_immediate`].
+pub(crate) async fn rollback(conn: &mut SqliteConn) -> diesel::QueryResult<()> {
+    SyncTransactionManagerWrapper::<AnsiTransactionManager>::rollback_transaction(conn).await
 }
 
 /// Runs `body` in a `BEGIN IMMEDIATE` transaction (the write lock taken up front, so a

@@ -47,7 +47,8 @@ use crate::job::{JobId, JobState, NewJob};
 mod conn;
 pub(crate) mod sql;
 
-pub(crate) use conn::{immediate, SqliteConn};
+pub use conn::Detached as SqliteRunner;
+pub(crate) use conn::{begin_immediate, commit, immediate, rollback, SqliteConn};
 
 /// A SQLite connection diesel-async drives: the store's own, or an application's (the
 /// outbox enqueues on it).
@@ -461,4 +462,18 @@ async fn finalize_sqlite(
         .into_iter()
         .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
         .collect())
+}
+
+/// Records an effect unless its key is recorded (see `driver.rs`): `INSERT … ON CONFLICT
+/// DO NOTHING`; true if it inserted.
+pub(crate) async fn insert_effect_sqlite(
+    conn: &mut SqliteConn,
+    e: &super::NewEffect,
+) -> QueryResult<bool> {
+    let n = diesel::insert_into(super::schema::jobvisor_effects::table)
+        .values(super::job_conn::effect_values!(e))
+        .on_conflict_do_nothing()
+        .execute(conn)
+        .await?;
+    Ok(n == 1)
 }
