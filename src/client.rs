@@ -15,7 +15,7 @@ use crate::schedule::ScheduleInfo;
 use crate::store::{
     ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, Leader,
     ListParams, NodeInfo, OutboxConnection, PruneParams, QueueInfo, QueueLag, QueueLimits,
-    RetryParams, StateCount, Store, Unserved,
+    RetryOutcome, RetryParams, StateCount, Store, Unserved,
 };
 
 /// Rows moved or deleted per statement by [`Client::archive`] and [`Client::prune`].
@@ -515,7 +515,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::InvalidTransition`] from another state; [`Error::NotFound`].
-    pub async fn retry(&self, id: JobId) -> Result<Guarded<Job>> {
+    pub async fn retry(&self, id: JobId) -> Result<RetryOutcome> {
         let out = self
             .store
             .job_retry(RetryParams {
@@ -524,10 +524,14 @@ impl Client {
                 now: self.clock.bound_now(),
             })
             .await?;
-        if let (Guarded::Applied(job), Some(wake)) = (&out, &self.wake) {
-            wake(&job.queue);
-        }
-        Ok(out)
+        Ok(match out {
+            Guarded::Applied(job) => {
+                self.wake(&job.queue);
+                RetryOutcome::Retried(job)
+            }
+            // Without a lease, the only guard a retry has is the version it read.
+            Guarded::Stale | Guarded::LeaseLost => RetryOutcome::Changed,
+        })
     }
 
     /// Waits until the job is succeeded, dead or cancelled and returns it — the "future"

@@ -1,10 +1,11 @@
 //! Lease identities: the node that holds a lease and the random token every write by the
 //! holder must present (ARCHITECTURE.md §6, invariant 1).
 //!
-//! A [`LeaseToken`] is a bearer secret for one claim of one job: its `Debug` output is redacted
-//! so it never lands in logs. Its first 16 hex digits are public: the claim's [`ClaimId`],
-//! which names the claim in logs, spans, events and error entries; the 32 after them are the
-//! secret every guarded write presents.
+//! A lease token is a bearer secret for one claim of one job, held by the node's lease
+//! manager and never handed to applications: its `Debug` output is redacted so it never lands
+//! in logs. Its first 16 hex digits are public: the claim's [`ClaimId`], which names the
+//! claim in logs, spans, events and error entries; the 32 after them are the secret every
+//! guarded write presents.
 
 use std::fmt;
 
@@ -61,6 +62,10 @@ impl fmt::Display for NodeId {
 /// holder whose token no longer matches (its lease expired and the job was reclaimed) is told
 /// `LeaseLost`. Its form is the claim's [`ClaimId`] (16 hex digits, public) followed by 128
 /// random bits (32 hex digits, the secret).
+///
+/// Engine-internal: no public signature takes or returns one (applications see the
+/// [`ClaimId`]); jobvisor's own tests reach it through `testing::internal`.
+#[doc(hidden)]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LeaseToken(String);
 

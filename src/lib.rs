@@ -21,7 +21,7 @@
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
-//! * [`lease`] — [`NodeId`], [`ClaimId`] and [`LeaseToken`] (redacted in `Debug`).
+//! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
 //! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
 //!   what happens to missed fires.
 //! * [`clock`] — where time comes from: the database's clock in production, a
@@ -87,13 +87,13 @@ pub use handler::{
 };
 pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use job_tx::{JobTx, TxBody, TxError};
-pub use lease::{ClaimId, LeaseToken, NodeId};
+pub use lease::{ClaimId, NodeId};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 #[cfg(feature = "sqlite")]
 pub use store::SqliteJobConnection;
 pub use store::{
-    Backend, CancelOutcome, Enqueued, Guarded, ListParams, OutboxConnection, ReclaimReason,
+    Backend, CancelOutcome, Enqueued, ListParams, OutboxConnection, ReclaimReason, RetryOutcome,
     StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
 };
 pub use store::{Effect, JobConnection, Recorded, MAX_EFFECT_KEY_LEN};

@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 use diesel::connection::{set_default_instrumentation, Instrumentation, InstrumentationEvent};
+use jobvisor::testing::LeaseToken;
 use jobvisor::testing::{
     ClaimParams, Finalization, Finalize, FinalizeParams, LeaseRef, RenewParams, StoreEngine as _,
     TestDb,
 };
-use jobvisor::{Backend, Client, JobId, LeaseToken, NewJob, NodeId, QueueLimits, Store};
+use jobvisor::{Backend, Client, JobId, NewJob, NodeId, QueueLimits, Store};
 use serde_json::json;
 
 static QUERIES: AtomicU64 = AtomicU64::new(0);

@@ -217,7 +217,7 @@ async fn a_resumed_zombie_learns_from_its_heartbeat_that_its_lease_is_lost() {
         })
         .await
         .unwrap();
-    assert_eq!(out[0].1, jobvisor::Guarded::LeaseLost);
+    assert_eq!(out[0].1, jobvisor::testing::Guarded::LeaseLost);
     let job = b.client.get(id).await.unwrap();
     assert_eq!(
         (job.state, job.lease.unwrap().owner.as_str()),

@@ -89,11 +89,13 @@ async fn run(b: Backend, rounds: usize) -> jobvisor::Result<()> {
             .map(|c| Finalize::succeeded(c.job.id, c.token.clone(), json!({"ok": true})))
             .collect();
         // Make it 1,000 with 100 stale ones (guarded, refused): the same statement size.
-        items.extend(
-            expire.iter().map(|c| {
-                Finalize::succeeded(c.job.id, jobvisor::LeaseToken::generate(), json!(null))
-            }),
-        );
+        items.extend(expire.iter().map(|c| {
+            Finalize::succeeded(
+                c.job.id,
+                jobvisor::testing::LeaseToken::generate(),
+                json!(null),
+            )
+        }));
         let t = Instant::now();
         store
             .job_finalize_many(FinalizeParams { items, now: None })

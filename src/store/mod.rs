@@ -4,8 +4,8 @@
 //! MySQL/MariaDB, SQLite), chosen by the URL given to [`Store::connect`]. Every state
 //! transition of DESIGN §4 is one crate-private method taking a `*Params` struct that carries
 //! `now` (`None`: the database's clock decides; `Some`: a test clock's instant is bound
-//! instead). Writes by a lease holder present its [`LeaseToken`](crate::LeaseToken) in the
-//! SQL and report a lost guard as [`Guarded::LeaseLost`] — an outcome, not an error.
+//! instead). Writes by a lease holder present its lease token in the
+//! SQL and report a lost guard as `Guarded::LeaseLost` — an outcome, not an error.
 //!
 //! # Layout, in layers
 //! 1. The engine's entry points on [`Store`]: `ops` (enqueue, claim, renew, finalize:
@@ -120,7 +120,7 @@ pub(crate) use params::{
     Renewed, RetryParams,
 };
 pub use params::{
-    CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, StateCount,
+    CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, RetryOutcome, StateCount,
 };
 pub(crate) use queues::ChangeSignal;
 pub use queues::{

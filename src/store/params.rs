@@ -2,7 +2,7 @@
 //! operation (each carries `now`: `None`, the database's clock decides; `Some`, a test clock's
 //! instant is bound instead) and one outcome type per result.
 //!
-//! Application-facing types ([`Guarded`], [`Enqueued`], [`CancelOutcome`], [`ListParams`],
+//! Application-facing types ([`Enqueued`], [`CancelOutcome`], [`ListParams`],
 //! [`StateCount`], [`ReclaimReason`]) are re-exported by [`crate::store`]; the lease holder's
 //! vocabulary (claim, renew, finalize, reclaim, archive, prune) is crate-private and reachable
 //! from outside only through the hidden `testing::internal` (feature `test-util`, not a
@@ -390,6 +390,20 @@ pub enum CancelOutcome {
     Requested(Job),
     /// It had already finished: nothing changed.
     AlreadyFinished(Job),
+}
+
+/// What [`Client::retry`](crate::Client::retry) did.
+///
+/// A lease holder's writes answer with [`Guarded`] instead (engine-internal).
+#[derive(Debug, Clone, PartialEq)]
+// Returned once per call and matched at once: boxing the job would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum RetryOutcome {
+    /// It was dead or cancelled and is now `pending`, due at once (as returned).
+    Retried(Job),
+    /// It changed between the read and the write (another operator, a concurrent retry):
+    /// nothing was written. Read it again and decide.
+    Changed,
 }
 
 /// Manually retry a dead or cancelled job.

@@ -61,6 +61,7 @@ pub mod internal {
     };
     pub use super::engine::{NodeActors, StoreEngine};
 
+    pub use crate::lease::LeaseToken;
     pub use crate::scheduler::archiver::{ArchiveNow, Archiver};
     pub use crate::scheduler::fetcher::{
         FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
@@ -73,8 +74,8 @@ pub mod internal {
     pub use crate::scheduler::sweeper::{SweepNow, Sweeper};
     pub use crate::store::params::{
         ArchiveParams, CancelParams, ClaimParams, ClaimedJob, EnqueueParams, Finalization,
-        Finalize, FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams,
-        Renewed, RetryParams,
+        Finalize, FinalizeParams, Guarded, LeaseRef, PruneParams, ReclaimParams, Reclaimed,
+        RenewParams, Renewed, RetryParams,
     };
 }
 

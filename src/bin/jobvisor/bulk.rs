@@ -5,7 +5,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use chrono::{DateTime, Utc};
-use jobvisor::{CancelOutcome, Client, Guarded, Job, JobId, JobState, ListParams};
+use jobvisor::{CancelOutcome, Client, Job, JobId, JobState, ListParams, RetryOutcome};
 use serde_json::json;
 
 use crate::args::Bulk;
@@ -180,7 +180,7 @@ async fn apply(
 ) -> Result<Option<String>, jobvisor::Error> {
     match change {
         Change::Retry => Ok(match client.retry(id).await? {
-            Guarded::Applied(j) => Some(format!("{}, due now", j.state.as_str())),
+            RetryOutcome::Retried(j) => Some(format!("{}, due now", j.state.as_str())),
             _ => None,
         }),
         Change::Cancel => Ok(match client.cancel(id).await? {
