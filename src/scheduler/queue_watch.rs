@@ -141,6 +141,7 @@ impl QueueWatch {
             .collect();
         for (queue, gate) in &self.shared.queue_gates {
             let info = now.remove(queue);
+            gate.set_limit(info.as_ref().and_then(|i| i.limits.concurrency));
             let paused = info.as_ref().is_some_and(QueueInfo::is_paused);
             let changed = gate.set_paused(paused);
             if changed && paused {
