@@ -16,6 +16,10 @@
 //!    handler **starts** (from the starts the handlers recorded), nor 20 claimed jobs (from
 //!    the claim times the database recorded), and 100 jobs take at least 4 s.
 //!
+//! 4. (a test of its own) a global limit of 5 binding over the three nodes for 1,200 jobs:
+//!    each node starts within ± 20 % of an even third of them (the fair share), and the
+//!    limit is never exceeded.
+//!
 //! The shared servers are used (an isolated schema / database per run), nothing is restarted.
 
 #![allow(clippy::unwrap_used)]
@@ -380,6 +384,81 @@ async fn limits_hold_across_processes(backend: Backend) {
         "100 jobs at 20/s in {took:?}"
     );
     fleet.stop();
+}
+
+/// The fair share (see `src/scheduler/fair_share.rs`): a global limit of 5 binds over three
+/// nodes of 6 workers each; the jobs are enqueued once every node is registered and has had
+/// time to read the live nodes, so what is measured is the steady state.
+async fn a_binding_limit_is_shared_fairly(backend: Backend) {
+    const JOBS: u64 = 1200;
+    const LIMIT: u32 = 5;
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let side = SideDb::open(&db.url, 4).unwrap();
+    side.create_tables().await.unwrap();
+    let client = Client::new(store);
+    client
+        .set_queue_limits(QUEUE, QueueLimits::default().concurrency(LIMIT))
+        .await
+        .unwrap();
+    let mut fleet = Fleet::start(&db.url);
+    let t0 = Instant::now();
+    while client.nodes().await.unwrap().len() < NODES {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the nodes registered"
+        );
+        fleet.check_running();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each node reads the live nodes every second.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let ids = enqueue(&client, (0..JOBS).map(|i| job(10 + i % 3 * 10)).collect()).await;
+    let drain = Instant::now();
+    wait_all(&client, &mut fleet, &ids, Duration::from_secs(240)).await;
+    let took = drain.elapsed();
+    let execs = side.executions().await.unwrap();
+    assert_eq!(execs.len(), JOBS as usize, "each job ran once");
+    let peak = peak_overlap(execs.iter());
+    let mut starts: BTreeMap<&str, usize> = BTreeMap::new();
+    for x in &execs {
+        *starts.entry(x.node.as_str()).or_default() += 1;
+    }
+    let fair = JOBS as f64 / NODES as f64;
+    let shares: Vec<String> = starts
+        .iter()
+        .map(|(n, c)| format!("{n} {c} ({:+.0} %)", (*c as f64 / fair - 1.0) * 100.0))
+        .collect();
+    eprintln!(
+        "fair share [{backend:?}]: {JOBS} jobs under a limit of {LIMIT} in {took:?}, peak \
+         {peak}; starts per node: {}",
+        shares.join(", ")
+    );
+    assert!(
+        peak <= LIMIT as usize,
+        "{peak} executions at once under a limit of {LIMIT}"
+    );
+    assert_eq!(starts.len(), NODES, "every node started jobs: {shares:?}");
+    for (node, count) in &starts {
+        let off = (*count as f64 / fair - 1.0).abs();
+        assert!(
+            off <= 0.2,
+            "node {node} started {count} of {JOBS} jobs, {:.0} % off an even share \
+             (all: {shares:?})",
+            off * 100.0
+        );
+    }
+    fleet.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_limit_is_shared_fairly_on_postgres() {
+    a_binding_limit_is_shared_fairly(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_limit_is_shared_fairly_on_mysql() {
+    a_binding_limit_is_shared_fairly(Backend::Mysql).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

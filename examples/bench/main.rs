@@ -27,6 +27,9 @@
 //!   `mean_running` and `mean_held`: handlers running and jobs held (claimed, finish not yet
 //!   confirmed) on average over a drain — under a limit that binds, held ≤ the limit, and the
 //!   difference between the two is slots spent claiming, starting and finalizing.
+//! * `nodes` (only when named): the drain by K node processes (`--nodes`, default 3) of
+//!   concurrency C each against one process of K×C, alternating `--rounds` pairs; the
+//!   median ratio and each process's share of the starts (`nodes.rs`).
 //! * `limits-burst` (only when named): the partitioned drain of `limits` with `--backlog` jobs
 //!   of one more partition enqueued first — one tenant's burst at the head of the queue, its
 //!   partition at its limit — against the same drain without it, `--rounds` pairs; the drain
@@ -62,6 +65,7 @@
 
 mod limits;
 mod modes;
+mod nodes;
 mod observability;
 mod raw;
 mod scale;
@@ -71,6 +75,7 @@ use serde_json::{json, Value};
 
 use limits::{drain_limited, Limit};
 use modes::{drain, enqueue_batch, enqueue_single, latency};
+use nodes::nodes_vs_one;
 use observability::{drain_with_metrics, gauge_cost, maintenance_cost};
 use raw::{raw_drain, raw_inserts};
 use scale::{archive_cycle, drain_archive, drain_backlog, rss};
@@ -106,11 +111,12 @@ usage: bench [flags]
   --prefetch P      the queue's prefetch (default: jobvisor's)
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
                     latency-remote (default: these);
-                    metrics, gauges, maintenance, limits-burst, drain-backlog, drain-archive,
+                    metrics, gauges, maintenance, limits-burst, nodes, drain-backlog, drain-archive,
                     archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
   --job-ms M        each job of the limits mode sleeps M ms (default 0)
-  --nodes K         nodes the limits mode drains with (default 1)
+  --nodes K         nodes the limits mode drains with (default 1); node processes of
+                    the nodes mode (default 3)
   --backlog N       jobs waiting / archived beforehand (default 1000000)
   --through N       jobs through the live table in archive-cycle (default 1000000)
   --in-flight N     handlers running at once in rss (default 10000)
@@ -207,6 +213,16 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    // A node process of the `nodes` mode.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--serve-node") {
+        let c = argv
+            .get(3)
+            .and_then(|c| c.parse().ok())
+            .expect("--serve-node URL C");
+        nodes::serve_node(&argv[2], c).await;
+        return;
+    }
     let args = parse_args();
     // Like for like: the raw baselines connect without TLS, so jobvisor does too unless the
     // URL says otherwise (the store's default, `prefer`, would encrypt against a server with
@@ -217,7 +233,7 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 4] = ["metrics", "gauges", "maintenance", "limits-burst"];
+    const NAMED: [&str; 5] = ["metrics", "gauges", "maintenance", "limits-burst", "nodes"];
     let want = |m: &str| match &args.only {
         // The scale modes take minutes: only when asked for (by name or as `scale`); the
         // observability modes only by name.
@@ -386,6 +402,21 @@ async fn main() {
                         "without_burst": without.round(),
                         "ratio_to_without": (med / without * 100.0).round() / 100.0,
                     }),
+                },
+            );
+        }
+        if want("nodes") {
+            let procs = if args.nodes > 1 { args.nodes } else { 3 };
+            let extra = nodes_vs_one(b, n, c, procs, args.rounds).await;
+            let per_sec = extra["median_processes"].as_f64();
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "drain-processes".into(),
+                    jobs: n,
+                    per_sec,
+                    extra,
                 },
             );
         }

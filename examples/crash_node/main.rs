@@ -32,6 +32,8 @@
 //! `crash-wanted` (every N ms, one job per row of the side table `crash_wanted`, keyed by
 //! it); both enqueue into the queue `periodic`, which no node works, so their jobs stay for
 //! the driver to count. `--leader-lease-ms` sets the leader lease.
+//! `--defaults` keeps the library's default lease, renewal, sweep, deadline check and poll
+//! (the node's own are quicker), for measuring what an idle default node sends.
 //!
 //! It runs until its standard input is closed, then shuts down gracefully (running jobs get
 //! `--shutdown-ms`, default 5 s, to finish; the rest are given back) and exits 0. The driver stops it that way, or kills it with
@@ -61,7 +63,7 @@ use side::{now_us, JournalLine, SideDb};
 const USAGE: &str = "usage: crash_node <database-url> <node-name> [--journal PATH] \
 [--queue NAME [--concurrency N] [--prefetch N]]... [--kind NAME]... [--lease-ms N] \
 [--renew-ms N] [--sweep-ms N] [--deadline-ms N] [--poll-ms N] [--shutdown-ms N] \
-[--max-work-ms N] [--schedule-ms N] [--reconcile-ms N] [--leader-lease-ms N]";
+[--max-work-ms N] [--schedule-ms N] [--reconcile-ms N] [--leader-lease-ms N] [--defaults]";
 
 /// The queue worked when no `--queue` is given.
 const DEFAULT_QUEUE: &str = "crash";
@@ -117,6 +119,9 @@ struct Args {
     schedule: Option<Duration>,
     reconcile: Option<Duration>,
     leader_lease: Option<Duration>,
+    /// `--defaults`: the library's default lease, renewal, sweep, deadline check and poll
+    /// instead of this node's quick ones (for measuring what a default node costs).
+    defaults: bool,
 }
 
 /// The queue of the schedule's and the reconciler's jobs: no node works it.
@@ -140,6 +145,7 @@ impl Args {
             schedule: None,
             reconcile: None,
             leader_lease: None,
+            defaults: false,
         };
         let mut positional = Vec::new();
         while let Some(arg) = it.next() {
@@ -147,6 +153,10 @@ impl Args {
                 positional.push(arg);
                 continue;
             };
+            if flag == "defaults" {
+                a.defaults = true;
+                continue;
+            }
             let value = it.next().ok_or_else(|| format!("--{flag} needs a value"))?;
             let ms = || -> Result<Duration, String> {
                 value
@@ -552,11 +562,15 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         max_work_ms: a.max_work_ms,
         rng: AtomicU64::new(seed),
     };
-    let mut config = SchedulerConfig::default()
-        .lease(a.lease)
-        .renew_every(a.renew_every)
-        .sweep_every(a.sweep_every)
-        .deadline_check_every(a.deadline_check_every)
+    let mut config = SchedulerConfig::default();
+    if !a.defaults {
+        config = config
+            .lease(a.lease)
+            .renew_every(a.renew_every)
+            .sweep_every(a.sweep_every)
+            .deadline_check_every(a.deadline_check_every);
+    }
+    let mut config = config
         .retry(RetryPolicy::fixed(Duration::from_millis(100)))
         .shutdown_timeout(a.shutdown_wait)
         .handler_threads(2);
@@ -566,9 +580,10 @@ async fn run(a: Args) -> Result<ExitCode, String> {
     let node = NodeId::new(a.node.clone()).map_err(|e| e.to_string())?;
     let mut builder = Scheduler::builder(store).config(config).node_id(node);
     for q in &a.queues {
-        let mut qc = QueueConfig::default()
-            .concurrency(q.concurrency)
-            .poll_interval(a.poll);
+        let mut qc = QueueConfig::default().concurrency(q.concurrency);
+        if !a.defaults {
+            qc = qc.poll_interval(a.poll);
+        }
         if let Some(p) = q.prefetch {
             qc = qc.prefetch(p);
         }

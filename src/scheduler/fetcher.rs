@@ -28,6 +28,7 @@ use actix::prelude::*;
 use tokio::sync::Semaphore;
 
 use super::attempt::{fence_point, Attempt};
+use super::fair_share::{SHARE_RETRY_FOR, SHARE_RETRY_MAX, SHARE_RETRY_MIN};
 use super::job_supervisor::JobSupervisor;
 use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
 use super::queue_gate::QueueGate;
@@ -74,6 +75,11 @@ pub struct Fetcher {
     /// start at once (each job must start within the rate's start margin).
     rated: bool,
     last_error: Option<Instant>,
+    /// Under a fair share: the next retry's delay and the time spent retrying without a job
+    /// (`None`: not retrying).
+    share_backoff: Option<(Duration, Duration)>,
+    /// A fair-share wake-up is scheduled (one at a time).
+    share_timer: bool,
     /// The queue's claim instruments.
     metrics: Arc<QueueMetrics>,
     /// Handler instruments per kind, registered at first use, shared with the supervisors.
@@ -115,6 +121,8 @@ impl Fetcher {
             rate_wait: false,
             declaring: false,
             last_error: None,
+            share_backoff: None,
+            share_timer: false,
             kind_metrics: HashMap::new(),
         }
     }
@@ -242,7 +250,7 @@ impl Handler<FetchNow> for Fetcher {
     // same free slots and together exceed the queue's concurrency.
     type Result = AtomicResponse<Self, usize>;
 
-    fn handle(&mut self, _: FetchNow, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: FetchNow, ctx: &mut Context<Self>) -> Self::Result {
         self.wake_queued = false;
         // Paused, as far as this node knows: a claim would take nothing (or, racing a
         // resume, jobs the start gate would give back); the resume wakes this fetcher.
@@ -257,6 +265,17 @@ impl Handler<FetchNow> for Fetcher {
             if limit == 0 {
                 return AtomicResponse::new(Box::pin(fut::ready(0)));
             }
+        }
+        // Several nodes serve the queue under a global limit: hold at most this node's fair
+        // share (`fair_share.rs`); a rotation that raises it wakes the fetcher.
+        let share = self.gate.fair_cap(self.second());
+        if let Some(cap) = share {
+            let room = cap.saturating_sub(self.busy);
+            if room == 0 {
+                self.wake_next_second(ctx);
+                return AtomicResponse::new(Box::pin(fut::ready(0)));
+            }
+            limit = limit.min(room);
         }
         let shared = self.shared.clone();
         // The database counts the lease from its own "now", at the latest when the claim
@@ -310,6 +329,11 @@ impl Handler<FetchNow> for Fetcher {
                     if controlled && !full {
                         act.window.on_held_back();
                     }
+                    if share.is_some() && controlled && !full {
+                        act.share_retry(ctx, n);
+                    } else {
+                        act.share_backoff = None;
+                    }
                     act.start_all(jobs, sent_at, rated);
                     // A full claim: more may be due. Claim the next chunk while these run.
                     if full && act.free() >= act.chunk() {
@@ -327,6 +351,55 @@ impl Handler<FetchNow> for Fetcher {
 }
 
 impl Fetcher {
+    /// The wall-clock second the fair share rotates on.
+    fn second(&self) -> u64 {
+        u64::try_from(self.shared.clock.now().timestamp()).unwrap_or(0)
+    }
+
+    /// At its fair share: claim again when the next second may raise it (a freed slot
+    /// wakes the fetcher anyway).
+    fn wake_next_second(&mut self, ctx: &mut Context<Self>) {
+        if self.share_timer {
+            return;
+        }
+        self.share_timer = true;
+        let into = self.shared.clock.now().timestamp_subsec_millis().min(999);
+        let delay = Duration::from_millis(u64::from(1000 - into));
+        ctx.run_later(delay, |act, ctx| {
+            act.share_timer = false;
+            act.wake(ctx);
+        });
+    }
+
+    /// A claim under a fair share took fewer jobs than asked, `got` of them: while this node
+    /// is below its share, the limit may be held by nodes above theirs (a rotation moved
+    /// the share), whose freed slots only this node may take — so it claims again soon,
+    /// backing off from [`SHARE_RETRY_MIN`] to [`SHARE_RETRY_MAX`], for at most
+    /// [`SHARE_RETRY_FOR`] without a job (the queue may simply be empty; the poll goes on).
+    fn share_retry(&mut self, ctx: &mut Context<Self>, got: usize) {
+        let below = self
+            .gate
+            .fair_cap(self.second())
+            .is_some_and(|cap| self.busy < cap);
+        if !below {
+            self.share_backoff = None;
+            return;
+        }
+        let (delay, spent) = match self.share_backoff {
+            Some((d, spent)) if got == 0 => ((d * 2).min(SHARE_RETRY_MAX), spent + d),
+            _ => (SHARE_RETRY_MIN, Duration::ZERO),
+        };
+        if spent >= SHARE_RETRY_FOR || self.share_timer {
+            return;
+        }
+        self.share_backoff = Some((delay, spent));
+        self.share_timer = true;
+        ctx.run_later(delay, |act, ctx| {
+            act.share_timer = false;
+            act.wake(ctx);
+        });
+    }
+
     /// Takes budget for each job, starts its supervisor (which waits for a worker permit) and
     /// hands all the leases to the lease manager in one message. `rated`: the jobs were
     /// counted in the queue's rate window at the database's time read this long after

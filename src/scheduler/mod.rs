@@ -12,6 +12,8 @@
 //! * `Sweeper` and `Archiver` do bounded maintenance batches.
 //! * The schedule firer (`schedule_firer.rs`) stores the node's schedules and, on the
 //!   leader, fires the due ones.
+//! * Under a queue's global limit served by several nodes, each node holds at most its
+//!   fair share (`fair_share.rs`).
 //! * Reconcilers (`reconciler.rs`) re-create missing jobs, run by the leader.
 //! * `LeaderElector` keeps or takes the database's leadership (one node per database does
 //!   the once-per-database work, fenced by its term).
@@ -44,6 +46,7 @@ pub(crate) mod archiver;
 pub(crate) mod attempt;
 mod builder;
 mod event;
+mod fair_share;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod fetcher;
 mod gauges;

@@ -50,6 +50,8 @@ pub(crate) struct QueueWatch {
     /// A read is in flight; `again`: another was asked for meanwhile.
     reading: bool,
     again: bool,
+    /// The last read of the settings failed: read them again at the next signal.
+    stale: bool,
     last_error: Option<Instant>,
 }
 
@@ -77,6 +79,7 @@ impl QueueWatch {
             signal: None,
             reading: false,
             again: false,
+            stale: false,
             last_error: None,
         }
     }
@@ -104,8 +107,17 @@ impl QueueWatch {
         ctx.spawn(read.into_actor(self).map(|res, act, ctx| {
             act.reading = false;
             match res {
-                Ok(list) => act.apply(list),
-                Err(e) => act.store_failed(&e),
+                Ok(list) => {
+                    act.stale = false;
+                    act.apply(list);
+                }
+                Err(e) => {
+                    // Read again at the next signal, and meanwhile claims look up rows
+                    // themselves.
+                    act.stale = true;
+                    act.shared.store.forget_settings();
+                    act.store_failed(&e);
+                }
             }
             if std::mem::take(&mut act.again) {
                 act.refresh(ctx);
@@ -115,6 +127,13 @@ impl QueueWatch {
 
     /// Applies the settings read: every served queue's gate, the give-backs and wakes.
     fn apply(&mut self, list: Vec<QueueInfo>) {
+        // First, so a fetcher woken below for a queue that gained a row claims it controlled.
+        // Only a watch that keeps reading (timers on) may spare the claims their look-up.
+        if self.shared.config.timers {
+            self.shared
+                .store
+                .note_settings(self.shared.queue_gates.keys(), &list);
+        }
         let mut now: HashMap<String, QueueInfo> = list
             .into_iter()
             .filter(|q| self.shared.queue_gates.contains_key(&q.name))
@@ -122,6 +141,7 @@ impl QueueWatch {
             .collect();
         for (queue, gate) in &self.shared.queue_gates {
             let info = now.remove(queue);
+            gate.set_limit(info.as_ref().and_then(|i| i.limits.concurrency));
             let paused = info.as_ref().is_some_and(QueueInfo::is_paused);
             let changed = gate.set_paused(paused);
             if changed && paused {
@@ -160,7 +180,10 @@ impl QueueWatch {
                             f.do_send(NewJobsElsewhere);
                         }
                     }
-                    if before.is_none_or(|b| b.settings != signal.settings) || act.again {
+                    if before.is_none_or(|b| b.settings != signal.settings)
+                        || act.again
+                        || act.stale
+                    {
                         act.again = false;
                         act.refresh(ctx);
                     }

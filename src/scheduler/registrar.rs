@@ -106,6 +106,55 @@ impl Handler<NodeHeartbeat> for Registrar {
     }
 }
 
+/// Reads the node registry and records, for each served queue with a global limit, this
+/// node's rank among the live nodes serving it (the fair share's input, `fair_share.rs`).
+/// Nothing is read while no served queue has a limit.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub(crate) struct RefreshPeers;
+
+impl Handler<RefreshPeers> for Registrar {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _: RefreshPeers, _: &mut Context<Self>) -> Self::Result {
+        let shared = self.shared.clone();
+        if !shared.queue_gates.values().any(|g| g.limit().is_some()) {
+            return Box::pin(fut::ready(()));
+        }
+        let fut = async move { shared.store.nodes_list().await };
+        Box::pin(fut.into_actor(self).map(|res, act, _| match res {
+            Ok(nodes) => act.record_peers(&nodes),
+            Err(e) => act.store_failed(&e),
+        }))
+    }
+}
+
+impl Registrar {
+    /// Records this node's rank among the live nodes serving each of its queues. Live: a
+    /// heartbeat within three heartbeat intervals of the newest one listed (the database's
+    /// clock on both sides, so the nodes' clocks do not matter).
+    fn record_peers(&self, nodes: &[crate::store::NodeInfo]) {
+        let Some(newest) = nodes.iter().map(|n| n.heartbeat_at).max() else {
+            return;
+        };
+        let live_for = self.shared.config.node_heartbeat_every.saturating_mul(3);
+        let live_for = chrono::Duration::from_std(live_for).unwrap_or(chrono::Duration::MAX);
+        let me = self.shared.node.as_str();
+        for (queue, gate) in &self.shared.queue_gates {
+            // Sorted by node id (the registry lists them so).
+            let serving: Vec<&str> = nodes
+                .iter()
+                .filter(|n| n.heartbeat_at + live_for >= newest && n.queues.contains(queue))
+                .map(|n| n.node.as_str())
+                .collect();
+            if let Some(rank) = serving.iter().position(|n| *n == me) {
+                let count = u32::try_from(serving.len()).unwrap_or(u32::MAX);
+                gate.set_peers(u32::try_from(rank).unwrap_or(u32::MAX), count);
+            }
+        }
+    }
+}
+
 /// Looks for due jobs no live node can run; answers how many groups were reported.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "usize")]

@@ -18,7 +18,7 @@ use super::lease_manager::{
 use super::listen::listen_loop;
 use super::queue_watch::QueueWatch;
 use super::reconciler::reconcile_loop;
-use super::registrar::{CheckUnserved, NodeHeartbeat, Registrar, Unregister};
+use super::registrar::{CheckUnserved, NodeHeartbeat, RefreshPeers, Registrar, Unregister};
 use super::schedule_firer::{schedule_loop, SCHEDULE_TICK};
 use super::shared::Shared;
 use super::sweeper::{SweepNow, Sweeper};
@@ -159,6 +159,11 @@ impl Actor for Scheduler {
             .push(ctx.run_interval(cfg.unserved_check_every, move |_, _| {
                 reg.do_send(CheckUnserved)
             }));
+        // The fair share's view of the live nodes (read only while a served queue has a
+        // global limit).
+        let reg = self.registrar.clone();
+        self.timers
+            .push(ctx.run_interval(PEERS_EVERY, move |_, _| reg.do_send(RefreshPeers)));
         let el = self.elector.clone();
         el.do_send(Elect);
         // Every third of the lease: a leader renews twice before its lease can run out.
@@ -201,6 +206,10 @@ pub struct ShutdownReport {
     /// Jobs whose leases were given back (they run again promptly, elsewhere or later).
     pub released: usize,
 }
+
+/// How often a node serving a queue with a global limit re-reads the live nodes for its
+/// fair share: **1 s** (one statement; none without such a queue).
+const PEERS_EVERY: Duration = Duration::from_secs(1);
 
 /// Pause between checks while shutdown waits.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(20);

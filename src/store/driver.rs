@@ -569,4 +569,39 @@ macro_rules! with_tx {
     };
 }
 
-pub(crate) use {with_conn, with_tx, with_write};
+/// Like `with_conn!`, for the change signal, on a connection of its own where the backend
+/// has one (MySQL: no checkout ping for a read made 20 times a second; reopened after any
+/// failure); elsewhere a pooled one. `$body` returns `QueryResult<T>`; the macro `Result<T>`.
+macro_rules! with_signal_conn {
+    ($store:expr, |$conn:ident| $body:expr) => {
+        match &$store.inner.driver {
+            #[cfg(feature = "postgres")]
+            $crate::store::driver::Driver::Postgres(d) => {
+                let mut c = d.conn(false).await?;
+                let $conn = &mut *c;
+                $body.map_err($crate::Error::from)
+            }
+            #[cfg(feature = "mysql")]
+            $crate::store::driver::Driver::Mysql(d) => {
+                let mut c = d.signal_conn().await?;
+                let res = {
+                    let $conn = &mut *c;
+                    $body
+                };
+                // Kept only after a read that succeeded: any error closes it.
+                if res.is_ok() {
+                    c.keep();
+                }
+                res.map_err($crate::Error::from)
+            }
+            #[cfg(feature = "sqlite")]
+            $crate::store::driver::Driver::Sqlite(d) => {
+                let mut c = d.reader().await?;
+                let $conn = &mut *c;
+                $body.map_err($crate::Error::from)
+            }
+        }
+    };
+}
+
+pub(crate) use {with_conn, with_signal_conn, with_tx, with_write};

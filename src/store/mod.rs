@@ -68,6 +68,8 @@ mod nodes;
 mod ops;
 mod options;
 mod outbox;
+#[cfg(feature = "mysql")]
+mod own_conn;
 mod partitions;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -185,7 +185,12 @@ impl Store {
         let mut controlled = modes.is_controlled(&p.queue);
         if !controlled {
             rows = self.inner.driver.claim(&args).await?;
-            if rows.is_empty() && self.queue_has_row(&p.queue).await? {
+            // An empty claim may mean "controlled now" — unless the node's queue watch read
+            // the settings without a row since (it wakes the fetcher when one appears).
+            if rows.is_empty()
+                && !modes.read_uncontrolled(&p.queue)
+                && self.queue_has_row(&p.queue).await?
+            {
                 modes.set(&p.queue, true);
                 controlled = true;
             }

@@ -42,7 +42,7 @@ use diesel::dsl::count_star;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::driver::{with_conn, with_tx, ClaimArgs, ControlledFast};
+use super::driver::{with_conn, with_signal_conn, with_tx, ClaimArgs, ControlledFast};
 use super::expr::{in_list, ClaimableIn, DbClock, DbNow, ForUpdate};
 use super::partitions::{
     self, Candidate, HeadJob, PartitionScan, Pick, Ranking, Rooms, ScanRow, Walk,
@@ -272,8 +272,18 @@ impl QueueRow {
 /// of those a partition or rate limit sends to the portable controlled claim (so a backend's
 /// shorter claim is not tried first each time). A stale answer costs at most one empty claim
 /// or one rolled-back lock: each claim checks the row itself.
+///
+/// The third set holds the queues a node's queue watch last read without a row
+/// ([`QueueModes::note_read`]): an empty fast claim of one of them needs no look-up of the
+/// row, since the watch re-reads the settings after any change (the change signal, or a
+/// notification and its 1 s re-read) and wakes the queue's fetcher when a row appears. An
+/// idle node's poll so costs one claim, not a claim and a look-up.
 #[derive(Debug, Default)]
-pub(crate) struct QueueModes(Mutex<HashMap<String, bool>>, Mutex<HashSet<String>>);
+pub(crate) struct QueueModes(
+    Mutex<HashMap<String, bool>>,
+    Mutex<HashSet<String>>,
+    Mutex<HashSet<String>>,
+);
 
 impl QueueModes {
     pub(crate) fn is_portable(&self, queue: &str) -> bool {
@@ -300,6 +310,36 @@ impl QueueModes {
     pub(crate) fn set(&self, queue: &str, controlled: bool) {
         if let Ok(mut m) = self.0.lock() {
             m.insert(queue.to_string(), controlled);
+        }
+        if controlled {
+            if let Ok(mut r) = self.2.lock() {
+                r.remove(queue);
+            }
+        }
+    }
+
+    /// A read of every queue's settings showed `queue` with a row (`controlled`) or without.
+    pub(crate) fn note_read(&self, queue: &str, controlled: bool) {
+        self.set(queue, controlled);
+        if let Ok(mut r) = self.2.lock() {
+            if controlled {
+                r.remove(queue);
+            } else {
+                r.insert(queue.to_string());
+            }
+        }
+    }
+
+    /// Whether the last read of the settings showed `queue` without a row (and no claim has
+    /// found one since).
+    pub(crate) fn read_uncontrolled(&self, queue: &str) -> bool {
+        self.2.lock().map(|r| r.contains(queue)).unwrap_or(false)
+    }
+
+    /// Forgets what reads showed (the watch could not read: claims look the row up again).
+    pub(crate) fn forget_reads(&self) {
+        if let Ok(mut r) = self.2.lock() {
+            r.clear();
         }
     }
 }
@@ -489,16 +529,26 @@ impl Store {
     /// in one statement that reads two index ends and the small settings table.
     pub(crate) async fn change_signal(&self) -> Result<ChangeSignal> {
         use diesel::dsl::max;
-        let (newest_job, settings, changed): (Option<i64>, i64, Option<i64>) =
-            with_conn!(self, |c| {
+        let read = async {
+            with_signal_conn!(self, |c| {
                 diesel::select((
                     jobs::table.select(max(jobs::id)).single_value(),
                     queues::table.count().single_value().assume_not_null(),
                     queues::table.select(max(queues::updated_at)).single_value(),
                 ))
-                .get_result(c)
-                .await?
-            });
+                .get_result::<(Option<i64>, i64, Option<i64>)>(c)
+                .await
+            })
+        };
+        // Bounded like a hot-path statement: an abandoned read closes its connection.
+        let bound = self.inner.statement_bound();
+        let (newest_job, settings, changed) =
+            tokio::time::timeout(bound, read).await.map_err(|_| {
+                crate::Error::Database(crate::error::StoreError::Transient(format!(
+                    "the change signal was not read within {bound:?} \
+                     (StoreOptions::statement_timeout)"
+                )))
+            })??;
         Ok(ChangeSignal {
             newest_job: newest_job.unwrap_or(0),
             settings: (settings, changed.unwrap_or(0)),
@@ -541,6 +591,25 @@ impl Store {
         let mut known = self.queues_served().await?;
         known.extend(self.queues_list().await?.into_iter().map(|q| q.name));
         Ok(known)
+    }
+
+    /// What a node's queue watch read of every queue's settings (`list`), for the queues
+    /// it serves: an empty fast claim of a queue listed without a row then skips the
+    /// look-up of [`Store::queue_has_row`] (see [`QueueModes`]).
+    pub(crate) fn note_settings<'a>(
+        &self,
+        served: impl Iterator<Item = &'a String>,
+        list: &[QueueInfo],
+    ) {
+        for q in served {
+            let controlled = list.iter().any(|i| &i.name == q);
+            self.inner.queue_modes.note_read(q, controlled);
+        }
+    }
+
+    /// The watch could not read the settings: claims look rows up again until it can.
+    pub(crate) fn forget_settings(&self) {
+        self.inner.queue_modes.forget_reads();
     }
 
     /// Whether the queue has a control row now (read by a node whose fast claim came back

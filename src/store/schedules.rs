@@ -208,7 +208,8 @@ impl Store {
         })
     }
 
-    /// The database's "now" and the live schedules whose next fire has come.
+    /// The database's "now" and the live schedules whose next fire has come (with none due,
+    /// "now" is not read and is 0).
     ///
     /// # Errors
     /// [`Error::Database`].
@@ -218,9 +219,11 @@ impl Store {
     ) -> Result<(i64, Vec<DueSchedule>)> {
         let now = DbNow::new(bound(now));
         Ok(with_conn!(self, |conn| {
-            let at: i64 = diesel::select(now).get_result(conn).await?;
+            // The clock is read after the due rows, and only if there are any: an idle
+            // leader's tick is one statement. Read later, `at` is no earlier than the time
+            // the rows were found due at.
             let due = s::table
-                .filter(s::next_fire_at.le(at))
+                .filter(s::next_fire_at.le(now))
                 .filter(s::paused_at.is_null())
                 .filter(s::retired_at.is_null())
                 .select((
@@ -235,6 +238,11 @@ impl Store {
                 .order(s::next_fire_at.asc())
                 .load::<DueSchedule>(conn)
                 .await?;
+            let at: i64 = if due.is_empty() {
+                0
+            } else {
+                diesel::select(now).get_result(conn).await?
+            };
             (at, due)
         }))
     }

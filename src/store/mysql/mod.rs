@@ -31,6 +31,7 @@ use super::batch::{
 use super::connect::pool;
 use super::driver::{ClaimArgs, OpenError, RenewArgs};
 use super::expr::{in_list, DbNow, RUNNING};
+use super::own_conn::{Held, OwnConn};
 use super::rows::{dur_ms, dur_us, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::{checkout, renew_conn, ConnPool, Lease};
@@ -61,6 +62,8 @@ pub(crate) struct MysqlDriver {
     pub(crate) insert_returning: bool,
     /// How connections are opened (the migration connection's too).
     pub(crate) connector: MysqlConnector,
+    /// The change signal's connection ([`MysqlDriver::signal_conn`]).
+    signal: OwnConn<AsyncMysqlConnection>,
 }
 
 impl MysqlDriver {
@@ -98,7 +101,22 @@ impl MysqlDriver {
             renew_pool: pool(opts, RENEW_LANE_SIZE, true, setup(&connector)),
             connector,
             insert_returning: connect::supports_insert_returning(&version),
+            signal: OwnConn::new(),
         })
+    }
+
+    /// The connection the change signal is read on, 20 times a second per node: one of its
+    /// own, so no checkout ping doubles the reads; reopened after any failed read
+    /// ([`OwnConn`]).
+    pub(crate) async fn signal_conn(&self) -> Result<Held<'_, AsyncMysqlConnection>> {
+        self.signal
+            .take(|| self.connector.diesel())
+            .await
+            .map_err(|e| {
+                crate::Error::Database(crate::error::StoreError::Transient(format!(
+                    "cannot open a database connection: {e}"
+                )))
+            })
     }
 
     /// A pooled connection (renewals: `renew`, from their own lane).
