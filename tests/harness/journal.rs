@@ -165,7 +165,7 @@ impl NodeJournal {
 /// Checks the executions table against the journals and writes into it what only the
 /// journals know: executions whose start row never reached the database, and ends of
 /// executions that were stopped from outside or could not write while the database was
-/// down. Reports (into `problems`) a row no journal has, a row of a claim on another node
+/// down. Reports (into `problems`) a row without a claim id, a row no journal has, a row of a claim on another node
 /// than the journal that started it, two rows of one claim, a runtime start that differs
 /// between row and journal, an end with no start, and a handler that returned without its
 /// completion recorded.
@@ -225,6 +225,12 @@ pub(crate) fn fold_problems(
         }
     }
     for r in rows {
+        if r.claim.is_empty() {
+            problems.push(format!(
+                "job {} on {}: execution {r:?} has no claim id",
+                r.job_id, r.node
+            ));
+        }
         let key = (r.job_id, r.claim.clone());
         match journals.iter().find(|(_, j)| j.starts.contains_key(&key)) {
             None => problems.push(format!(
@@ -412,6 +418,10 @@ mod tests {
             false,
         );
         assert_eq!(twice.problems.len(), 1, "{:?}", twice.problems);
+        rows[0].claim = String::new();
+        let p = fold_problems(&rows, &journals);
+        assert!(p.iter().any(|p| p.contains("has no claim id")), "{p:?}");
+        rows[0].claim = "00000000000000c1".into();
         rows[1].claim = "00000000000000c1".into();
         let p = fold_problems(&rows, &journals);
         assert!(

@@ -352,6 +352,8 @@ impl SideDb {
     ///
     /// # Errors
     /// The database's error, as text.
+    // One argument per column of the row it writes, plus whether to read the lease first.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn record_start(
         &self,
         job_id: i64,
