@@ -70,7 +70,6 @@ mod harness;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,6 +78,7 @@ use jobvisor::testing::{EnqueueParams, StoreEngine as _};
 use jobvisor::{Backend, Job, JobFailure, JobId, JobState, NewJob, Store};
 use serde_json::json;
 
+use harness::journal::{self, at_us, owner, same_claim, taken_by_sweeper, JobFacts, NodeJournal};
 use harness::server::TestDatabase;
 use harness::side::{now_us, Execution, FreezeRow, JournalLine, NodeRow, SideDb};
 use harness::{
@@ -920,7 +920,7 @@ async fn run(backend: Backend) {
         retry("recording a freeze", || side.insert_freeze(f)).await;
     }
     let journals = read_journals(&fleet, &mut problems);
-    fold_journals(&side, &journals, &mut problems).await;
+    journal::fold(&side, &journals.nodes, &mut problems).await;
 
     let (periodic, jobs): (Vec<Job>, Vec<Job>) = all_jobs(&store, false)
         .await
@@ -1222,30 +1222,23 @@ fn stop_lags(freezes: &[FreezeRow], execs: &[Execution]) -> (i64, usize) {
 // ---------------------------------------------------------------------------------------------
 // Journals
 
-/// One execution's key: `(job, attempt, node, handler entry)`. See `tests/harness/side.rs`
-/// for why the entry time is part of it.
-type ExecKey = (i64, i32, String, i64);
-
 /// Everything the nodes journaled.
 #[derive(Debug, Default)]
 struct Journals {
-    /// Execution → when the runtime started it, if known.
-    starts: HashMap<ExecKey, Option<i64>>,
-    /// Execution → (end, returned).
-    ends: HashMap<ExecKey, (i64, bool)>,
+    /// Node → its journal.
+    nodes: BTreeMap<String, NodeJournal>,
     /// `(job, attempt, node)` → when the node received each of its claims of that attempt.
     claims: Claims,
-    /// Event counts by kind.
+    /// Event counts by kind, over every node.
     events: BTreeMap<String, i64>,
-    /// Node → every line of its journal, in order (for violation reports).
-    lines: HashMap<String, Vec<JournalLine>>,
 }
 
+/// Reads every gone node's journal (see [`NodeJournal`]); the fold reports what a journal
+/// says wrong.
 fn read_journals(fleet: &Fleet, problems: &mut Vec<String>) -> Journals {
     let mut j = Journals::default();
     for n in &fleet.gone {
-        let path = fleet.journal(&n.node);
-        let Ok(file) = std::fs::File::open(&path) else {
+        let Ok(nj) = NodeJournal::read(&fleet.journal(&n.node), n.how == "killed") else {
             // A node opens its journal before it builds its scheduler, so one killed (or
             // frozen, then killed) that early never claimed anything. One that exited by
             // itself without a journal is broken.
@@ -1256,138 +1249,27 @@ fn read_journals(fleet: &Fleet, problems: &mut Vec<String>) -> Journals {
             }
             continue;
         };
-        let lines: Vec<String> = std::io::BufReader::new(file)
-            .lines()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let mut exited = false;
-        for (i, text) in lines.iter().enumerate() {
-            let line = match text.parse::<JournalLine>() {
-                Ok(l) => l,
-                // A node killed in the middle of a write may leave half a last line.
-                Err(_) if n.how == "killed" && i + 1 == lines.len() => continue,
-                Err(e) => {
-                    problems.push(format!("journal of {}: {e}", n.node));
-                    continue;
-                }
-            };
-            j.lines
-                .entry(n.node.clone())
-                .or_default()
-                .push(line.clone());
-            match line {
-                JournalLine::Start {
-                    job_id,
-                    attempt,
-                    started_at_us,
-                    runtime_started_at_us,
-                } => {
-                    let key = (job_id, attempt, n.node.clone(), started_at_us);
-                    if j.starts.insert(key, runtime_started_at_us).is_some() {
-                        problems.push(format!(
-                            "journal of {}: job {job_id} attempt {attempt} started twice at \
-                             {started_at_us}",
-                            n.node
-                        ));
-                    }
-                }
-                JournalLine::End {
-                    job_id,
-                    attempt,
-                    started_at_us,
-                    ended_at_us,
-                    returned,
-                } => {
-                    let key = (job_id, attempt, n.node.clone(), started_at_us);
-                    j.ends.insert(key, (ended_at_us, returned));
-                }
-                JournalLine::Claim {
-                    job_id,
-                    attempt,
-                    at_us,
-                } => {
-                    j.claims
-                        .entry((job_id, attempt, n.node.clone()))
-                        .or_default()
-                        .push(at_us);
-                }
-                JournalLine::Event { what, n: count } => {
-                    *j.events.entry(what.clone()).or_default() +=
-                        if what == "lagged" { count } else { 1 };
-                }
-                JournalLine::Exit { .. } => exited = true,
-                // Timeline and fence lines: read by the partition test only (a frozen node's
-                // handler ends when the node thaws, past its fence point, having done nothing
-                // meanwhile: the end-time rule holds only where nothing freezes).
-                JournalLine::At { .. } | JournalLine::Fence { .. } => {}
-            }
-        }
-        if n.how == "stopped" && !exited {
+        // Timeline and fence lines are read by the partition test only (a frozen node's
+        // handler ends when the node thaws, past its fence point, having done nothing
+        // meanwhile: the end-time rule holds only where nothing freezes).
+        if n.how == "stopped" && !nj.exited {
             problems.push(format!(
                 "node {} stopped without journaling its exit",
                 n.node
             ));
         }
+        for ((job, attempt), at) in &nj.claims {
+            j.claims
+                .entry((*job, *attempt, n.node.clone()))
+                .or_default()
+                .extend(at);
+        }
+        for (what, count) in &nj.events {
+            *j.events.entry(what.clone()).or_default() += count;
+        }
+        j.nodes.insert(n.node.clone(), nj);
     }
     j
-}
-
-/// Writes into `crash_executions` what only the journals know: executions whose start row
-/// never reached the database, and ends of executions that were stopped from outside or
-/// could not write while the database was down.
-async fn fold_journals(side: &SideDb, j: &Journals, problems: &mut Vec<String>) {
-    let rows: HashMap<ExecKey, Execution> = retry("reading executions", || side.executions())
-        .await
-        .into_iter()
-        .map(|e| ((e.job_id, e.attempt, e.node.clone(), e.started_at_us), e))
-        .collect();
-    for (key, row) in &rows {
-        if !j.starts.contains_key(key) {
-            problems.push(format!(
-                "job {} attempt {} on {}: execution {row:?} is in the table but not in its \
-                 node's journal",
-                key.0, key.1, key.2
-            ));
-        }
-    }
-    for (key, runtime_started) in &j.starts {
-        match rows.get(key) {
-            None => {
-                retry("folding a start", || {
-                    side.record_start(key.0, key.1, &key.2, key.3, *runtime_started, false)
-                })
-                .await;
-            }
-            Some(e) if e.runtime_started_at_us != *runtime_started => problems.push(format!(
-                "job {} attempt {} on {}: the runtime started it at {:?} in the table but \
-                 {runtime_started:?} in the journal",
-                key.0, key.1, key.2, e.runtime_started_at_us
-            )),
-            Some(_) => {}
-        }
-    }
-    for (key, (ended, returned)) in &j.ends {
-        if !j.starts.contains_key(key) {
-            problems.push(format!(
-                "job {} attempt {} on {}: journaled an end but no start",
-                key.0, key.1, key.2
-            ));
-            continue;
-        }
-        let row = rows.get(key);
-        if *returned && row.is_none_or(|e| e.completed != 1) {
-            problems.push(format!(
-                "job {} attempt {} on {}: the handler returned without its completion recorded",
-                key.0, key.1, key.2
-            ));
-        }
-        if row.is_none_or(|e| e.ended_at_us.is_none()) {
-            retry("folding an end", || {
-                side.fill_end(key.0, key.1, &key.2, key.3, *ended)
-            })
-            .await;
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1502,10 +1384,10 @@ impl Evidence<'_> {
                 j.finished_at_us.map_or("-".into(), |t| self.at(t)),
             );
         }
-        let mut names: Vec<&String> = self.journals.lines.keys().collect();
+        let mut names: Vec<&String> = self.journals.nodes.keys().collect();
         names.sort_by_key(|n| (n.len(), n.as_str()));
         for node in names {
-            let lines = &self.journals.lines[node];
+            let lines = &self.journals.nodes[node].lines;
             let about: Vec<(Option<i64>, &JournalLine)> = lines
                 .iter()
                 .filter_map(|l| {
@@ -1622,47 +1504,6 @@ struct Verdict {
     stats: Stats,
 }
 
-fn us(t: chrono::DateTime<chrono::Utc>) -> i64 {
-    t.timestamp_micros()
-}
-
-/// What the checks read of a job row.
-#[derive(Debug, Clone)]
-struct JobFacts {
-    id: JobId,
-    kind: String,
-    state: JobState,
-    attempts: u32,
-    max_attempts: u32,
-    /// The job's timeout, µs.
-    timeout_us: i64,
-    version: i64,
-    errors: Vec<JobFailure>,
-    last_error: Option<JobFailure>,
-    result: Option<serde_json::Value>,
-    lease_held: bool,
-    finished_at_us: Option<i64>,
-}
-
-impl From<&Job> for JobFacts {
-    fn from(j: &Job) -> JobFacts {
-        JobFacts {
-            id: j.id,
-            kind: j.kind.clone(),
-            state: j.state,
-            attempts: j.attempts,
-            max_attempts: j.max_attempts,
-            timeout_us: i64::try_from(j.timeout.as_micros()).unwrap_or(i64::MAX),
-            version: j.version,
-            errors: j.errors.clone(),
-            last_error: j.last_error.clone(),
-            result: j.result.clone(),
-            lease_held: j.lease.is_some(),
-            finished_at_us: j.finished_at.map(us),
-        }
-    }
-}
-
 /// `(job, attempt, node)` → when the node received each of its claims of that attempt
 /// (from the journals).
 type Claims = HashMap<(i64, i32, String), Vec<i64>>;
@@ -1675,36 +1516,6 @@ struct World<'a> {
     /// Node → its freezes, `(frozen at, continued at)`.
     freezes: HashMap<&'a str, Vec<(i64, i64)>>,
     claims: &'a Claims,
-}
-
-/// The message of a sweeper's `timeout` before errors named the lease's holder.
-const SWEEPER_TIMEOUT: &str = "the attempt ran past its timeout";
-
-/// The node a reclaim took the job from, where the error says (`detail.owner`).
-fn owner(e: &JobFailure) -> Option<&str> {
-    e.detail.as_ref()?.get("owner")?.as_str()
-}
-
-/// Whether a sweeper wrote `e`, taking the claim from its holder — as opposed to the holder
-/// ending its own claim (its own timeout, a fence), which it writes only once the handler
-/// has stopped. A sweeper's errors name the holder in `detail.owner`; errors written before
-/// they did are told apart by code and message.
-fn taken_by_sweeper(e: &JobFailure) -> bool {
-    match e.code.as_str() {
-        "lease_expired" | "not_started" => true,
-        "timeout" => owner(e).is_some() || e.message == SWEEPER_TIMEOUT,
-        _ => false,
-    }
-}
-
-/// Whether execution `x` may run under the claim whose end `e` records: the same attempt,
-/// on the node `e` names (on any node where it names none).
-fn same_claim(e: &JobFailure, x: &Execution) -> bool {
-    i64::from(e.attempt) == i64::from(x.attempt) && owner(e).is_none_or(|o| o == x.node)
-}
-
-fn at_us(e: &JobFailure) -> i64 {
-    e.at.map_or(i64::MAX, us)
 }
 
 impl World<'_> {
@@ -1911,8 +1722,7 @@ fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &mut Verdict
     // Invariant 1: the outcome was written by the holder of the last lease — the last
     // execution of the final attempt, which completed, and whose node and attempt the
     // result names.
-    let result_node = job.result.as_ref().and_then(|r| r["node"].as_str());
-    let result_attempt = job.result.as_ref().and_then(|r| r["attempt"].as_i64());
+    let result_attempt = job.result_attempt();
     let mut last = None;
     if succeeded {
         if result_attempt != Some(a) {
@@ -1925,7 +1735,7 @@ fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &mut Verdict
         match last {
             None => bad.push(format!("job {id}: no execution of its final attempt {a}")),
             Some(e) => {
-                if e.completed != 1 || Some(e.node.as_str()) != result_node {
+                if e.completed != 1 || !job.written_by(e) {
                     bad.push(format!(
                         "job {id}: result {:?} but the last execution of attempt {a} is {e:?}",
                         job.result
@@ -2197,6 +2007,7 @@ mod checker {
         Execution {
             job_id: 1,
             attempt,
+            claim: String::new(),
             node: node.into(),
             started_at_us: start,
             runtime_started_at_us: None,
@@ -2339,6 +2150,7 @@ mod checker {
         let after = |node: &str, i: i64| Execution {
             job_id: i,
             attempt: 1,
+            claim: format!("{i:016x}"),
             node: node.into(),
             started_at_us: T0 + 1 + i,
             runtime_started_at_us: None,
@@ -2360,18 +2172,21 @@ mod checker {
             JournalLine::Start {
                 job_id: 7,
                 attempt: 2,
+                claim: "00000000000000c1".into(),
                 started_at_us: T0,
                 runtime_started_at_us: None,
             },
             JournalLine::Start {
                 job_id: 7,
                 attempt: 2,
+                claim: "00000000000000c1".into(),
                 started_at_us: T0,
                 runtime_started_at_us: Some(T0 - 40),
             },
             JournalLine::End {
                 job_id: 7,
                 attempt: 2,
+                claim: "00000000000000c1".into(),
                 started_at_us: T0,
                 ended_at_us: T0 + 5,
                 returned: false,
@@ -2637,6 +2452,95 @@ mod checker {
         assert_eq!(v.stats.failed_without_execution, 1, "{:?}", v.violations);
     }
 
+    const C1: &str = "00000000000000c1";
+    const C2: &str = "00000000000000c2";
+
+    /// `x` run under claim `claim`.
+    fn under(claim: &str, x: Execution) -> Execution {
+        Execution {
+            claim: claim.into(),
+            ..x
+        }
+    }
+
+    /// `e` written for claim `claim`.
+    fn of_claim(claim: &str, mut e: JobFailure) -> JobFailure {
+        e.claim = Some(claim.parse().unwrap());
+        e
+    }
+
+    #[test]
+    fn two_claims_of_one_attempt_are_told_apart_by_their_ids() {
+        // a started attempt 1 under claim c1 while the database was down (only its journal
+        // knew), was fenced at +1 s, and a sweeper refunded c1 at +3 s (`not_started`); a
+        // claimed attempt 1 afresh (c2) and ran it from +4 s to success. Neither the row
+        // (`held` unknown: folded from the journal) nor the journal's claim lines vouch for
+        // c2: only its claim id says it is not c1.
+        let mut j = mix_job(
+            "short",
+            500,
+            2,
+            JobState::Succeeded,
+            1,
+            2,
+            vec![of_claim(
+                C1,
+                failure("not_started", 1, T0 + 3_000_000, Some("a")),
+            )],
+            T0 + 5_100_000,
+            "a",
+        );
+        j.result = Some(json!({ "node": "a", "attempt": 1, "claim": C2 }));
+        let e = [
+            under(C1, run_exec(1, "a", T0, T0 + 1_000_000, false)),
+            under(C2, run_exec(1, "a", T0 + 4_000_000, T0 + 5_000_000, true)),
+        ];
+        let v = check(std::slice::from_ref(&j), &e, &all_nodes());
+        assert_eq!(v.violations, Vec::<String>::new());
+        assert_eq!((v.stats.refunds, v.stats.give_backs), (1, 1));
+        // Keyed by attempt (no claim ids), c2's start is c1's taken lease started anyway.
+        let blind: Vec<Execution> = e.iter().map(|x| under("", x.clone())).collect();
+        let v = check(std::slice::from_ref(&j), &blind, &all_nodes());
+        assert_eq!(v.stats.started_without_lease, 1, "{:?}", v.violations);
+        // And the result must name the claim that completed, not only its attempt and node.
+        j.result = Some(json!({ "node": "a", "attempt": 1, "claim": C1 }));
+        let v = check(&[j], &e, &all_nodes());
+        assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+        assert!(v.violations[0].contains("result"), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn an_error_of_a_claim_that_never_ran_on_its_node_is_caught() {
+        // a ran attempt 1 under claim c1; the lease_expired entry of attempt 1, holder a,
+        // names claim c2, which never ran there: a counted failure without an execution.
+        let j = mix_job(
+            "short",
+            500,
+            2,
+            JobState::Succeeded,
+            2,
+            2,
+            vec![of_claim(
+                C2,
+                failure("lease_expired", 1, T0 + 3_000_000, Some("a")),
+            )],
+            T0 + 5_100_000,
+            "b",
+        );
+        let e = [
+            under(C1, run_exec(1, "a", T0, T0 + 1_000_000, false)),
+            run_exec(2, "b", T0 + 4_000_000, T0 + 5_000_000, true),
+        ];
+        let v = check(std::slice::from_ref(&j), &e, &all_nodes());
+        assert_eq!(v.stats.failed_without_execution, 1, "{:?}", v.violations);
+        assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+        // Keyed by attempt and holder, c1's execution would have vouched for it.
+        let mut blind = j;
+        blind.errors[0].claim = None;
+        let v = check(&[blind], &e, &all_nodes());
+        assert_eq!(v.violations, Vec::<String>::new());
+    }
+
     #[test]
     fn a_fresh_claim_after_an_unjournaled_one_is_cleared_by_the_row() {
         // a's first claim of attempt 1 was never journaled (a froze before it heard the
@@ -2865,32 +2769,35 @@ mod checker {
 
         let j = job(2, &[T0 + 4_900_000], T0 + 5_100_000, "b");
         let journals = Journals {
-            lines: [(
+            nodes: [(
                 "a".to_string(),
-                vec![
-                    JournalLine::Claim {
-                        job_id: 1,
-                        attempt: 1,
-                        at_us: T0 + 400_000,
-                    },
-                    JournalLine::Claim {
-                        job_id: 2,
-                        attempt: 1,
-                        at_us: T0 + 450_000,
-                    },
-                    JournalLine::At {
-                        at_us: T0 + 5_401_000,
-                        what: "pause_detected".into(),
-                        a: 4_800_000,
-                        b: 0,
-                    },
-                    JournalLine::At {
-                        at_us: T0 + 5_402_000,
-                        what: "self_fenced".into(),
-                        a: 1,
-                        b: 0,
-                    },
-                ],
+                NodeJournal {
+                    lines: vec![
+                        JournalLine::Claim {
+                            job_id: 1,
+                            attempt: 1,
+                            at_us: T0 + 400_000,
+                        },
+                        JournalLine::Claim {
+                            job_id: 2,
+                            attempt: 1,
+                            at_us: T0 + 450_000,
+                        },
+                        JournalLine::At {
+                            at_us: T0 + 5_401_000,
+                            what: "pause_detected".into(),
+                            a: 4_800_000,
+                            b: 0,
+                        },
+                        JournalLine::At {
+                            at_us: T0 + 5_402_000,
+                            what: "self_fenced".into(),
+                            a: 1,
+                            b: 0,
+                        },
+                    ],
+                    ..NodeJournal::default()
+                },
             )]
             .into_iter()
             .collect(),

@@ -69,11 +69,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jobvisor::testing::{EnqueueParams, StoreEngine as _};
-use jobvisor::{Backend, Job, JobState, NewJob, Store, StoreOptions};
+use jobvisor::{Backend, JobFailure, JobId, JobState, NewJob, Store, StoreOptions};
 use serde_json::json;
 
+use harness::journal::{self, same_claim, JobFacts, NodeJournal};
 use harness::server::{is_root, stop_leftover, PrivateServer};
-use harness::side::{now_us, Execution, JournalLine, NodeRow, SideDb};
+use harness::side::{now_us, Execution, NodeRow, SideDb};
 use harness::{all_jobs, block_on, node_binary, retry, run_cmd, NodeProc, RunDir};
 
 /// Node processes.
@@ -557,74 +558,11 @@ impl Drop for Fleet {
 // Journals
 
 /// What one node journaled.
-#[derive(Debug, Default, Clone)]
-struct Timeline {
-    /// `(job, attempt)` → handler entry.
-    starts: HashMap<(i64, i32, i64), Option<i64>>,
-    /// `(job, attempt)` → (end, returned).
-    ends: HashMap<(i64, i32, i64), (i64, bool)>,
-    /// `At` lines: (time, what, a, b), in the order written.
-    at: Vec<(i64, String, i64, i64)>,
-    /// `Fence` lines: (job, claim, what, at, fence point), in the order written.
-    fences: Vec<(i64, String, String, i64, i64)>,
-    /// Events the node's journal writer missed.
-    lagged: i64,
-    exited: bool,
-}
+/// A node's journal, read while it runs (to time the cuts) and after (to check the run).
+type Timeline = NodeJournal;
 
-impl Timeline {
-    /// Reads a journal. `live`: the node is still writing, so a last line cut short is skipped.
-    fn read(path: &Path, live: bool) -> Result<Timeline, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut t = Timeline::default();
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, l) in lines.iter().enumerate() {
-            let line = match l.parse::<JournalLine>() {
-                Ok(line) => line,
-                Err(_) if live && i + 1 == lines.len() => continue,
-                Err(e) => return Err(format!("{}: {e}", path.display())),
-            };
-            match line {
-                JournalLine::Start {
-                    job_id,
-                    attempt,
-                    started_at_us,
-                    runtime_started_at_us,
-                } => {
-                    t.starts
-                        .insert((job_id, attempt, started_at_us), runtime_started_at_us);
-                }
-                JournalLine::End {
-                    job_id,
-                    attempt,
-                    started_at_us,
-                    ended_at_us,
-                    returned,
-                } => {
-                    t.ends
-                        .insert((job_id, attempt, started_at_us), (ended_at_us, returned));
-                }
-                JournalLine::Claim { .. } => {}
-                JournalLine::Event { what, n } => {
-                    if what == "lagged" {
-                        t.lagged += n;
-                    }
-                }
-                JournalLine::At { at_us, what, a, b } => t.at.push((at_us, what, a, b)),
-                JournalLine::Fence {
-                    job_id,
-                    claim,
-                    what,
-                    at_us,
-                    fence_at_us,
-                } => t.fences.push((job_id, claim, what, at_us, fence_at_us)),
-                JournalLine::Exit { .. } => t.exited = true,
-            }
-        }
-        t.at.sort_by_key(|x| x.0);
-        Ok(t)
-    }
-
+/// What the cut measurements read of a node's `at` lines.
+impl NodeJournal {
     /// Jobs of `long` whose handler started and has not ended.
     fn running_of(&self, long: &HashSet<i64>) -> usize {
         self.starts
@@ -671,52 +609,6 @@ impl Timeline {
             }
         }
         !held.is_empty()
-    }
-}
-
-/// Writes into `crash_executions` what only the journals know: starts that never reached the
-/// database and ends of handlers that were stopped from outside or could not write.
-async fn fold_journals(
-    side: &SideDb,
-    timelines: &BTreeMap<String, Timeline>,
-    problems: &mut Vec<String>,
-) {
-    let rows: HashMap<(i64, i32, String, i64), Execution> =
-        retry("reading executions", || side.executions())
-            .await
-            .into_iter()
-            .map(|e| ((e.job_id, e.attempt, e.node.clone(), e.started_at_us), e))
-            .collect();
-    for (node, t) in timelines {
-        for (&(job, attempt, started), &runtime) in &t.starts {
-            if !rows.contains_key(&(job, attempt, node.clone(), started)) {
-                retry("folding a start", || {
-                    side.record_start(job, attempt, node, started, runtime, false)
-                })
-                .await;
-            }
-        }
-        for (&(job, attempt, started), &(ended, returned)) in &t.ends {
-            if !t.starts.contains_key(&(job, attempt, started)) {
-                problems.push(format!(
-                    "job {job} attempt {attempt} on {node}: journaled an end but no start"
-                ));
-                continue;
-            }
-            let row = rows.get(&(job, attempt, node.clone(), started));
-            if returned && row.is_none_or(|e| e.completed != 1) {
-                problems.push(format!(
-                    "job {job} attempt {attempt} on {node}: the handler returned without its \
-                     completion recorded"
-                ));
-            }
-            if row.is_none_or(|e| e.ended_at_us.is_none()) {
-                retry("folding an end", || {
-                    side.fill_end(job, attempt, node, started, ended)
-                })
-                .await;
-            }
-        }
     }
 }
 
@@ -837,7 +729,7 @@ impl Driver {
     /// Node `i`'s journal so far.
     fn timeline(&self, i: usize) -> Timeline {
         let name = format!("n{}", i + 1);
-        Timeline::read(&self.fleet.journal(&name), true).unwrap_or_default()
+        NodeJournal::read(&self.fleet.journal(&name), true).unwrap_or_default()
     }
 }
 
@@ -969,7 +861,7 @@ async fn drive(backend: Backend, bin: &Path, net: &Net, server: &PrivateServer, 
     }
     let mut timelines = BTreeMap::new();
     for n in &d.fleet.gone {
-        match Timeline::read(&d.fleet.journal(&n.node), false) {
+        match NodeJournal::read(&d.fleet.journal(&n.node), false) {
             Ok(t) => {
                 if !t.exited && n.how == "stopped" {
                     problems.push(format!(
@@ -982,7 +874,7 @@ async fn drive(backend: Backend, bin: &Path, net: &Net, server: &PrivateServer, 
             Err(e) => problems.push(format!("journal of {}: {e}", n.node)),
         }
     }
-    fold_journals(&side, &timelines, &mut problems).await;
+    journal::fold(&side, &timelines, &mut problems).await;
     let jobs = all_jobs(&d.store, false).await;
     let archived = all_jobs(&d.store, true).await;
     let execs = retry("reading executions", || side.executions()).await;
@@ -1032,46 +924,6 @@ async fn drive(backend: Backend, bin: &Path, net: &Net, server: &PrivateServer, 
 
 // ---------------------------------------------------------------------------------------------
 // The checks
-
-/// What the checks read of a job row.
-#[derive(Debug, Clone)]
-struct JobFacts {
-    id: i64,
-    state: JobState,
-    attempts: u32,
-    /// (attempt, code, message, when) of each recorded failure.
-    errors: Vec<(u32, String, String, Option<i64>)>,
-    /// The node and attempt the result names.
-    result: Option<(String, i64)>,
-    finished_at_us: Option<i64>,
-}
-
-impl From<&Job> for JobFacts {
-    fn from(j: &Job) -> JobFacts {
-        JobFacts {
-            id: j.id.0,
-            state: j.state,
-            attempts: j.attempts,
-            errors: j
-                .errors
-                .iter()
-                .map(|e| {
-                    (
-                        e.attempt,
-                        e.code.clone(),
-                        e.message.clone(),
-                        e.at.map(|t| t.timestamp_micros()),
-                    )
-                })
-                .collect(),
-            result: j
-                .result
-                .as_ref()
-                .and_then(|r| Some((r["node"].as_str()?.to_string(), r["attempt"].as_i64()?))),
-            finished_at_us: j.finished_at.map(|t| t.timestamp_micros()),
-        }
-    }
-}
 
 /// What was measured around one cut.
 #[derive(Debug, Clone, Default)]
@@ -1222,7 +1074,7 @@ fn analyze(
                 ..CutMetrics::default()
             })
             .collect(),
-        lagged: timelines.values().map(|t| t.lagged).sum(),
+        lagged: timelines.values().map(NodeJournal::lagged).sum(),
         ..Analysis::default()
     };
     let gone: HashMap<&str, i64> = nodes
@@ -1254,7 +1106,7 @@ fn analyze(
     for e in execs {
         by_job.entry(e.job_id).or_default().push(e);
     }
-    let known: HashSet<i64> = jobs.iter().map(|j| j.id).collect();
+    let known: HashSet<i64> = jobs.iter().map(|j| j.id.0).collect();
     for id in by_job.keys().filter(|id| !known.contains(id)) {
         a.violations.push(format!(
             "executions recorded for job {id}, which does not exist"
@@ -1262,9 +1114,9 @@ fn analyze(
     }
     let no_claims = Vec::new();
     for job in jobs {
-        let mut list = by_job.remove(&job.id).unwrap_or_default();
+        let mut list = by_job.remove(&job.id.0).unwrap_or_default();
         list.sort_by_key(|e| (e.started_at_us, e.node.clone()));
-        let claims = claims.get(&job.id).unwrap_or(&no_claims);
+        let claims = claims.get(&job.id.0).unwrap_or(&no_claims);
         check_job(job, &list, claims, &successes, &gone, cuts, &mut a);
     }
     for (node, t) in timelines {
@@ -1310,7 +1162,13 @@ fn check_job(
         ));
     }
     // No failure from a handler: see `HANDLER_CODES`.
-    for (attempt, code, message, _) in &job.errors {
+    for JobFailure {
+        attempt,
+        code,
+        message,
+        ..
+    } in &job.errors
+    {
         *a.error_codes.entry(code.clone()).or_default() += 1;
         if HANDLER_CODES.contains(&code.as_str()) {
             a.late_writes += 1;
@@ -1323,10 +1181,10 @@ fn check_job(
     // The result is a completed execution's of the last attempt, and nothing started after
     // it: an execution that did ran for a lease that was gone (a claim whose answer came back after the lease
     // had expired — a "zombie start").
-    let writer = job.result.as_ref().and_then(|(node, attempt)| {
-        list.iter()
-            .rposition(|e| e.node == *node && i64::from(e.attempt) == *attempt)
-    });
+    let writer = job
+        .result
+        .as_ref()
+        .and_then(|_| list.iter().rposition(|e| job.written_by(e)));
     let mut zombie = vec![false; list.len()];
     match (&job.result, writer) {
         (Some(r), None) => {
@@ -1335,7 +1193,7 @@ fn check_job(
                 "job {id}: result {r:?} names no recorded execution: a late write was accepted"
             ));
         }
-        (Some(r), Some(_)) if r.1 != i64::from(job.attempts) => {
+        (Some(r), Some(_)) if job.result_attempt() != Some(i64::from(job.attempts)) => {
             a.late_writes += 1;
             a.violations.push(format!(
                 "job {id}: result {r:?}, but its last claim was attempt {}: a superseded \
@@ -1376,7 +1234,7 @@ fn check_job(
     // A success accepted for attempt k is a late write if the job was ever claimed again
     // with a higher attempt: that claim needed attempt k's lease gone (or came after the
     // job was finished). And a job succeeds once.
-    if let Some(done) = successes.get(&id) {
+    if let Some(done) = successes.get(&id.0) {
         if done.len() > 1 {
             a.late_writes += 1;
             a.violations.push(format!(
@@ -1395,11 +1253,12 @@ fn check_job(
             }
         }
     }
-    if let Some(result) = &job.result {
-        if successes.get(&id).is_some_and(|d| !d.contains(result)) {
+    if let Some(result) = job.result_node().zip(job.result_attempt()) {
+        let result = (result.0.to_string(), result.1);
+        if successes.get(&id.0).is_some_and(|d| !d.contains(&result)) {
             a.violations.push(format!(
                 "job {id}: result {result:?} but the accepted success was {:?}",
-                successes[&id]
+                successes[&id.0]
             ));
         }
     }
@@ -1449,8 +1308,9 @@ fn check_job(
         let reclaim = job
             .errors
             .iter()
-            .find(|x| i64::from(x.0) == i64::from(e.attempt))
-            .and_then(|x| x.3);
+            .find(|x| same_claim(x, e))
+            .and_then(|x| x.at)
+            .map(|t| t.timestamp_micros());
         let reclaimed = match (next_claim, reclaim) {
             (Some(x), Some(y)) => Some(x.min(y)),
             (x, y) => x.or(y),
@@ -1520,7 +1380,12 @@ fn check_job(
             .filter(|c| c.attempt == i64::from(k))
             .find_map(|c| cut_of(cuts, &c.node, c.at_us));
         let by_time = || {
-            let at = job.errors.iter().find(|x| x.0 == k).and_then(|x| x.3)?;
+            let at = job
+                .errors
+                .iter()
+                .find(|x| x.attempt == k)?
+                .at?
+                .timestamp_micros();
             cuts.iter().position(|c| within(at, c))
         };
         match by_claim.or_else(by_time) {
@@ -1700,22 +1565,28 @@ mod checker {
 
     fn job(attempts: u32, reclaims: &[i64], result: (&str, i64), finished: i64) -> JobFacts {
         JobFacts {
-            id: 1,
+            id: JobId(1),
+            kind: "partition".into(),
             state: JobState::Succeeded,
             attempts,
+            max_attempts: MAX_ATTEMPTS,
+            timeout_us: 0,
+            version: 1 + 2 * i64::from(attempts),
             errors: reclaims
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
-                    (
+                    JobFailure::new(
+                        "lease_expired",
+                        "the lease expired",
                         u32::try_from(i).unwrap() + 1,
-                        "lease_expired".to_string(),
-                        "the lease expired".to_string(),
-                        Some(*t),
                     )
+                    .at(chrono::DateTime::from_timestamp_micros(*t).unwrap())
                 })
                 .collect(),
-            result: Some((result.0.to_string(), result.1)),
+            last_error: None,
+            result: Some(json!({ "node": result.0, "attempt": result.1 })),
+            lease_held: false,
             finished_at_us: Some(finished),
         }
     }
@@ -1724,6 +1595,7 @@ mod checker {
         Execution {
             job_id: 1,
             attempt,
+            claim: String::new(),
             node: node.into(),
             started_at_us: start,
             runtime_started_at_us: None,
@@ -1876,14 +1748,14 @@ mod checker {
         assert!(a.late_writes >= 2, "{:?}", a.violations);
         // A result that is not the last execution's.
         let (_, _, t, _) = scenario();
-        jobs[0].result = Some(("n1".into(), 1));
+        jobs[0].result = Some(json!({ "node": "n1", "attempt": 1 }));
         execs[0].completed = 1;
         let a = analyze(&jobs, &execs, &[], &t, &cuts);
         assert!(a.late_writes >= 1, "{:?}", a.violations);
         assert_eq!(a.zombie_starts, 0, "{:?}", a.violations);
         // A failure written by a handler.
         let (mut jobs, execs, t, cuts) = scenario();
-        jobs[0].errors[0].1 = "error".into();
+        jobs[0].errors[0].code = "error".into();
         let a = analyze(&jobs, &execs, &[], &t, &cuts);
         assert_eq!(a.late_writes, 1, "{:?}", a.violations);
     }

@@ -328,6 +328,7 @@ impl Drop for ExecutionGuard {
             j.write(&JournalLine::End {
                 job_id: self.job_id,
                 attempt: self.attempt,
+                claim: self.ctx.claim_id().to_string(),
                 started_at_us: self.started_at_us,
                 ended_at_us: now_us(),
                 returned: self.returned,
@@ -378,6 +379,7 @@ impl JobHandler for Crashy {
         });
         let job_id = ctx.id.0;
         let attempt = i32::try_from(ctx.attempt).unwrap_or(i32::MAX);
+        let claim = ctx.claim_id().to_string();
         self.live.fetch_add(1, Ordering::SeqCst);
         let mut guard = ExecutionGuard {
             journal: self.journal.clone(),
@@ -393,13 +395,21 @@ impl JobHandler for Crashy {
             j.write(&JournalLine::Start {
                 job_id,
                 attempt,
+                claim: claim.clone(),
                 started_at_us: started,
                 runtime_started_at_us: runtime_started,
             });
         }
         record(&ctx, "start", || {
-            self.side
-                .record_start(job_id, attempt, &self.node, started, runtime_started, true)
+            self.side.record_start(
+                job_id,
+                attempt,
+                &claim,
+                &self.node,
+                started,
+                runtime_started,
+                true,
+            )
         })
         .await?;
         // Works in steps of at most FENCE_CHECK, journaling the fence point whenever a
@@ -436,7 +446,7 @@ impl JobHandler for Crashy {
             .with_code("record"));
         }
         guard.returned = true;
-        JobOutcome::success(json!({ "node": self.node, "attempt": attempt }))
+        JobOutcome::success(json!({ "node": self.node, "attempt": attempt, "claim": claim }))
     }
 }
 

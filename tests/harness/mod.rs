@@ -3,13 +3,14 @@
 //! (`tests/partition.rs`): building the `crash_node` example, one node process and how it
 //! ends, host commands, the run's directory, retries of driver-side database calls and the
 //! runtime the drivers run on; the side tables and journal lines shared with the node
-//! ([`side`]); private database servers ([`server`]). Each test keeps its own fleet, journal
-//! reading and checks, where they really differ (freezes and kills in one, namespaces and
-//! cuts in another).
+//! ([`side`]); the journals' reader and fold, keyed by claim id ([`journal`]); private
+//! database servers ([`server`]). Each test keeps its own fleet and checks, where they
+//! really differ (freezes and kills in one, namespaces and cuts in another).
 
 // Each test uses a part of this module (and the node another part of `side`).
 #![allow(dead_code)]
 
+pub(crate) mod journal;
 pub(crate) mod server;
 pub(crate) mod side;
 

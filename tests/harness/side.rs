@@ -10,8 +10,9 @@
 //!   about to return success). Node names are unique per process. An attempt number alone
 //!   does not identify a claim: a claim whose attempt is given back (graceful shutdown, a
 //!   `not_started` refund, a dropped prefetched job) leaves its number to the next claim —
-//!   which may be the same node's, so even `(job, attempt, node)` can recur; the handler's
-//!   entry time tells those apart.
+//!   which may be the same node's, so even `(job, attempt, node)` can recur. The claim id
+//!   (`claim`, `JobContext::claim_id`) is unique per claim and names the execution: checks
+//!   key executions by `(job_id, claim)` (see `tests/harness/journal.rs`).
 //! * `crash_nodes` — one row per node process, written by the driver after the run: when it
 //!   was spawned and when it was killed (SIGKILL) or stopped (graceful), so an execution whose
 //!   end was never recorded is bounded by its process's death.
@@ -75,6 +76,11 @@ pub(crate) struct Execution {
     /// The attempt the handler was given (`JobContext::attempt`).
     #[diesel(sql_type = Integer)]
     pub(crate) attempt: i32,
+    /// The claim it ran under (`JobContext::claim_id`, 16 hex digits): unique per claim, so
+    /// it tells apart two claims that share an attempt number (a given-back attempt's number
+    /// is reused by the next claim).
+    #[diesel(sql_type = Text)]
+    pub(crate) claim: String,
     /// The node that ran it.
     #[diesel(sql_type = Text)]
     pub(crate) node: String,
@@ -182,6 +188,7 @@ struct WantedRow {
 const CREATE_EXECUTIONS: &str = "CREATE TABLE IF NOT EXISTS crash_executions (
     job_id        BIGINT      NOT NULL,
     attempt       INTEGER     NOT NULL,
+    claim         VARCHAR(32) NOT NULL,
     node          VARCHAR(64) NOT NULL,
     started_at_us BIGINT      NOT NULL,
     runtime_started_at_us BIGINT NULL,
@@ -345,10 +352,13 @@ impl SideDb {
     ///
     /// # Errors
     /// The database's error, as text.
+    // One argument per column of the row it writes, plus whether to read the lease first.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn record_start(
         &self,
         job_id: i64,
         attempt: i32,
+        claim: &str,
         node: &str,
         started_at_us: i64,
         runtime_started_at_us: Option<i64>,
@@ -367,11 +377,11 @@ impl SideDb {
             None
         };
         let sql = self.insert_unless_present(
-            "crash_executions (job_id, attempt, node, started_at_us, runtime_started_at_us, \
-             held) VALUES (?, ?, ?, ?, ?, ?)",
+            "crash_executions (job_id, attempt, claim, node, started_at_us, \
+             runtime_started_at_us, held) VALUES (?, ?, ?, ?, ?, ?, ?)",
         );
         on_side!(self, sql, execute,
-            BigInt => job_id, Integer => attempt, Text => node, BigInt => started_at_us,
+            BigInt => job_id, Integer => attempt, Text => claim, Text => node, BigInt => started_at_us,
             Nullable<BigInt> => runtime_started_at_us, Nullable<SmallInt> => held)?;
         Ok(())
     }
@@ -469,7 +479,7 @@ impl SideDb {
     /// # Errors
     /// The database's error, as text.
     pub(crate) async fn executions(&self) -> SideResult<Vec<Execution>> {
-        let sql = "SELECT job_id, attempt, node, started_at_us, runtime_started_at_us, \
+        let sql = "SELECT job_id, attempt, claim, node, started_at_us, runtime_started_at_us, \
                    ended_at_us, completed, held FROM crash_executions ORDER BY job_id, started_at_us, node"
             .to_string();
         on_side!(self, sql, load::<Execution>)
@@ -559,6 +569,8 @@ pub(crate) enum JournalLine {
         job_id: i64,
         /// The attempt.
         attempt: i32,
+        /// The claim id (16 hex digits).
+        claim: String,
         /// Handler entry.
         started_at_us: i64,
         /// When the runtime started the attempt, if known (see
@@ -571,6 +583,8 @@ pub(crate) enum JournalLine {
         job_id: i64,
         /// The attempt.
         attempt: i32,
+        /// The claim id (as in its `Start`).
+        claim: String,
         /// Its handler's entry (as in its `Start`): which execution ended.
         started_at_us: i64,
         /// When the handler's future returned or was dropped.
@@ -646,10 +660,11 @@ impl std::fmt::Display for JournalLine {
             JournalLine::Start {
                 job_id,
                 attempt,
+                claim,
                 started_at_us,
                 runtime_started_at_us,
             } => {
-                write!(f, "start\t{job_id}\t{attempt}\t{started_at_us}")?;
+                write!(f, "start\t{job_id}\t{attempt}\t{claim}\t{started_at_us}")?;
                 match runtime_started_at_us {
                     Some(t) => write!(f, "\t{t}"),
                     None => Ok(()),
@@ -658,6 +673,7 @@ impl std::fmt::Display for JournalLine {
             JournalLine::End {
                 job_id,
                 attempt,
+                claim,
                 started_at_us,
                 ended_at_us,
                 returned,
@@ -665,7 +681,7 @@ impl std::fmt::Display for JournalLine {
                 let how = if *returned { "returned" } else { "dropped" };
                 write!(
                     f,
-                    "end\t{job_id}\t{attempt}\t{ended_at_us}\t{how}\t{started_at_us}"
+                    "end\t{job_id}\t{attempt}\t{claim}\t{ended_at_us}\t{how}\t{started_at_us}"
                 )
             }
             JournalLine::Claim {
@@ -710,21 +726,24 @@ impl std::str::FromStr for JournalLine {
         };
         let fields: Vec<&str> = s.split('\t').collect();
         match fields.as_slice() {
-            ["start", job, att, at] => Ok(JournalLine::Start {
+            ["start", job, att, claim, at] => Ok(JournalLine::Start {
                 job_id: int(job)?,
                 attempt: attempt(att)?,
+                claim: (*claim).to_string(),
                 started_at_us: int(at)?,
                 runtime_started_at_us: None,
             }),
-            ["start", job, att, at, rt] => Ok(JournalLine::Start {
+            ["start", job, att, claim, at, rt] => Ok(JournalLine::Start {
                 job_id: int(job)?,
                 attempt: attempt(att)?,
+                claim: (*claim).to_string(),
                 started_at_us: int(at)?,
                 runtime_started_at_us: Some(int(rt)?),
             }),
-            ["end", job, att, at, how, started] => Ok(JournalLine::End {
+            ["end", job, att, claim, at, how, started] => Ok(JournalLine::End {
                 job_id: int(job)?,
                 attempt: attempt(att)?,
+                claim: (*claim).to_string(),
                 started_at_us: int(started)?,
                 ended_at_us: int(at)?,
                 returned: match *how {
