@@ -94,7 +94,11 @@ mod tests {
         assert_eq!(g.fair_cap(0), None, "no limit");
         g.set_limit(Some(7));
         assert_eq!(g.peers(), Some((1, 3)));
-        assert_eq!(g.fair_cap(0), Some(2), "rank 0 has the remainder at second 0");
+        assert_eq!(
+            g.fair_cap(0),
+            Some(2),
+            "rank 0 has the remainder at second 0"
+        );
         assert_eq!(g.fair_cap(1), Some(3), "rank 1 at second 1");
         g.set_peers(0, 1);
         assert_eq!(g.fair_cap(0), None, "alone");
