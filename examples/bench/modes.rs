@@ -45,8 +45,10 @@ pub(crate) async fn drain_on(
 
 /// [`drain_on`] with handlers that each take `work` (a sleep) instead of returning at once,
 /// on one node per store (each with concurrency `c`), until they have finished `n` between
-/// them. Besides jobs per second: statements per job, and the mean number of handlers
-/// running and of jobs held (claimed, finish not yet confirmed) over the drain.
+/// them. Besides jobs per second: statements per job, the mean number of handlers running and
+/// of jobs held (claimed, finish not yet confirmed) over the drain, and with several nodes each
+/// node's share of the jobs as a multiple of an even split (`node_shares`, 1.0 = fair) and the
+/// furthest from it (`worst_share_off`: 0.2 = 20 % off).
 pub(crate) async fn drain_working(
     stores: Vec<Store>,
     n: usize,
@@ -106,13 +108,26 @@ pub(crate) async fn drain_working(
         }
     }
     let secs = t0.elapsed().as_secs_f64();
-    let (mut claims, mut finals) = (0, 0);
+    let nodes = handles.len();
+    let (mut claims, mut finals, mut shares) = (0, 0, Vec::with_capacity(nodes));
     for h in handles {
         let st = h.stats();
         claims += st.claim_statements;
         finals += st.finalize_statements;
+        shares.push(st.finished);
         h.shutdown().await;
     }
+    // Each node's share of the jobs, as a multiple of an even split (1.0 = fair), and the
+    // furthest from it: the fairness column of a drain over several nodes.
+    let total = shares.iter().sum::<u64>().max(1) as f64;
+    let shares: Vec<f64> = shares
+        .iter()
+        .map(|&f| (f as f64 / total * nodes as f64 * 100.0).round() / 100.0)
+        .collect();
+    let worst = shares
+        .iter()
+        .map(|s| (s - 1.0).abs())
+        .fold(0.0_f64, f64::max);
     let per = |x: u64| (x as f64 / n as f64 * 1000.0).round() / 1000.0;
     let mean = |sum: i64| (sum as f64 / samples.max(1) as f64 * 10.0).round() / 10.0;
     let stats = json!({
@@ -121,6 +136,14 @@ pub(crate) async fn drain_working(
         "mean_running": mean(running),
         "mean_held": mean(held),
     });
+    let stats = if nodes > 1 {
+        let mut stats = stats;
+        stats["node_shares"] = json!(shares);
+        stats["worst_share_off"] = json!((worst * 100.0).round() / 100.0);
+        stats
+    } else {
+        stats
+    };
     (n as f64 / secs, stats)
 }
 
