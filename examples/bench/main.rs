@@ -26,7 +26,9 @@
 //!   `--concurrency`; the global limit is then their total. Each row also reports
 //!   `mean_running` and `mean_held`: handlers running and jobs held (claimed, finish not yet
 //!   confirmed) on average over a drain — under a limit that binds, held ≤ the limit, and the
-//!   difference between the two is slots spent claiming, starting and finalizing.
+//!   difference between the two is slots spent claiming, starting and finalizing. With
+//!   several nodes, `worst_share_off` is the furthest any node's share of a drain's jobs was
+//!   from an even split (0.2 = 20 % off), at most over the rounds.
 //! * `nodes` (only when named): the drain by K node processes (`--nodes`, default 3) of
 //!   concurrency C each against one process of K×C, alternating `--rounds` pairs; the
 //!   median ratio and each process's share of the starts (`nodes.rs`).
@@ -351,6 +353,16 @@ async fn main() {
                 });
                 if limit != Limit::None {
                     extra["ratio_to_unlimited"] = json!((med / unlimited * 100.0).round() / 100.0);
+                }
+                if args.nodes > 1 {
+                    // The fairness column: the furthest any node's share of a drain's jobs
+                    // was from an even split, at most over the rounds (0.2 = 20 % off).
+                    let worst = runs
+                        .iter()
+                        .filter(|x| x.0 == limit)
+                        .filter_map(|x| x.2["worst_share_off"].as_f64())
+                        .fold(0.0_f64, f64::max);
+                    extra["worst_share_off"] = json!(worst);
                 }
                 if let Some(raw) = raw100 {
                     extra["ratio_to_raw_k100"] = json!((med / raw * 100.0).round() / 100.0);
