@@ -159,6 +159,10 @@ pub struct LeaseManager {
     renewals: Vec<(u64, i64)>,
     /// Numbers renewals, so that a hedge timer knows whether its renewal is still the newest.
     renewal_seq: u64,
+    /// When the last renewal of any kind was sent (monotonic µs): a hedge goes out only
+    /// `hedge_after` after it, so hedges that fail at once (a server refusing connections)
+    /// cannot follow each other in a loop while an older renewal still hangs.
+    last_renew_sent: Option<i64>,
     /// After a failed flush, the next one waits until this (the node's clock).
     flush_not_before: Option<Instant>,
     flush_failures: u32,
@@ -193,6 +197,7 @@ impl LeaseManager {
             flushing: 0,
             renewals: Vec::new(),
             renewal_seq: 0,
+            last_renew_sent: None,
             flush_not_before: None,
             flush_failures: 0,
             last_error: None,
@@ -659,8 +664,8 @@ impl Handler<RenewLeases> for LeaseManager {
         let hedge = match self.renewals.last() {
             None => false,
             Some(&(_, newest)) => {
-                if self.renewals.len() >= MAX_RENEWALS_IN_FLIGHT
-                    || sent_at - newest < us(hedge_after)
+                let last = self.last_renew_sent.unwrap_or(newest).max(newest);
+                if self.renewals.len() >= MAX_RENEWALS_IN_FLIGHT || sent_at - last < us(hedge_after)
                 {
                     return Box::pin(fut::ready(RenewReport::default()));
                 }
@@ -682,6 +687,7 @@ impl Handler<RenewLeases> for LeaseManager {
         self.renewal_seq += 1;
         let seq = self.renewal_seq;
         self.renewals.push((seq, sent_at));
+        self.last_renew_sent = Some(sent_at);
         if hedge {
             tracing::debug!(
                 in_flight = self.renewals.len() - 1,
@@ -755,8 +761,9 @@ impl Handler<RenewLeases> for LeaseManager {
                         .min(act.shared.config.renew_every);
                     ctx.notify_later(RenewLeases, wait);
                     if !act.renewals.is_empty() {
-                        // Room for a hedge again, if the newest in flight is overdue.
-                        ctx.notify(RenewLeases);
+                        // Room for another hedge while an older renewal hangs: one
+                        // `hedge_after` after this one was sent, never at once.
+                        ctx.notify_later(RenewLeases, hedge_after);
                     }
                     return RenewReport::default();
                 }
