@@ -1,4 +1,4 @@
-//! One node of the multi-process crash test (`tests/crash.rs`, run by `.ci/crash`).
+//! One node of the multi-process crash test (`tests/crash/`, run by `.ci/crash`).
 //!
 //! ```sh
 //! cargo build --example crash_node

@@ -1,5 +1,5 @@
-//! The nodes' journals, read once for every multi-process test (`tests/crash.rs`,
-//! `tests/partition.rs`): one reader of a node's journal ([`NodeJournal`]), one fold of what
+//! The nodes' journals, read once for every multi-process test (`tests/crash/`,
+//! `tests/partition/`): one reader of a node's journal ([`NodeJournal`]), one fold of what
 //! only the journals know into `crash_executions` ([`fold`]), what the checks read of a job
 //! row ([`JobFacts`]) and how a job's error entry is matched to an execution
 //! ([`same_claim`]).

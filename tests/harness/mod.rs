@@ -1,15 +1,17 @@
-//! What the multi-process tests share — the crash family (`tests/crash.rs`), the outage
+//! What the multi-process tests share — the crash family (`tests/crash/`), the outage
 //! and soak tests (`tests/outage.rs`, `tests/soak.rs`) and the network-partition test
-//! (`tests/partition.rs`): building the `crash_node` example, one node process and how it
+//! (`tests/partition/`): building the `crash_node` example, one node process and how it
 //! ends, host commands, the run's directory, retries of driver-side database calls and the
 //! runtime the drivers run on; the side tables and journal lines shared with the node
-//! ([`side`]); the journals' reader and fold, keyed by claim id ([`journal`]); private
-//! database servers ([`server`]). Each test keeps its own fleet and checks, where they
-//! really differ (freezes and kills in one, namespaces and cuts in another).
+//! ([`side`]); the journals' reader and fold, keyed by claim id ([`journal`]); the
+//! invariants checked of every job's executions ([`invariants`]); private database servers
+//! ([`server`]). Each test keeps its own fleet and the rules of its own faults around the
+//! shared invariants (freezes and kills in one, namespaces and cuts in another).
 
 // Each test uses a part of this module (and the node another part of `side`).
 #![allow(dead_code)]
 
+pub(crate) mod invariants;
 pub(crate) mod journal;
 pub(crate) mod server;
 pub(crate) mod side;
@@ -27,7 +29,7 @@ use serde_json::json;
 use self::side::{now_us, NodeRow};
 
 /// The `crash_node` example, built once per test process (see the module docs of
-/// `tests/crash.rs`).
+/// `tests/crash/`).
 pub(crate) fn node_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
