@@ -1,5 +1,5 @@
 //! Queue control across processes: three node processes (`examples/crash_node`) share one
-//! database (PostgreSQL, MariaDB) and one queue, while this process sets the queue's limits
+//! database (PostgreSQL, MariaDB, or one SQLite file) and one queue, while this process sets the queue's limits
 //! and pauses it through a `Client`. Each handler records its start and end in the side table
 //! `crash_executions` (see `tests/harness/side.rs`), so what ran when is read from the
 //! database, not from what a node believes. The nodes prefetch (up to 20 jobs each) and poll
@@ -11,7 +11,7 @@
 //! 2. a pause mid-run: no handler starts later than the pause's bound after the pause
 //!    returned — though each node holds prefetched jobs — the prefetched jobs go back without
 //!    using an attempt, and after a resume the first start comes at once (a notification on
-//!    PostgreSQL, the change signal on MariaDB), not at the next poll;
+//!    PostgreSQL, the change signal on MariaDB and SQLite), not at the next poll;
 //! 3. a rate limit of 20 jobs per second: no window of the period holds more than 20
 //!    handler **starts** (from the starts the handlers recorded), nor 20 claimed jobs (from
 //!    the claim times the database recorded), and 100 jobs take at least 4 s.
@@ -469,4 +469,14 @@ async fn limits_hold_across_processes_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_hold_across_processes_on_mysql() {
     limits_hold_across_processes(Backend::Mysql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_limit_is_shared_fairly_on_sqlite() {
+    a_binding_limit_is_shared_fairly(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_across_processes_on_sqlite() {
+    limits_hold_across_processes(Backend::Sqlite).await;
 }
