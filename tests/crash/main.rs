@@ -380,14 +380,74 @@ async fn enqueue_wave(store: &Store, rng: &mut Rng, wave: usize) -> Option<usize
         .map(|e| e.len())
 }
 
+/// A run in progress: the database, the node fleet, and what the driver did to them.
+/// Fields drop in order: the nodes are killed before the private server is stopped.
+struct Run {
+    backend: Backend,
+    s: Settings,
+    began: Instant,
+    began_us: i64,
+    fleet: Fleet,
+    side: SideDb,
+    store: Store,
+    dir: RunDir,
+    db: TestDatabase,
+    /// Draws the kills and freezes.
+    rng: Rng,
+    /// Draws the mix's work times: a stream of its own, so that they do not shift with the
+    /// number of kills and freezes.
+    work_rng: Rng,
+    enqueued: usize,
+    nodes_started_us: i64,
+    /// Business rows added for the reconciler.
+    wanted: usize,
+    mix_jobs: usize,
+    restarts: usize,
+    server_down: Duration,
+    server_restarts: Vec<Restart>,
+    /// SQLite's stand-in for a restart: when every node was killed at once.
+    all_killed_at: Vec<i64>,
+    /// What went wrong outside the checks (a node that would not stop, a journal that does
+    /// not parse).
+    problems: Vec<String>,
+}
+
+/// What the run left behind, read once the nodes stopped.
+struct Collected {
+    run_took: Duration,
+    stops: usize,
+    journals: Journals,
+    jobs: Vec<Job>,
+    archived: Vec<Job>,
+    fires: usize,
+    reconciled: (usize, i64),
+    periodic_problems: Vec<String>,
+    execs: Vec<Execution>,
+    nodes: Vec<NodeRow>,
+    freezes: Vec<FreezeRow>,
+    facts: Vec<JobFacts>,
+    stop_lag_max_us: i64,
+    starts_in_stop_lag: usize,
+}
+
+/// The whole test, phase by phase.
 async fn run(backend: Backend) {
+    let mut run = start(backend).await;
+    drive(&mut run).await;
+    let c = collect(&mut run).await;
+    let verdict = judge(&mut run, &c);
+    report(run, &c, verdict);
+}
+
+/// Phase 1: the private server, the side tables, the jobs, and the three nodes.
+async fn start(backend: Backend) -> Run {
     let s = settings();
     let bin = node_binary();
     let began = Instant::now();
     let began_us = now_us();
     // Declared before the nodes, so that it drops after them: nodes killed first, then the
     // private server stopped.
-    let mut db = TestDatabase::create(backend, "crash");
+    let db = TestDatabase::create(backend, "crash");
     let store = db.store().await;
     let side = SideDb::open(&db.url, 4).unwrap();
     side.create_tables().await.unwrap();
@@ -399,10 +459,10 @@ async fn run(backend: Backend) {
             .unwrap(),
     );
     let mut fleet = Fleet::new(bin, db.url.clone(), dir.path());
-    let mut rng = Rng(s.seed);
+    let rng = Rng(s.seed);
     // The mix's work times come from a stream of their own, so that they do not shift with
     // the number of kills and freezes.
-    let mut work_rng = Rng(s.seed ^ 0x6D69_7800);
+    let work_rng = Rng(s.seed ^ 0x6D69_7800);
     eprintln!(
         "crash test [{backend:?}]: seed {} ({}), journals and logs in {}",
         s.seed,
@@ -423,40 +483,59 @@ async fn run(backend: Backend) {
     for _ in 0..NODES {
         fleet.spawn();
     }
-    let mut wanted = 0usize;
-    let mut next_want = Instant::now();
+    Run {
+        backend,
+        s,
+        began,
+        began_us,
+        fleet,
+        side,
+        store,
+        dir,
+        db,
+        rng,
+        work_rng,
+        enqueued,
+        nodes_started_us,
+        wanted: 0,
+        mix_jobs: 0,
+        restarts: 0,
+        server_down: Duration::ZERO,
+        server_restarts: Vec::new(),
+        all_killed_at: Vec::new(),
+        problems: Vec::new(),
+    }
+}
 
+/// Phase 2: kills, stops, freezes, the server restart, the mix's waves and the business
+/// rows, until every job is terminal.
+async fn drive(run: &mut Run) {
+    let (backend, s, began) = (run.backend, run.s, run.began);
+    let mut next_want = Instant::now();
     let long_until = s.seconds.map(|t| began + Duration::from_secs(t));
     let restart_every = s
         .seconds
         .map(|t| LONG_RESTART_EVERY.min(Duration::from_secs(t) / 2));
     let hard_limit = long_until.unwrap_or(began) + SETTLE_LIMIT;
-    let mut restarts = 0usize;
-    let mut server_down = Duration::ZERO;
     // The first kill comes early, so that even a short run has one.
-    let mut next_kill = Instant::now() + rng.between(FIRST_KILL);
+    let mut next_kill = Instant::now() + run.rng.between(FIRST_KILL);
     // `None` while a node is frozen: the next freeze is planned when it is continued.
-    let mut next_freeze = Some(Instant::now() + rng.between(FIRST_FREEZE));
+    let mut next_freeze = Some(Instant::now() + run.rng.between(FIRST_FREEZE));
     // No kill or freeze before this (after a server restart, see RECOVERY_WINDOW).
     let mut quiet_until = Instant::now();
     let mut waves = 0usize;
-    let mut mix_jobs = 0usize;
     let mut next_wave = Instant::now();
     let mut p = Progress::default();
-    let mut problems = Vec::new();
-    let mut server_restarts: Vec<Restart> = Vec::new();
-    // SQLite's stand-in for a restart: when every node was killed at once.
-    let mut all_killed_at: Vec<i64> = Vec::new();
     let mut answered_at = Instant::now();
     loop {
         tokio::time::sleep(TICK).await;
-        fleet.assert_all_running();
-        fleet.reap(&mut problems);
-        fleet.thaw(false);
-        if fleet.frozen.is_empty() && next_freeze.is_none() {
-            next_freeze = Some(Instant::now() + rng.between(FREEZE_EVERY));
+        run.fleet.assert_all_running();
+        run.fleet.reap(&mut run.problems);
+        run.fleet.thaw(false);
+        if run.fleet.frozen.is_empty() && next_freeze.is_none() {
+            next_freeze = Some(Instant::now() + run.rng.between(FREEZE_EVERY));
         }
-        match progress(&store).await {
+        match progress(&run.store).await {
             Ok(now) => {
                 p = now;
                 answered_at = Instant::now();
@@ -468,8 +547,8 @@ async fn run(backend: Backend) {
             ),
         }
         let topping_up = long_until.is_some_and(|t| Instant::now() < t);
-        if topping_up && enqueued - p.terminal < s.jobs / 2 {
-            enqueue(&store, &mut enqueued, s.jobs / 2).await;
+        if topping_up && run.enqueued - p.terminal < s.jobs / 2 {
+            enqueue(&run.store, &mut run.enqueued, s.jobs / 2).await;
         }
         let waves_left = if long_until.is_some() {
             topping_up
@@ -477,40 +556,40 @@ async fn run(backend: Backend) {
             waves < MIX_WAVES
         };
         if waves_left && Instant::now() >= next_wave {
-            if let Some(n) = enqueue_wave(&store, &mut work_rng, waves).await {
+            if let Some(n) = enqueue_wave(&run.store, &mut run.work_rng, waves).await {
                 waves += 1;
-                mix_jobs += n;
-                enqueued += n;
+                run.mix_jobs += n;
+                run.enqueued += n;
                 next_wave = Instant::now() + MIX_EVERY;
             }
         }
-        if !topping_up && !waves_left && p.terminal == enqueued {
+        if !topping_up && !waves_left && p.terminal == run.enqueued {
             break;
         }
         if Instant::now() >= next_want {
-            want_or_delete(&store, &side, &mut wanted).await;
+            want_or_delete(&run.store, &run.side, &mut run.wanted).await;
             next_want = Instant::now() + WANT_EVERY;
         }
         let restart_due = match restart_every {
-            None => restarts == 0 && p.terminal as f64 >= RESTART_AT * enqueued as f64,
+            None => run.restarts == 0 && p.terminal as f64 >= RESTART_AT * run.enqueued as f64,
             Some(every) => {
-                topping_up && began.elapsed() >= every * u32::try_from(restarts + 1).unwrap()
+                topping_up && began.elapsed() >= every * u32::try_from(run.restarts + 1).unwrap()
             }
         };
         if restart_due {
-            restarts += 1;
-            match &mut db.server {
+            run.restarts += 1;
+            match &mut run.db.server {
                 Some(server) => {
-                    let survivors = fleet.alive();
+                    let survivors = run.fleet.alive();
                     let down_at_us = now_us();
                     let down = tokio::task::block_in_place(|| server.restart(SERVER_DOWN_FOR))
                         .unwrap_or_else(|e| panic!("restarting the server: {e}"));
                     eprintln!(
                         "crash test [{backend:?}]: server restarted in {down:?} at {}/{} jobs",
-                        p.terminal, enqueued
+                        p.terminal, run.enqueued
                     );
-                    server_down += down;
-                    server_restarts.push(Restart {
+                    run.server_down += down;
+                    run.server_restarts.push(Restart {
                         down_at_us,
                         up_at_us: now_us(),
                         survivors,
@@ -519,14 +598,14 @@ async fn run(backend: Backend) {
                     quiet_until = Instant::now() + RECOVERY_WINDOW;
                 }
                 None => {
-                    all_killed_at.push(now_us());
-                    fleet.kill_all();
+                    run.all_killed_at.push(now_us());
+                    run.fleet.kill_all();
                     for _ in 0..NODES {
-                        fleet.spawn();
+                        run.fleet.spawn();
                     }
                     eprintln!(
                         "crash test [{backend:?}]: all nodes killed at {}/{} jobs",
-                        p.terminal, enqueued
+                        p.terminal, run.enqueued
                     );
                 }
             }
@@ -535,21 +614,21 @@ async fn run(backend: Backend) {
             // Mostly SIGKILL; one time in four a graceful stop, so that give-backs (a lease
             // returned at shutdown) happen mid-run too. The first is always a SIGKILL, so even a
             // short run is sure to kill a node.
-            if fleet.kills > 0 && rng.below(4) == 0 {
-                fleet.stop_random(&mut rng);
+            if run.fleet.kills > 0 && run.rng.below(4) == 0 {
+                run.fleet.stop_random(&mut run.rng);
             } else {
-                fleet.kill_random(&mut rng);
+                run.fleet.kill_random(&mut run.rng);
             }
-            fleet.spawn();
-            next_kill = Instant::now() + rng.between(KILL_EVERY);
+            run.fleet.spawn();
+            next_kill = Instant::now() + run.rng.between(KILL_EVERY);
         }
         if next_freeze.is_some_and(|t| Instant::now() >= t.max(quiet_until)) {
-            let for_ = rng.between(FREEZE_FOR);
-            if fleet.freeze_random(&mut rng, for_) {
+            let for_ = run.rng.between(FREEZE_FOR);
+            if run.fleet.freeze_random(&mut run.rng, for_) {
                 next_freeze = None;
                 eprintln!(
                     "crash test [{backend:?}]: froze {} for {:.1} s at {:.1} s",
-                    fleet.frozen[0].proc.name,
+                    run.fleet.frozen[0].proc.name,
                     for_.as_secs_f64(),
                     began.elapsed().as_secs_f64()
                 );
@@ -559,52 +638,89 @@ async fn run(backend: Backend) {
             Instant::now() < hard_limit,
             "the run did not settle: {}/{} jobs terminal after {:?}; counts {:?}",
             p.terminal,
-            enqueued,
+            run.enqueued,
             began.elapsed(),
-            store.job_counts().await
+            run.store.job_counts().await
         );
     }
-    let run_took = began.elapsed();
-    let stopped_us = now_us();
-    let stops = fleet.stops;
-    fleet.stop_all(&mut problems);
-    for n in &fleet.gone {
-        retry("recording a node", || side.insert_node(n)).await;
-    }
-    for f in &fleet.thawed {
-        retry("recording a freeze", || side.insert_freeze(f)).await;
-    }
-    let journals = read_journals(&fleet, &mut problems);
-    journal::fold(&side, &journals.nodes, &mut problems).await;
+}
 
-    let (periodic, jobs): (Vec<Job>, Vec<Job>) = all_jobs(&store, false)
+/// Phase 3: the nodes stopped gracefully, their journals folded in, and every table read.
+async fn collect(run: &mut Run) -> Collected {
+    let run_took = run.began.elapsed();
+    let stopped_us = now_us();
+    let stops = run.fleet.stops;
+    run.fleet.stop_all(&mut run.problems);
+    for n in &run.fleet.gone {
+        retry("recording a node", || run.side.insert_node(n)).await;
+    }
+    for f in &run.fleet.thawed {
+        retry("recording a freeze", || run.side.insert_freeze(f)).await;
+    }
+    let journals = read_journals(&run.fleet, &mut run.problems);
+    journal::fold(&run.side, &journals.nodes, &mut run.problems).await;
+
+    let (periodic, jobs): (Vec<Job>, Vec<Job>) = all_jobs(&run.store, false)
         .await
         .into_iter()
         .partition(|j| j.queue == PERIODIC_QUEUE);
-    let archived = all_jobs(&store, true).await;
-    let wanted_rows = retry("reading wanted rows", || side.wanted()).await;
+    let archived = all_jobs(&run.store, true).await;
+    let wanted_rows = retry("reading run.wanted rows", || run.side.wanted()).await;
     let (fires, reconciled, periodic_problems) = check_periodic(
         &periodic,
         &wanted_rows,
-        &server_restarts,
-        nodes_started_us,
+        &run.server_restarts,
+        run.nodes_started_us,
         stopped_us,
     );
-    let execs = retry("reading executions", || side.executions()).await;
-    let nodes = retry("reading nodes", || side.nodes()).await;
-    let freezes = retry("reading freezes", || side.freezes()).await;
+    let execs = retry("reading executions", || run.side.executions()).await;
+    let nodes = retry("reading nodes", || run.side.nodes()).await;
+    let freezes = retry("reading freezes", || run.side.freezes()).await;
     let facts: Vec<JobFacts> = jobs.iter().map(JobFacts::from).collect();
     let (stop_lag_max_us, starts_in_stop_lag) = stop_lags(&freezes, &execs);
+    Collected {
+        run_took,
+        stops,
+        journals,
+        jobs,
+        archived,
+        fires,
+        reconciled,
+        periodic_problems,
+        execs,
+        nodes,
+        freezes,
+        facts,
+        stop_lag_max_us,
+        starts_in_stop_lag,
+    }
+}
+
+/// Phase 4: every rule checked (see `check.rs`).
+fn judge(run: &mut Run, c: &Collected) -> Verdict {
+    let Collected {
+        jobs,
+        archived,
+        periodic_problems,
+        execs,
+        nodes,
+        freezes,
+        facts,
+        journals,
+        ..
+    } = c;
     let mut verdict = check(&facts, &execs, &nodes, &freezes, &journals.claims);
-    verdict.violations.splice(0..0, problems);
-    verdict.violations.extend(periodic_problems);
     verdict
         .violations
-        .extend(check_recovery(&server_restarts, &execs));
-    if jobs.len() != enqueued {
+        .splice(0..0, std::mem::take(&mut run.problems));
+    verdict.violations.extend(periodic_problems.iter().cloned());
+    verdict
+        .violations
+        .extend(check_recovery(&run.server_restarts, &execs));
+    if jobs.len() != run.enqueued {
         verdict.violations.push(format!(
-            "{} jobs enqueued but {} in the live table",
-            enqueued,
+            "{} jobs run.enqueued but {} in the live table",
+            run.enqueued,
             jobs.len()
         ));
     }
@@ -615,6 +731,40 @@ async fn run(backend: Backend) {
         ));
     }
 
+    verdict
+}
+
+/// Phase 5: the counts printed, and the test failed with the evidence of each violation.
+fn report(run: Run, c: &Collected, verdict: Verdict) {
+    let Run {
+        backend,
+        s,
+        began,
+        began_us,
+        ref fleet,
+        ref dir,
+        restarts,
+        server_down,
+        ref server_restarts,
+        ref all_killed_at,
+        mix_jobs,
+        wanted,
+        ..
+    } = run;
+    let Collected {
+        run_took,
+        stops,
+        ref journals,
+        ref jobs,
+        fires,
+        reconciled,
+        ref nodes,
+        ref freezes,
+        ref facts,
+        stop_lag_max_us,
+        starts_in_stop_lag,
+        ..
+    } = *c;
     let ev = &journals.events;
     let count = |k: &str| ev.get(k).copied().unwrap_or(0);
     let v = &verdict.stats;
@@ -723,7 +873,7 @@ async fn run(backend: Backend) {
                 msg.push_str(&evidence.explain(line));
             }
         }
-        drop(fleet);
+        drop(run);
         panic!("{msg}");
     }
     assert!(restarts >= 1, "the run ended before the restart happened");
