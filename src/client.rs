@@ -41,15 +41,15 @@ where
 pub(crate) type Wake = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// First pause of [`Client::wait`]'s polling, **5 ms**; it doubles up to [`WAIT_POLL_MAX`].
-pub const WAIT_POLL_MIN: Duration = Duration::from_millis(5);
+pub(crate) const WAIT_POLL_MIN: Duration = Duration::from_millis(5);
 /// Longest pause of [`Client::wait`]'s polling: **250 ms**.
-pub const WAIT_POLL_MAX: Duration = Duration::from_millis(250);
+pub(crate) const WAIT_POLL_MAX: Duration = Duration::from_millis(250);
 
 /// How long a node's client ([`SchedulerHandle::client`](crate::SchedulerHandle::client))
 /// waits, in its schedule calls, for the node to store the schedules it declares: they are
 /// listed as soon as `start()` returns. 5 s; past it the call goes on (the database is
 /// unreachable, and the call reads what is there or fails as it would).
-pub const SCHEDULES_STORED_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const SCHEDULES_STORED_WAIT: Duration = Duration::from_secs(5);
 
 /// Enqueue, inspect, cancel, retry and await jobs.
 ///

@@ -14,7 +14,7 @@ pub const DEFAULT_CONCURRENCY: u32 = 10;
 /// The most claimed jobs a queue keeps ready beyond its running ones: **1,000**, so a worker
 /// that finishes starts the next job without waiting for a round trip. Their leases are held
 /// and renewed like any other. The window adapts below this (see
-/// [`PREFETCH_MAX_WAIT`](crate::scheduler::PREFETCH_MAX_WAIT)): deep for quick jobs, shallow
+/// 200 ms): deep for quick jobs, shallow
 /// for slow ones; 0 turns prefetch off.
 pub const DEFAULT_PREFETCH: u32 = 1000;
 /// How often an idle fetcher looks for due jobs: **1 s** (PostgreSQL also wakes it at once

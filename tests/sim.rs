@@ -502,7 +502,7 @@ async fn priorities_are_respected() {
 
 #[actix::test]
 async fn the_prefetch_window_grows_for_idle_workers_and_shrinks_when_jobs_wait() {
-    use jobvisor::scheduler::PREFETCH_MAX_WAIT;
+    use jobvisor::testing::internal::PREFETCH_MAX_WAIT;
     use jobvisor::testing::GetFetcherStatus;
     let gate = Arc::new(Semaphore::new(0));
     let mut sim = Simulation::sqlite(|b| {

@@ -22,7 +22,7 @@ const MAX_BATCHES_PER_PASS: usize = 10;
 /// `VACUUM (SKIP_LOCKED)`). Autovacuum wakes once a minute at most: at tens of thousands of
 /// jobs per second the table would grow by hundreds of megabytes of dead row versions
 /// meanwhile.
-pub const VACUUM_AFTER_MOVED: u64 = 50_000;
+pub(crate) const VACUUM_AFTER_MOVED: u64 = 50_000;
 
 /// Archives and prunes.
 pub struct Archiver {

@@ -12,7 +12,7 @@ use crate::lease::ClaimId;
 use crate::store::ReclaimReason;
 
 /// Events kept for a slow subscriber before it starts missing some: **4,096**.
-pub const EVENT_BUFFER: usize = 4096;
+pub(crate) const EVENT_BUFFER: usize = 4096;
 
 /// Something that happened.
 #[derive(Debug, Clone, PartialEq)]

@@ -73,14 +73,11 @@ mod stats;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod sweeper;
 
-pub use archiver::VACUUM_AFTER_MOVED;
 pub use builder::SchedulerBuilder;
-pub use event::{Event, EVENT_BUFFER};
-pub use fetcher::PREFETCH_MAX_WAIT;
+pub use event::Event;
 pub use handle::SchedulerHandle;
-pub use reconciler::{MIN_RECONCILE_INTERVAL, RECONCILE_BATCH, RECONCILE_RETRY_FIRST};
+pub use reconciler::MIN_RECONCILE_INTERVAL;
 pub use root::{Scheduler, ShutdownReport};
-pub use schedule_firer::SCHEDULE_TICK;
 pub use stats::{Stats, StatsSnapshot};
 
 #[cfg(feature = "test-util")]

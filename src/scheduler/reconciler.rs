@@ -33,9 +33,9 @@ use crate::job::NewJob;
 pub const MIN_RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 /// The first retry after a failed pass: **1 s**, doubling after each further failure up to
 /// the reconciler's interval.
-pub const RECONCILE_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub(crate) const RECONCILE_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Jobs enqueued per statement batch by a pass: **500**.
-pub const RECONCILE_BATCH: usize = 500;
+pub(crate) const RECONCILE_BATCH: usize = 500;
 
 /// What a reconciler function returns.
 type Expected = Pin<Box<dyn Future<Output = std::result::Result<Vec<NewJob>, String>> + Send>>;

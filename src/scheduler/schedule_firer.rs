@@ -23,7 +23,7 @@ use crate::store::{Fire, SyncMode};
 
 /// How often the leader looks for due schedules: **1 s** (a fire runs at most about this
 /// late, plus the claim). A node that becomes the leader looks at once.
-pub const SCHEDULE_TICK: Duration = Duration::from_secs(1);
+pub(crate) const SCHEDULE_TICK: Duration = Duration::from_secs(1);
 
 /// Store errors are logged at most this often.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);

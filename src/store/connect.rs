@@ -4,7 +4,7 @@
 //! and the pool builder.
 //!
 //! A store keeps two pools on one database: the main one, and a small one of
-//! [`RENEW_LANE_SIZE`](super::RENEW_LANE_SIZE) connections for lease renewals only, so a renewal never waits behind a
+//! [`RENEW_LANE_SIZE`](super::RENEW_LANE_SIZE) (2) connections for lease renewals only, so a renewal never waits behind a
 //! hung claim or finalization, nor for a connection one of them holds.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -53,7 +53,7 @@ pub enum Backend {
 /// * each attempt to open a connection is abandoned after
 ///   [`connect_attempt_timeout`](Self::connect_attempt_timeout) (1 s) and tried again, so a
 ///   connection attempt that hung in the cut is replaced within a second of the heal;
-/// * renewals have their own connections (see [`RENEW_LANE_SIZE`]);
+/// * renewals have their own connections (two per store);
 /// * the server bounds statements and idle transactions to
 ///   [`server_statement_timeout`](Self::server_statement_timeout) (10 s), so what a vanished
 ///   client left running or holding locks is rolled back well within the default 30 s lease;
@@ -64,7 +64,7 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct StoreOptions {
-    /// Pooled connections (default 10; SQLite 4), plus [`RENEW_LANE_SIZE`] for renewals.
+    /// Pooled connections (default 10; SQLite 4), plus two for lease renewals.
     pub pool_size: Option<u32>,
     /// How long to wait for a connection in all: at connect, and from the pool (default
     /// 10 s, [`DEFAULT_CONNECT_TIMEOUT`]).
@@ -178,7 +178,7 @@ pub const DEFAULT_POOL_SIZE: u32 = 10;
 pub const DEFAULT_SQLITE_POOL_SIZE: u32 = 4;
 /// Connections kept for lease renewals, besides the pool: one per scheduler renews at a time,
 /// so two serve two schedulers on one store without waiting.
-pub const RENEW_LANE_SIZE: u32 = 2;
+pub(crate) const RENEW_LANE_SIZE: u32 = 2;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -203,7 +203,7 @@ impl StoreOptions {
     /// Sets the pool size (default 10; SQLite 4). On PostgreSQL the store also opens, at
     /// first need, one listening connection per scheduler and one connection for batches of
     /// 1,000 jobs or more, which it copies (`COPY`) instead of inserting; every backend keeps
-    /// up to [`RENEW_LANE_SIZE`] more for lease renewals.
+    /// up to two more for lease renewals.
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = Some(n);
         self
