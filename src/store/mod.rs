@@ -110,12 +110,12 @@ pub use job_conn::{Completion, NewEffect};
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
 pub use nodes::{NodeInfo, Unserved, UnservedReason, NODE_GONE_AFTER};
+pub(crate) use options::RENEW_LANE_SIZE;
 pub use options::{
     Backend, StoreOptions, TcpKeepalive, DEFAULT_BUSY_TIMEOUT, DEFAULT_CONNECT_ATTEMPT_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_SERVER_STATEMENT_TIMEOUT,
     DEFAULT_SQLITE_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TCP_USER_TIMEOUT,
 };
-pub(crate) use options::RENEW_LANE_SIZE;
 pub use outbox::OutboxConnection;
 pub(crate) use params::{
     ArchiveParams, CancelParams, Claim, ClaimParams, ClaimedJob, EnqueueParams, Finalization,

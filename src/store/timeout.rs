@@ -8,7 +8,7 @@
 //!
 //! An abandoned operation may leave a statement in flight on its connection, whose answer
 //! would reach whoever used the connection next (or never arrive). So such a connection is
-//! *poisoned*: the store's pools hand out [`Lease`]s on [`Tracked`] connections, and a lease
+//! *poisoned*: the store's pools hand out [`PooledConn`]s on [`Tracked`] connections, and a checkout
 //! dropped while its operation is being abandoned marks its connection, which the pool's
 //! [`Manager`] then reports broken: bb8 closes it instead of taking it back, and opens a
 //! fresh one when next needed. A connection whose checkout ping (MySQL) is interrupted is
@@ -101,7 +101,7 @@ pub(crate) fn in_bounded_op() -> bool {
 }
 
 /// Marks the operation abandoned when dropped; declared after the operation's future, so it
-/// is dropped first and the leases inside that future see the mark.
+/// is dropped first and the checkouts inside that future see the mark.
 struct AbandonOnDrop(Arc<OpState>);
 
 impl Drop for AbandonOnDrop {
@@ -245,7 +245,7 @@ pub(crate) type ConnPool<C> = bb8::Pool<Manager<C>>;
 
 /// A connection checked out for one operation; derefs to the connection. Dropped while its
 /// operation is abandoned, it poisons the connection.
-pub(crate) struct Lease<'a, C>
+pub(crate) struct PooledConn<'a, C>
 where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
@@ -253,7 +253,7 @@ where
     op: Option<Arc<OpState>>,
 }
 
-impl<C> std::ops::Deref for Lease<'_, C>
+impl<C> std::ops::Deref for PooledConn<'_, C>
 where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
@@ -264,7 +264,7 @@ where
     }
 }
 
-impl<C> std::ops::DerefMut for Lease<'_, C>
+impl<C> std::ops::DerefMut for PooledConn<'_, C>
 where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
@@ -273,7 +273,7 @@ where
     }
 }
 
-impl<C> Drop for Lease<'_, C>
+impl<C> Drop for PooledConn<'_, C>
 where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
@@ -288,19 +288,19 @@ where
     }
 }
 
-impl<C> Lease<'_, C>
+impl<C> PooledConn<'_, C>
 where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
-    /// Marks the connection so the pool closes it when this lease is dropped (for one whose
+    /// Marks the connection so the pool closes it when this checkout is dropped (for one whose
     /// session settings are about to be changed, or whose transaction state is in doubt).
     #[cfg(feature = "postgres")]
     pub(crate) fn poison(&mut self) {
         self.conn.poisoned = true;
     }
 
-    /// Lifts this lease's own mark, once what it guarded has answered (an operation abandoned
-    /// later still marks the connection when the lease is dropped).
+    /// Lifts this checkout's own mark, once what it guarded has answered (an operation abandoned
+    /// later still marks the connection when the checkout is dropped).
     #[cfg(feature = "postgres")]
     pub(crate) fn keep(&mut self) {
         self.conn.poisoned = false;
@@ -314,7 +314,7 @@ where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>>,
 {
     /// Checked out of the lane.
-    Lane(Lease<'a, C>),
+    Lane(PooledConn<'a, C>),
     /// Opened for this renewal and closed when dropped (never pooled, so one abandoned
     /// mid-statement cannot be reused either).
     Fresh(C),
@@ -368,14 +368,14 @@ where
 }
 
 /// Checks a connection out of `pool` for the current operation.
-pub(crate) async fn checkout<C>(pool: &ConnPool<C>) -> Result<Lease<'_, C>>
+pub(crate) async fn checkout<C>(pool: &ConnPool<C>) -> Result<PooledConn<'_, C>>
 where
     Manager<C>: bb8::ManageConnection<Connection = Tracked<C>, Error = PoolError>,
 {
     set_phase(Phase::Checkout);
     let conn = pool.get().await.map_err(super::errors::pool_err)?;
     set_phase(Phase::Answer);
-    Ok(Lease {
+    Ok(PooledConn {
         conn,
         op: CURRENT.try_with(Arc::clone).ok(),
     })

@@ -62,8 +62,8 @@ pub mod internal {
     pub use super::engine::{NodeActors, StoreEngine};
 
     pub use crate::lease::LeaseToken;
-    pub use crate::scheduler::fetcher::PREFETCH_MAX_WAIT;
     pub use crate::scheduler::archiver::{ArchiveNow, Archiver};
+    pub use crate::scheduler::fetcher::PREFETCH_MAX_WAIT;
     pub use crate::scheduler::fetcher::{
         FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
     };

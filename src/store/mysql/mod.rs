@@ -34,7 +34,7 @@ use super::expr::{in_list, DbNow, RUNNING};
 use super::own_conn::{Held, OwnConn};
 use super::rows::{dur_ms, dur_us, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
-use super::timeout::{checkout, renew_conn, ConnPool, Lease};
+use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::Result;
 use crate::job::{JobId, JobState, NewJob};
@@ -120,7 +120,7 @@ impl MysqlDriver {
     }
 
     /// A pooled connection (renewals: `renew`, from their own lane).
-    pub(crate) async fn conn(&self, renew: bool) -> Result<Lease<'_, AsyncMysqlConnection>> {
+    pub(crate) async fn conn(&self, renew: bool) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
         checkout(if renew { &self.renew_pool } else { &self.pool }).await
     }
 

@@ -28,7 +28,7 @@ use super::connect::pool;
 use super::driver::{ClaimArgs, ControlledFast, OpenError, RenewArgs};
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
-use super::timeout::{checkout, renew_conn, ConnPool, Lease};
+use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, RunAt};
@@ -105,7 +105,7 @@ impl PgDriver {
     }
 
     /// A pooled connection (renewals: `renew`, from their own lane).
-    pub(crate) async fn conn(&self, renew: bool) -> Result<Lease<'_, AsyncPgConnection>> {
+    pub(crate) async fn conn(&self, renew: bool) -> Result<PooledConn<'_, AsyncPgConnection>> {
         checkout(if renew { &self.renew_pool } else { &self.pool }).await
     }
 

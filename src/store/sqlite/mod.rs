@@ -38,7 +38,7 @@ use super::driver::{ClaimArgs, RenewArgs};
 use super::rows::{dur_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{
-    checkout, in_bounded_op, set_phase, ConnPool, Connector, Lease, Manager, Phase,
+    checkout, in_bounded_op, set_phase, ConnPool, Connector, Manager, Phase, PooledConn,
 };
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_SQLITE_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
@@ -81,7 +81,7 @@ pub(crate) struct SqliteDriver {
 /// A connection that may write: it holds the writer lock until dropped (the connection goes
 /// back to its pool first).
 pub(crate) struct Writer<'a> {
-    conn: Lease<'a, SqliteConn>,
+    conn: PooledConn<'a, SqliteConn>,
     _lock: tokio::sync::MutexGuard<'a, ()>,
 }
 
@@ -126,7 +126,7 @@ impl SqliteDriver {
     }
 
     /// A connection for reads (no writer lock).
-    pub(crate) async fn reader(&self) -> Result<Lease<'_, SqliteConn>> {
+    pub(crate) async fn reader(&self) -> Result<PooledConn<'_, SqliteConn>> {
         checkout(&self.pool).await
     }
 
