@@ -28,7 +28,7 @@ use actix::prelude::*;
 use tokio::sync::Semaphore;
 
 use super::attempt::{fence_point, Attempt};
-use super::fair_share::{SHARE_RETRY_FOR, SHARE_RETRY_MAX, SHARE_RETRY_MIN};
+use super::fair_share::{node_cap, SHARE_RETRY_FOR, SHARE_RETRY_MAX, SHARE_RETRY_MIN};
 use super::job_supervisor::JobSupervisor;
 use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
 use super::queue_gate::QueueGate;
@@ -268,7 +268,7 @@ impl Handler<FetchNow> for Fetcher {
         }
         // Several nodes serve the queue under a global limit: hold at most this node's fair
         // share (`fair_share.rs`); a rotation that raises it wakes the fetcher.
-        let share = self.gate.fair_cap(self.second());
+        let share = self.share();
         if let Some(cap) = share {
             let room = cap.saturating_sub(self.busy);
             if room == 0 {
@@ -356,6 +356,12 @@ impl Fetcher {
         u64::try_from(self.shared.clock.now().timestamp()).unwrap_or(0)
     }
 
+    /// The most jobs this node may hold now under its queue's global limit, if a fair share
+    /// binds it (see `fair_share::node_cap`).
+    fn share(&self) -> Option<u32> {
+        node_cap(self.gate.fair_cap(self.second()), self.config.concurrency)
+    }
+
     /// At its fair share: claim again when the next second may raise it (a freed slot
     /// wakes the fetcher anyway).
     fn wake_next_second(&mut self, ctx: &mut Context<Self>) {
@@ -377,10 +383,7 @@ impl Fetcher {
     /// backing off from [`SHARE_RETRY_MIN`] to [`SHARE_RETRY_MAX`], for at most
     /// [`SHARE_RETRY_FOR`] without a job (the queue may simply be empty; the poll goes on).
     fn share_retry(&mut self, ctx: &mut Context<Self>, got: usize) {
-        let below = self
-            .gate
-            .fair_cap(self.second())
-            .is_some_and(|cap| self.busy < cap);
+        let below = self.share().is_some_and(|cap| self.busy < cap);
         if !below {
             self.share_backoff = None;
             return;
