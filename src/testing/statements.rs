@@ -13,8 +13,9 @@
 //!   answered — a pipelined group (PostgreSQL's controlled claim) counts once, anything sent
 //!   alone counts once. On SQLite (in-process) a round trip is a call into the library;
 //! * **commits**: transactions that write and commit — each `COMMIT`, and each `INSERT`,
-//!   `UPDATE`, `DELETE` (or a `WITH` holding one) sent outside a transaction (autocommit).
-//!   Autocommitted reads (the ping, a `SELECT`) are not counted;
+//!   `UPDATE`, `DELETE` (or a `WITH` holding one) sent outside a transaction (autocommit),
+//!   counted when its round trip has answered. Autocommitted reads (the ping, a `SELECT`)
+//!   are not counted;
 //! * **by kind**: statements by the first [`KIND_CHARS`] characters of their SQL, whitespace
 //!   collapsed — where the statements go.
 //!
@@ -100,12 +101,17 @@ fn new_counter() -> Option<Box<dyn Instrumentation>> {
         .then(|| Box::new(ConnCounter::default()) as Box<dyn Instrumentation>)
 }
 
-/// One connection's state: statements in flight (a pipeline) and whether a transaction is
-/// open.
+/// One connection's state: statements in flight (a pipeline), whether a transaction is
+/// open, and the current round trip's autocommitted writes, counted as commits when it ends
+/// unless it held a `BEGIN`: diesel-async reports a pipeline's statements in the order their
+/// futures were made, not sent (PostgreSQL's controlled claim makes its claim before its
+/// `BEGIN`), and a pipeline holding a `BEGIN` is that transaction.
 #[derive(Debug, Default)]
 struct ConnCounter {
     in_flight: u32,
     in_tx: bool,
+    trip_begins: bool,
+    trip_writes: u64,
 }
 
 impl Instrumentation for ConnCounter {
@@ -117,6 +123,12 @@ impl Instrumentation for ConnCounter {
             }
             InstrumentationEvent::FinishQuery { .. } => {
                 self.in_flight = self.in_flight.saturating_sub(1);
+                if self.in_flight == 0 {
+                    if !self.trip_begins {
+                        COMMITS.fetch_add(self.trip_writes, SeqCst);
+                    }
+                    self.trip_writes = 0;
+                }
             }
             _ => {}
         }
@@ -128,18 +140,22 @@ impl ConnCounter {
         STATEMENTS.fetch_add(1, SeqCst);
         if self.in_flight == 0 {
             ROUND_TRIPS.fetch_add(1, SeqCst);
+            self.trip_begins = false;
+            self.trip_writes = 0;
         }
         self.in_flight += 1;
         let head = first_word(sql);
         if head.eq_ignore_ascii_case("BEGIN") || head.eq_ignore_ascii_case("START") {
             self.in_tx = true;
+            self.trip_begins = true;
         } else if head.eq_ignore_ascii_case("COMMIT") {
             self.in_tx = false;
             COMMITS.fetch_add(1, SeqCst);
         } else if head.eq_ignore_ascii_case("ROLLBACK") && !sql.contains(" TO ") {
             self.in_tx = false;
         } else if !self.in_tx && writes(head, sql) {
-            COMMITS.fetch_add(1, SeqCst);
+            // Counted when the round trip ends (see the type's docs).
+            self.trip_writes += 1;
         }
         if let Ok(mut kinds) = KINDS.lock() {
             *kinds.entry(kind_of(sql)).or_insert(0) += 1;
