@@ -41,6 +41,12 @@
 //!   `FOR UPDATE SKIP LOCKED` (MySQL: select then update) and marking them done, each in its
 //!   own transaction — for k = 1 and k = 100; and raw single / multi-row inserts.
 //!
+//! * `cost` (only when named): what a job costs, jobvisor's drain beside raw SQL's (k = 100)
+//!   in the same run — statements, round trips and commits per 1,000 jobs (counted on every
+//!   connection), client and server CPU per job (from `/proc`, medians of `--rounds` uncounted
+//!   drains)
+//!   — printed as a table after the others; what each figure includes is in `cost.rs`.
+//!
 //! Observability modes (only when named):
 //! * `metrics`: `--rounds` pairs of drains (as `drain`), one with metrics off and one with a
 //!   Prometheus recorder taking every metric a node records; `ratio_on_to_off` of the medians.
@@ -65,6 +71,7 @@
 //! the arguments, runs the modes and prints the table; `modes.rs` holds the ordinary modes,
 //! `scale.rs` the scale modes and `raw.rs` the raw-SQL baselines.
 
+mod cost;
 mod limits;
 mod modes;
 mod nodes;
@@ -113,7 +120,8 @@ usage: bench [flags]
   --prefetch P      the queue's prefetch (default: jobvisor's)
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
                     latency-remote (default: these);
-                    metrics, gauges, maintenance, limits-burst, nodes, drain-backlog, drain-archive,
+                    cost, metrics, gauges, maintenance, limits-burst, nodes, drain-backlog,
+                    drain-archive,
                     archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
   --job-ms M        each job of the limits mode sleeps M ms (default 0)
@@ -235,7 +243,14 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 5] = ["metrics", "gauges", "maintenance", "limits-burst", "nodes"];
+    const NAMED: [&str; 6] = [
+        "cost",
+        "metrics",
+        "gauges",
+        "maintenance",
+        "limits-burst",
+        "nodes",
+    ];
     let want = |m: &str| match &args.only {
         // The scale modes take minutes: only when asked for (by name or as `scale`); the
         // observability modes only by name.
@@ -246,6 +261,7 @@ async fn main() {
     };
     let (n, c) = (args.jobs, args.concurrency);
     let mut rows = Vec::new();
+    let mut costs = Vec::new();
     for &b in &args.backends {
         let bn = name(b);
         eprintln!("== {bn}: {n} jobs, concurrency {c} ==");
@@ -309,6 +325,24 @@ async fn main() {
                     extra,
                 },
             );
+        }
+        if want("cost") {
+            let (jv, raw) = cost::cost(b, n, c, args.prefetch, args.rounds).await;
+            for (bench, x) in [("cost-jobvisor", &jv), ("cost-raw-k100", &raw)] {
+                let mut extra = x.json();
+                extra["concurrency"] = json!(c);
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: bench.into(),
+                        jobs: n,
+                        per_sec: None,
+                        extra,
+                    },
+                );
+            }
+            costs.push((bn, jv, raw));
         }
         if want("limits") {
             let mut runs: Vec<(Limit, f64, Value)> = Vec::new();
@@ -593,6 +627,45 @@ async fn main() {
         println!(
             "{:<10} {:<24} {:>9} {:>12}  {}",
             r.backend, r.bench, r.jobs, rate, notes
+        );
+    }
+    if !costs.is_empty() {
+        print_costs(&costs, n, c);
+    }
+}
+
+/// The cost model's table: per backend, jobvisor and raw SQL (k = 100) side by side.
+fn print_costs(costs: &[(&str, cost::Cost, cost::Cost)], n: usize, c: u32) {
+    let us = |x: Option<f64>| x.map_or("in-process".to_string(), |v| format!("{v:.1}"));
+    println!(
+        "\nCost per job, drains of {n} no-op jobs at concurrency {c} (jobvisor / raw SQL k=100):\n"
+    );
+    println!(
+        "| backend | statements /1k | round trips /1k | commits /1k | client µs/job | server µs/job \
+         (all server processes) | jobs/s (timed drain) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (b, jv, raw) in costs {
+        let all = |x: &cost::Cost| {
+            x.server_all_us
+                .map_or(String::new(), |v| format!(" ({v:.0})"))
+        };
+        println!(
+            "| {b} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {}{} / {}{} | {:.0} / {:.0} |",
+            jv.statements,
+            raw.statements,
+            jv.round_trips,
+            raw.round_trips,
+            jv.commits,
+            raw.commits,
+            jv.client_us,
+            raw.client_us,
+            us(jv.server_us),
+            all(jv),
+            us(raw.server_us),
+            all(raw),
+            jv.jobs_per_sec,
+            raw.jobs_per_sec,
         );
     }
 }

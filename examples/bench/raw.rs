@@ -22,6 +22,11 @@ pub(crate) const PG_CLAIM: &str =
 pub(crate) const PG_DONE: &str = "UPDATE jobvisor_jobs SET state = 'succeeded', finished_at = $1, \
      lease_token = NULL WHERE id = ANY($2)";
 
+/// Statements the raw PostgreSQL drain has executed (its claims and its updates, each a
+/// round trip and an autocommitted write; the two preparations per worker not counted):
+/// tokio-postgres has no diesel instrumentation to count them, so the drain counts itself.
+pub(crate) static PG_STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
 pub(crate) fn now_us() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
@@ -41,6 +46,7 @@ pub(crate) async fn raw_drain_pg(url: &str, c: u32, k: i64) -> usize {
             let fin = client.prepare(PG_DONE).await.expect("prepare");
             loop {
                 let rows = client.query(&claim, &[&now_us(), &k]).await.expect("claim");
+                PG_STATEMENTS.fetch_add(1, Ordering::Relaxed);
                 if rows.is_empty() {
                     return;
                 }
@@ -48,6 +54,7 @@ pub(crate) async fn raw_drain_pg(url: &str, c: u32, k: i64) -> usize {
                 tokio_postgres::Client::execute(&client, &fin, &[&now_us(), &ids])
                     .await
                     .expect("done");
+                PG_STATEMENTS.fetch_add(1, Ordering::Relaxed);
                 done.fetch_add(ids.len() as u64, Ordering::Relaxed);
             }
         }));
