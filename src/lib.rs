@@ -65,6 +65,7 @@ pub mod backoff;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod dependency;
 pub mod error;
 pub mod handler;
 pub mod job;
@@ -81,6 +82,7 @@ pub mod testing;
 pub use backoff::RetryPolicy;
 pub use client::Client;
 pub use config::{QueueConfig, SchedulerConfig};
+pub use dependency::{Batch, Dependencies, Link, Outcomes, ParentPolicy};
 pub use error::{Error, Result, StoreError};
 pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
