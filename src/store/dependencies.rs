@@ -273,8 +273,25 @@ impl Store {
             with_tx!(self, |conn| {
                 let mut due = Vec::new();
                 let mut out = Vec::with_capacity(members.len());
-                for job in members {
-                    out.push(enqueue_child!(conn, job, &[], now, ir, due));
+                if members.iter().any(NewJob::has_parents) {
+                    for job in members {
+                        out.push(enqueue_child!(conn, job, &[], now, ir, due));
+                    }
+                } else {
+                    // Members without parents of their own: one batched enqueue.
+                    let got = conn.enqueue_on(members, now, ir).await?;
+                    for (job, e) in members.iter().zip(got) {
+                        let e = e.ok_or_else(|| {
+                            Error::Database(StoreError::Transient(
+                                "a duplicate job kept disappearing while enqueueing; try again"
+                                    .into(),
+                            ))
+                        })?;
+                        if !e.duplicate {
+                            due.push(job.queue.clone());
+                        }
+                        out.push(e);
+                    }
                 }
                 let ids: Vec<i64> = out.iter().map(|e| e.id.0).collect();
                 let cb = enqueue_child!(conn, &callback, &ids, now, ir, due);

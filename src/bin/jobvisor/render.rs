@@ -27,13 +27,18 @@ pub(crate) fn job_json(j: &Job) -> Value {
     serde_json::to_value(j).unwrap_or_else(|e| json!({"id": j.id.0, "error": e.to_string()}))
 }
 
-/// A job as JSON ([`job_json`]) with its dependencies: `parents` and `children`, each
-/// `{id, state, policy, settled}`.
+/// A job as JSON ([`job_json`]) with its dependencies, when it has any: `parents` and
+/// `children`, each `{id, state, policy, settled}` (a job without any prints exactly `Job`'s
+/// serde form).
 pub(crate) fn job_with_links_json(j: &Job, d: &Dependencies) -> Value {
     let mut v = job_json(j);
     if let Value::Object(m) = &mut v {
-        m.insert("parents".into(), json!(d.parents));
-        m.insert("children".into(), json!(d.children));
+        if !d.parents.is_empty() {
+            m.insert("parents".into(), json!(d.parents));
+        }
+        if !d.children.is_empty() {
+            m.insert("children".into(), json!(d.children));
+        }
     }
     v
 }
