@@ -21,6 +21,8 @@
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
+//! * [`dependency`] — jobs that wait for others: [`NewJob::after`], [`ParentPolicy`],
+//!   [`Dependencies`] (a job's parents and children), [`Batch`].
 //! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
 //! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
 //!   what happens to missed fires.
