@@ -511,6 +511,67 @@ impl Client {
             .await
     }
 
+    /// Cancels a job and every descendant not yet ended (children, their children, …),
+    /// whatever their [`ParentPolicy`](crate::ParentPolicy): waiting, pending and retrying
+    /// ones at once, running ones by a cancel request. Returns the job's outcome and the
+    /// descendants reached. Without the cascade ([`Client::cancel`]), each waiting child
+    /// follows its own policy.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::Database`].
+    pub async fn cancel_cascade(&self, id: JobId) -> Result<(CancelOutcome, Vec<JobId>)> {
+        let now = self.clock.bound_now();
+        let reached = self.store.job_cancel_cascade(id, now).await?;
+        let job = self.get(id).await?;
+        let out = if job.state == crate::JobState::Running {
+            CancelOutcome::Requested(job)
+        } else {
+            CancelOutcome::Cancelled(job)
+        };
+        Ok((out, reached))
+    }
+
+    /// Enqueues `members` as a batch with a `callback` job that runs exactly once, when
+    /// every member has ended (succeeded, dead or cancelled): the callback waits for all of
+    /// them with [`ParentPolicy::Run`](crate::ParentPolicy::Run), and its handler reads the
+    /// members' outcomes with [`Client::dependencies`] (`.outcomes()`). One transaction: the
+    /// members and the callback are stored together or not at all.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming a bad job, or for no members (or more than
+    /// [`MAX_PARENTS`](crate::dependency::MAX_PARENTS)); [`Error::Database`].
+    pub async fn enqueue_batch(
+        &self,
+        members: Vec<NewJob>,
+        callback: NewJob,
+    ) -> Result<crate::Batch> {
+        let (batch, due) = self
+            .store
+            .enqueue_batch(&members, callback, self.clock.bound_now())
+            .await?;
+        self.wake_queues(&due);
+        Ok(batch)
+    }
+
+    /// Job `id`'s parents and children, each with its state and the child's policy.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn dependencies(&self, id: JobId) -> Result<crate::Dependencies> {
+        self.store.job_dependencies(id).await
+    }
+
+    /// Wakes this node's fetchers of `queues` (each once).
+    pub(crate) fn wake_queues(&self, queues: &[String]) {
+        let mut woken: Vec<&str> = Vec::new();
+        for q in queues {
+            if !woken.contains(&q.as_str()) {
+                woken.push(q);
+                self.wake(q);
+            }
+        }
+    }
+
     /// Retries a dead or cancelled job now.
     ///
     /// # Errors

@@ -89,6 +89,10 @@ impl FromStr for JobId {
 pub enum JobState {
     /// Waiting for its `run_at`, never claimed or manually retried.
     Pending,
+    /// Waiting for its parents ([`NewJob::after`]): no claim takes it until every parent has
+    /// succeeded (or ended as its [`ParentPolicy`](crate::ParentPolicy) allows); then
+    /// `pending` and due at once.
+    Waiting,
     /// Claimed: a node holds its lease.
     Running,
     /// Failed an attempt (or lost its node) and waits for `run_at` to be claimed again.
@@ -103,8 +107,9 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in lifecycle order.
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
         JobState::Pending,
+        JobState::Waiting,
         JobState::Running,
         JobState::Retrying,
         JobState::Succeeded,
@@ -116,6 +121,7 @@ impl JobState {
     pub const fn as_str(self) -> &'static str {
         match self {
             JobState::Pending => "pending",
+            JobState::Waiting => "waiting",
             JobState::Running => "running",
             JobState::Retrying => "retrying",
             JobState::Succeeded => "succeeded",
@@ -153,6 +159,8 @@ impl JobState {
                 | (Running, Pending)
                 // cancel before running
                 | (Pending | Retrying, Cancelled)
+                // a waiting child: released, or cancelled (by hand or by its parent's end)
+                | (Waiting, Pending | Cancelled)
                 // manual retry
                 | (Dead | Cancelled, Pending)
         )
@@ -464,6 +472,14 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// Longest a single attempt may run; default [`DEFAULT_TIMEOUT`].
     pub timeout: Duration,
+    /// Parents by id: the job waits until they have ended ([`NewJob::after`]); default none.
+    pub after: Vec<JobId>,
+    /// Parents by (kind, unique key), resolved to their holders at enqueue
+    /// ([`NewJob::after_key`]); default none.
+    pub after_keys: Vec<(String, String)>,
+    /// What a parent that ends dead or cancelled does to this job; default
+    /// [`ParentPolicy::Cancel`](crate::ParentPolicy::Cancel).
+    pub on_parent_failure: crate::ParentPolicy,
 }
 
 impl NewJob {
@@ -480,6 +496,9 @@ impl NewJob {
             run_at: RunAt::Now,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             timeout: DEFAULT_TIMEOUT,
+            after: Vec::new(),
+            after_keys: Vec::new(),
+            on_parent_failure: crate::ParentPolicy::Cancel,
         }
     }
 
@@ -646,6 +665,7 @@ impl NewJob {
                 format!("is nested {depth} levels deep; expected at most {MAX_PAYLOAD_DEPTH}"),
             ));
         }
+        crate::dependency::validate_parents(self)?;
         let size = payload_size(&self.payload);
         if size > max_payload_bytes {
             return Err(Error::invalid(
@@ -817,6 +837,8 @@ mod tests {
             (Retrying, Cancelled),
             (Dead, Pending),
             (Cancelled, Pending),
+            (Waiting, Pending),
+            (Waiting, Cancelled),
         ];
         for from in JobState::ALL {
             for to in JobState::ALL {

@@ -337,6 +337,15 @@ impl JobContext {
                 })
             })
             .await?;
+        // Its children, if any, are settled now (a read that finds none otherwise); a
+        // failure is left to the sweeper's backstop: the completion stands.
+        if let Some(client) = self.client_opt() {
+            let now = self.node_clock().bound_now();
+            match client.store().job_settle_children(&[self.id.0], now).await {
+                Ok(s) => client.wake_queues(&s.released),
+                Err(e) => tracing::warn!(error = %e, "settling the job's children failed"),
+            }
+        }
         let value = self
             .attempt_gate()
             .completed()

@@ -21,6 +21,8 @@
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
+//! * [`dependency`] — jobs that wait for others: [`NewJob::after`], [`ParentPolicy`],
+//!   [`Dependencies`] (a job's parents and children), [`Batch`].
 //! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
 //! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
 //!   what happens to missed fires.
@@ -65,6 +67,7 @@ pub mod backoff;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod dependency;
 pub mod error;
 pub mod handler;
 pub mod job;
@@ -81,6 +84,7 @@ pub mod testing;
 pub use backoff::RetryPolicy;
 pub use client::Client;
 pub use config::{QueueConfig, SchedulerConfig};
+pub use dependency::{Batch, Dependencies, Link, Outcomes, ParentPolicy};
 pub use error::{Error, Result, StoreError};
 pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,

@@ -582,6 +582,47 @@ async fn commands_on_sqlite() {
     commands_do_what_they_say(Backend::Sqlite).await;
 }
 
+/// `get` shows a job's parents and children; `cancel --cascade` reaches the descendants.
+#[tokio::test]
+async fn get_shows_dependencies_and_cancel_cascades() {
+    let db = TestDb::create(Backend::Sqlite).await;
+    let client = Client::new(db.store().await);
+    let url = db.url.clone();
+    let parent = client
+        .enqueue(NewJob::new("p", json!({})))
+        .await
+        .unwrap()
+        .id;
+    let child = NewJob::new("c", json!({}))
+        .after(&[parent])
+        .on_parent_failure(jobvisor::ParentPolicy::Run);
+    let child = client.enqueue(child).await.unwrap().id;
+    let v = json_of(
+        jobvisor(&url).args(["get", &child.0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(v["state"], json!("waiting"), "{v}");
+    assert_eq!(v["parents"][0]["id"], json!(parent.0), "{v}");
+    assert_eq!(v["parents"][0]["policy"], json!("run"), "{v}");
+    let out = jobvisor(&url)
+        .args(["get", &parent.0.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("children") && text.contains(&format!("{} (waiting, run)", child.0)),
+        "{text}"
+    );
+    let out = jobvisor(&url)
+        .args(["cancel", &parent.0.to_string(), "--cascade", "-y"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // A `run` child would be released by a plain cancel; the cascade cancels it.
+    assert_eq!(client.get(child).await.unwrap().state, JobState::Cancelled);
+    assert_eq!(client.get(parent).await.unwrap().state, JobState::Cancelled);
+}
+
 #[test]
 fn bad_arguments_and_unreachable_databases_are_clear_and_keep_secrets() {
     let mut c = Command::cargo_bin("jobvisor").unwrap();

@@ -2089,3 +2089,31 @@ async fn a_job_completed_in_its_handlers_transaction_is_not_finalized_again() {
         .unwrap();
     assert_eq!((status.tracked, status.pending), (0, 0));
 }
+
+/// A child released by its parent's end is claimed at once: the finalizer wakes the child's
+/// fetcher in the node (nothing here ever polls queue `b`).
+#[actix::test]
+async fn a_released_child_is_picked_up_without_waiting_for_the_poll() {
+    let mut sim = Simulation::sqlite(|b| {
+        b.queue("a", QueueConfig::default())
+            .queue("b", QueueConfig::default())
+            .handler("step", quick("done"))
+    })
+    .await;
+    let parent = enqueue(&sim, NewJob::new("step", json!(1)).queue("a")).await;
+    let child = enqueue(
+        &sim,
+        NewJob::new("step", json!(2)).queue("b").after(&[parent]),
+    )
+    .await;
+    assert_eq!(
+        sim.client.get(child).await.unwrap().state,
+        JobState::Waiting
+    );
+    assert_eq!(sim.fetch("a").await, 1);
+    assert_eq!(sim.finished(parent).await, JobState::Succeeded);
+    // No fetch of `b`, no clock advance: only the wake can start it.
+    assert_eq!(sim.finished(child).await, JobState::Succeeded);
+    let deps = sim.client.dependencies(child).await.unwrap();
+    assert_eq!(deps.outcomes().succeeded, 1);
+}

@@ -63,6 +63,11 @@
 //!   PostgreSQL, vacuumed as autovacuum would).
 //! * `rss`: resident memory with `--in-flight` (default 10,000) handlers running at once.
 //!
+//! Dependency mode (only when named): `deps` — a `--fan` (default 10,000) job batch with one
+//! fan-in callback against as many plain jobs, and a `--chain` (default 1,000) of jobs each
+//! `after` the previous against the same chain built by hand; the overhead per dependency
+//! edge, same run (`dependencies.rs`).
+//!
 //! Every result prints as a table row and as one JSON line (`{"bench":…}`); ratios are to the
 //! raw-SQL figures of the same run, since absolute numbers drift on shared machines.
 //! Each mode gets a fresh isolated database (schema / database / temp file).
@@ -72,6 +77,7 @@
 //! `scale.rs` the scale modes and `raw.rs` the raw-SQL baselines.
 
 mod cost;
+mod dependencies;
 mod limits;
 mod modes;
 mod nodes;
@@ -108,6 +114,10 @@ struct Args {
     /// Nodes the `limits` mode drains with, each with its own store and `--concurrency`
     /// (default 1); a global limit is their total concurrency.
     nodes: usize,
+    /// Members of the `deps` mode's batch.
+    fan: usize,
+    /// Length of the `deps` mode's chain.
+    chain: usize,
     only: Option<Vec<String>>,
 }
 
@@ -120,9 +130,8 @@ usage: bench [flags]
   --prefetch P      the queue's prefetch (default: jobvisor's)
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
                     latency-remote (default: these);
-                    cost, metrics, gauges, maintenance, limits-burst, nodes, drain-backlog,
-                    drain-archive,
-                    archive-cycle, rss, scale (only when named)
+                    cost, metrics, gauges, maintenance, limits-burst, nodes, deps,
+                    drain-backlog, drain-archive, archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
   --job-ms M        each job of the limits mode sleeps M ms (default 0)
   --nodes K         nodes the limits mode drains with (default 1); node processes of
@@ -130,6 +139,8 @@ usage: bench [flags]
   --backlog N       jobs waiting / archived beforehand (default 1000000)
   --through N       jobs through the live table in archive-cycle (default 1000000)
   --in-flight N     handlers running at once in rss (default 10000)
+  --fan N           members of the deps mode's batch (default 10000)
+  --chain N         length of the deps mode's chain (default 1000)
 PostgreSQL and MariaDB from JOBVISOR_PG_URL / JOBVISOR_MYSQL_URL.";
 
 fn parse_args() -> Args {
@@ -144,6 +155,8 @@ fn parse_args() -> Args {
         rounds: 3,
         job_ms: 0,
         nodes: 1,
+        fan: 10_000,
+        chain: 1_000,
         only: None,
     };
     let mut it = std::env::args().skip(1);
@@ -172,6 +185,8 @@ fn parse_args() -> Args {
             "--rounds" => args.rounds = val().parse().expect("--rounds takes a number"),
             "--job-ms" => args.job_ms = val().parse().expect("--job-ms takes a number"),
             "--nodes" => args.nodes = val().parse().expect("--nodes takes a number"),
+            "--fan" => args.fan = val().parse().expect("--fan takes a number"),
+            "--chain" => args.chain = val().parse().expect("--chain takes a number"),
             "--only" => args.only = Some(val().split(',').map(str::to_string).collect()),
             "--help" | "-h" => {
                 println!("{USAGE}");
@@ -243,13 +258,14 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 6] = [
+    const NAMED: [&str; 7] = [
         "cost",
         "metrics",
         "gauges",
         "maintenance",
         "limits-burst",
         "nodes",
+        "deps",
     ];
     let want = |m: &str| match &args.only {
         // The scale modes take minutes: only when asked for (by name or as `scale`); the
@@ -306,6 +322,20 @@ async fn main() {
                     extra: json!({}),
                 },
             );
+        }
+        if want("deps") {
+            for (bench, jobs, extra) in dependencies::deps(b, args.fan, args.chain, c).await {
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench,
+                        jobs,
+                        per_sec: None,
+                        extra,
+                    },
+                );
+            }
         }
         let mut empty_drain = None;
         if want("drain") {

@@ -189,7 +189,7 @@ pub(crate) fn outcome(state: JobState, released: bool) -> &'static str {
         JobState::Dead => "dead",
         JobState::Cancelled => "cancelled",
         JobState::Pending if released => "released",
-        JobState::Pending | JobState::Running => "snoozed",
+        JobState::Pending | JobState::Running | JobState::Waiting => "snoozed",
     }
 }
 

@@ -311,7 +311,7 @@ impl LeaseManager {
         let fut = async move {
             let t0 = Instant::now();
             let n = params.items.len();
-            let res = store.job_finalize_many(params).await;
+            let res = store.job_finalize_settling(params).await;
             let took = t0.elapsed();
             tracing::trace!(n, took_us = took.as_micros() as u64, "finalize");
             crate::metrics::finalize_statement(took);
@@ -320,7 +320,9 @@ impl LeaseManager {
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             act.flushing -= 1;
             match res {
-                Ok(results) => {
+                Ok((results, released)) => {
+                    // Children these jobs' ends released: due now, wake their fetchers.
+                    act.shared.client.wake_queues(&released);
                     act.flush_failures = 0;
                     act.flush_not_before = None;
                     // Per queue: slots freed, and the longest a job waited for a worker.

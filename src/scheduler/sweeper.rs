@@ -15,7 +15,11 @@ const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Batches run back to back in one sweep at most (the next tick continues).
 const MAX_BATCHES_PER_SWEEP: usize = 10;
 
-/// Reclaims expired and over-time jobs.
+/// Parents a sweep settles at most in its backstop pass.
+const STRANDED_PER_SWEEP: u32 = 500;
+
+/// Reclaims expired and over-time jobs, settles the children of jobs that ended dead here,
+/// and settles children a crashed finalizer left (`store::dependencies`).
 pub struct Sweeper {
     shared: Arc<Shared>,
     /// A sweep is in flight; overlapping ticks are skipped.
@@ -64,6 +68,7 @@ impl Handler<SweepNow> for Sweeper {
             let retry = shared.config.retry;
             let limit = shared.config.sweep_batch;
             let mut total = 0;
+            let mut ended = Vec::new();
             for _ in 0..MAX_BATCHES_PER_SWEEP {
                 let params = ReclaimParams {
                     limit,
@@ -74,6 +79,9 @@ impl Handler<SweepNow> for Sweeper {
                 total += batch.len();
                 let short = batch.len() < limit as usize;
                 for r in batch {
+                    if r.new_state.is_terminal() {
+                        ended.push(r.id.0);
+                    }
                     shared.events.emit(Event::Reclaimed {
                         id: r.id,
                         kind: r.kind,
@@ -85,6 +93,20 @@ impl Handler<SweepNow> for Sweeper {
                     break;
                 }
             }
+            // Children of the jobs that ended dead here, then the backstop: parents whose
+            // settle a crash interrupted (`store::dependencies`).
+            let now = shared.clock.bound_now();
+            let mut released = shared
+                .store
+                .job_settle_children(&ended, now)
+                .await?
+                .released;
+            let stranded = shared
+                .store
+                .job_settle_stranded(STRANDED_PER_SWEEP, now)
+                .await?;
+            released.extend(stranded.released);
+            shared.client.wake_queues(&released);
             Ok::<_, crate::Error>(total)
         };
         Box::pin(fut.into_actor(self).map(|res, act, _ctx| {

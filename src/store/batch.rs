@@ -254,6 +254,9 @@ pub(crate) struct Finalized {
     pub(crate) id: i64,
     #[diesel(sql_type = Text)]
     pub(crate) state: String,
+    /// Whether a child was ever enqueued after it (`has_children`): its end must settle them.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub(crate) has_children: bool,
 }
 
 /// One finalization as the columns of a batched statement.

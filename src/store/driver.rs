@@ -48,7 +48,9 @@
 //!   item carrying it (a handler that started and ended between two heartbeats);
 //!   and `unique_hold = NULL` when the state reached is terminal and the key's scope is
 //!   `while_active`.
-//!   Returns the state each applied row reached; a missing row is a lost lease.
+//!   Returns the state each applied row reached and its `has_children` flag, read in the
+//!   same statement (so a job without children costs nothing more); a missing row is a lost
+//!   lease.
 //! * [`vacuum_live`](Driver::vacuum_live) and [`listen`](Driver::listen) — PostgreSQL only;
 //!   nothing (or no listener) elsewhere.
 //! * A handler's transaction (`job_conn.rs`) checks out the backend's own connection type
@@ -317,7 +319,7 @@ impl Driver {
         &self,
         items: &[Finalize],
         now: Option<i64>,
-    ) -> Result<HashMap<i64, JobState>> {
+    ) -> Result<HashMap<i64, (JobState, bool)>> {
         match self {
             #[cfg(feature = "postgres")]
             Driver::Postgres(d) => d.finalize(items, now).await,

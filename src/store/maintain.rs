@@ -16,7 +16,8 @@ use super::expr::{
 };
 use super::rows::{dur_us, from_us};
 use super::schema::{
-    jobvisor_effects as effects, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+    jobvisor_effects as effects, jobvisor_job_deps as deps, jobvisor_jobs as jobs,
+    jobvisor_jobs_archive as archive,
 };
 use super::timeout::Op;
 use super::{
@@ -26,6 +27,13 @@ use super::{
 use crate::error::{Error, Result, StoreError};
 use crate::job::{Job, JobFailure, JobId, JobState, UniqueScope};
 use crate::lease::ClaimId;
+
+/// The terminal states' stored names.
+const TERMINAL_NAMES: [&str; 3] = [
+    JobState::Succeeded.as_str(),
+    JobState::Dead.as_str(),
+    JobState::Cancelled.as_str(),
+];
 
 /// Times a version-guarded write is retried after losing a race before giving up.
 const RACE_TRIES: usize = 5;
@@ -68,6 +76,19 @@ impl Store {
             )
             .load(conn)
             .await?;
+            // A parent stays while any child of it has not ended.
+            let blocked: Vec<i64> = if ids.is_empty() {
+                Vec::new()
+            } else {
+                deps::table
+                    .inner_join(jobs::table.on(jobs::id.eq(deps::child_id)))
+                    .filter(deps::parent_id.eq_any(&ids))
+                    .filter(jobs::state.ne_all(TERMINAL_NAMES))
+                    .select(deps::parent_id)
+                    .load(conn)
+                    .await?
+            };
+            let ids: Vec<i64> = ids.into_iter().filter(|i| !blocked.contains(i)).collect();
             if ids.is_empty() {
                 return Ok(0);
             }
@@ -207,6 +228,13 @@ impl Store {
                 diesel::delete(effects::table.filter(effects::job_id.eq_any(&ids)))
                     .execute(conn)
                     .await?;
+                // Dependency rows go with their child; a parent's with it once pruned.
+                diesel::delete(
+                    deps::table
+                        .filter(deps::child_id.eq_any(&ids).or(deps::parent_id.eq_any(&ids))),
+                )
+                .execute(conn)
+                .await?;
                 diesel::delete(archive::table.filter(archive::id.eq_any(&ids)))
                     .execute(conn)
                     .await
@@ -273,11 +301,18 @@ impl Store {
                     .job_get(p.id)
                     .await?
                     .ok_or(Error::NotFound { id: p.id })?;
-                return Ok(if job.state == JobState::Running {
-                    CancelOutcome::Requested(job)
-                } else {
-                    CancelOutcome::Cancelled(job)
-                });
+                if job.state == JobState::Running {
+                    return Ok(CancelOutcome::Requested(job));
+                }
+                // Its own parents no longer count for it; its children follow their policy.
+                with_write!(self, |conn| diesel::update(
+                    deps::table.filter(deps::child_id.eq(id))
+                )
+                .set(deps::done.eq(true))
+                .execute(conn)
+                .await?);
+                self.job_settle_children(&[id], p.now).await?;
+                return Ok(CancelOutcome::Cancelled(job));
             }
             // Lost a race (claimed, finalized or reclaimed meanwhile): look again.
         }

@@ -40,6 +40,7 @@
 //! | claim of a paused or limited queue, queue settings, the change signal | `queues.rs` | portable, PostgreSQL's own claim in `postgres/` |
 //! | the partition search of a limited claim | `partitions.rs` | per-backend scan text in `partitions.rs` |
 //! | reclaim, archive, prune, cancel, manual retry | `maintain.rs` | portable (diesel's query builder) |
+//! | enqueue after parents, batches, settle a parent's children, cascade cancel | `dependencies.rs` | portable, each backend's enqueue |
 //! | get, list, counts, lags, search | `read.rs` | portable |
 //! | enqueue in the caller's transaction | `outbox.rs` | each backend's enqueue |
 //! | node registry, unserved jobs | `nodes.rs` | portable |
@@ -53,6 +54,7 @@ use std::sync::Arc;
 
 mod batch;
 mod connect;
+pub(crate) mod dependencies;
 pub(crate) mod driver;
 mod effects;
 mod errors;

@@ -70,6 +70,12 @@ impl Store {
     ) -> Result<Vec<Enqueued>> {
         let bytes = self.validate_jobs(jobs)?;
         let limit = enqueue_bound(self.inner.statement_bound(), jobs.len(), bytes);
+        if jobs.iter().any(NewJob::has_parents) {
+            let enqueue = self.enqueue_dependent(jobs, now);
+            return Ok(super::timeout::bounded(Op::Enqueue, limit, enqueue)
+                .await?
+                .0);
+        }
         super::timeout::bounded(Op::Enqueue, limit, self.enqueue_valid(jobs, now)).await
     }
 
@@ -342,13 +348,41 @@ impl Store {
         &self,
         p: FinalizeParams,
     ) -> Result<Vec<(JobId, Guarded<JobState>)>> {
-        self.bounded(Op::Finalize, self.finalize_unbounded(p)).await
+        Ok(self.job_finalize_settling(p).await?.0)
+    }
+
+    /// [`job_finalize_many`](Self::job_finalize_many), and then the children of the jobs it
+    /// ended that have any (`has_children`, read by the finalize statement itself: a batch
+    /// without such jobs sends nothing more) are settled; returns the queues of the children
+    /// released. A settle that fails is logged and left to the sweeper's backstop: the
+    /// finalization itself stands.
+    ///
+    /// # Errors
+    /// As [`job_finalize_many`](Self::job_finalize_many).
+    pub(crate) async fn job_finalize_settling(
+        &self,
+        p: FinalizeParams,
+    ) -> Result<(Vec<(JobId, Guarded<JobState>)>, Vec<String>)> {
+        let now = p.now;
+        let (done, parents) = self
+            .bounded(Op::Finalize, self.finalize_unbounded(p))
+            .await?;
+        if parents.is_empty() {
+            return Ok((done, Vec::new()));
+        }
+        match self.job_settle_children(&parents, now).await {
+            Ok(s) => Ok((done, s.released)),
+            Err(e) => {
+                tracing::warn!(error = %e, "settling finished jobs' children failed; the sweeper will");
+                Ok((done, Vec::new()))
+            }
+        }
     }
 
     async fn finalize_unbounded(
         &self,
         p: FinalizeParams,
-    ) -> Result<Vec<(JobId, Guarded<JobState>)>> {
+    ) -> Result<(Vec<(JobId, Guarded<JobState>)>, Vec<i64>)> {
         let mut seen = HashSet::new();
         for f in &p.items {
             if !seen.insert(f.id) {
@@ -359,19 +393,26 @@ impl Store {
             }
         }
         if p.items.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let applied = self.inner.driver.finalize(&p.items, bound(p.now)).await?;
-        Ok(p.items
+        let parents = applied
+            .iter()
+            .filter(|(_, (state, children))| *children && state.is_terminal())
+            .map(|(id, _)| *id)
+            .collect();
+        let done = p
+            .items
             .iter()
             .map(|f| {
                 (
                     f.id,
                     applied
                         .get(&f.id.0)
-                        .map_or(Guarded::LeaseLost, |s| Guarded::Applied(*s)),
+                        .map_or(Guarded::LeaseLost, |s| Guarded::Applied(s.0)),
                 )
             })
-            .collect())
+            .collect();
+        Ok((done, parents))
     }
 }

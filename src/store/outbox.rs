@@ -214,6 +214,17 @@ impl Store {
             ));
         }
         self.validate_jobs(&p.jobs)?;
+        if let Some(j) = p.jobs.iter().find(|j| j.has_parents()) {
+            return Err(Error::invalid(
+                "after",
+                format!(
+                    "job of kind {:?} names parents, which an enqueue in the caller's \
+                     transaction does not support yet; expected jobs without parents here \
+                     (enqueue it with Client::enqueue)",
+                    j.kind
+                ),
+            ));
+        }
         if p.jobs.is_empty() {
             return Ok(Vec::new());
         }

@@ -181,3 +181,27 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_effects);
+
+diesel::table! {
+    /// Dependencies between jobs (see `store::dependencies`): one row per (child, parent).
+    jobvisor_job_deps (child_id, parent_id) {
+        child_id -> BigInt,
+        parent_id -> BigInt,
+        policy -> Text,
+        done -> Bool,
+    }
+}
+
+diesel::table! {
+    /// The live jobs' columns the dependency code needs, with `has_children` (a job whose
+    /// children must be settled when it ends): `jobvisor_jobs` itself is at diesel's
+    /// 32-column limit.
+    #[sql_name = "jobvisor_jobs"]
+    jobvisor_jobs_links (id) {
+        id -> BigInt,
+        state -> Text,
+        has_children -> Bool,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_job_deps);

@@ -199,6 +199,10 @@ pub(crate) struct Bulk {
     /// Change every matching job without asking.
     #[arg(long, short = 'y')]
     pub(crate) yes: bool,
+    /// `cancel` only: also cancel every descendant of each job (children, their children, …)
+    /// not yet ended, whatever its policy for a failed parent.
+    #[arg(long)]
+    pub(crate) cascade: bool,
 }
 
 /// `90s`, `15m`, `2h`, `7d`, or a bare number of seconds.

@@ -17,13 +17,15 @@ use crate::{exit, list_params, render, search, show, Failure};
 pub(crate) enum Change {
     Retry,
     Cancel,
+    /// Cancel with every descendant (`cancel --cascade`).
+    CancelCascade,
 }
 
 impl Change {
     fn verb(self) -> &'static str {
         match self {
             Change::Retry => "retry",
-            Change::Cancel => "cancel",
+            Change::Cancel | Change::CancelCascade => "cancel",
         }
     }
 
@@ -31,7 +33,7 @@ impl Change {
     fn applies_to(self, state: JobState) -> bool {
         match self {
             Change::Retry => matches!(state, JobState::Dead | JobState::Cancelled),
-            Change::Cancel => !state.is_terminal(),
+            Change::Cancel | Change::CancelCascade => !state.is_terminal(),
         }
     }
 }
@@ -183,6 +185,15 @@ async fn apply(
             RetryOutcome::Retried(j) => Some(format!("{}, due now", j.state.as_str())),
             _ => None,
         }),
+        Change::CancelCascade => {
+            let (out, reached) = client.cancel_cascade(id).await?;
+            let first = match out {
+                CancelOutcome::Cancelled(_) => "cancelled",
+                CancelOutcome::Requested(_) => "cancel requested",
+                CancelOutcome::AlreadyFinished(_) => "already finished",
+            };
+            Ok(Some(format!("{first}, with {} descendants", reached.len())))
+        }
         Change::Cancel => Ok(match client.cancel(id).await? {
             CancelOutcome::Cancelled(_) => Some("cancelled".to_string()),
             CancelOutcome::Requested(_) => {

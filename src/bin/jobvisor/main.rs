@@ -271,10 +271,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Get { id } => {
             let job = client.get(JobId(id)).await?;
-            show(json, render::job_json(&job), || render::job_text(&job));
+            let deps = client.dependencies(JobId(id)).await?;
+            show(json, render::job_with_links_json(&job, &deps), || {
+                render::job_text(&job) + &render::links_text(&deps)
+            });
         }
-        Command::Retry(b) => bulk::run(&client, bulk::Change::Retry, b, json, now).await?,
-        Command::Cancel(b) => bulk::run(&client, bulk::Change::Cancel, b, json, now).await?,
+        Command::Retry(b) => {
+            if b.cascade {
+                return Err(Failure {
+                    code: exit::USAGE,
+                    message: "--cascade applies to cancel only; expected `jobvisor cancel \
+                              --cascade`"
+                        .to_string(),
+                });
+            }
+            bulk::run(&client, bulk::Change::Retry, b, json, now).await?
+        }
+        Command::Cancel(b) => {
+            let change = if b.cascade {
+                bulk::Change::CancelCascade
+            } else {
+                bulk::Change::Cancel
+            };
+            bulk::run(&client, change, b, json, now).await?
+        }
         Command::Archive {
             older_than,
             dead_older_than,

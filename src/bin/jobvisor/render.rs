@@ -4,7 +4,10 @@
 //! `Job`'s own serde form, the API's.
 
 use chrono::{DateTime, Utc};
-use jobvisor::{Job, Leader, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved, UnservedReason};
+use jobvisor::{
+    Dependencies, Job, Leader, Link, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved,
+    UnservedReason,
+};
 use serde_json::{json, Value};
 
 /// A timestamp as RFC 3339 (microseconds, `Z`).
@@ -22,6 +25,44 @@ fn ts_opt(t: Option<DateTime<Utc>>) -> Value {
 pub(crate) fn job_json(j: &Job) -> Value {
     // `Job` holds JSON values, text, numbers and instants only: serializing it cannot fail.
     serde_json::to_value(j).unwrap_or_else(|e| json!({"id": j.id.0, "error": e.to_string()}))
+}
+
+/// A job as JSON ([`job_json`]) with its dependencies, when it has any: `parents` and
+/// `children`, each `{id, state, policy, settled}` (a job without any prints exactly `Job`'s
+/// serde form).
+pub(crate) fn job_with_links_json(j: &Job, d: &Dependencies) -> Value {
+    let mut v = job_json(j);
+    if let Value::Object(m) = &mut v {
+        if !d.parents.is_empty() {
+            m.insert("parents".into(), json!(d.parents));
+        }
+        if !d.children.is_empty() {
+            m.insert("children".into(), json!(d.children));
+        }
+    }
+    v
+}
+
+/// A job's parents and children, for people (nothing when it has none).
+pub(crate) fn links_text(d: &Dependencies) -> String {
+    let show = |links: &[Link]| {
+        links
+            .iter()
+            .map(|l| {
+                let state = l.state.map_or("gone", |s| s.as_str());
+                format!("{} ({state}, {})", l.id.0, l.policy.as_str())
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::new();
+    if !d.parents.is_empty() {
+        out.push_str(&format!("{:<14} {}\n", "parents", show(&d.parents)));
+    }
+    if !d.children.is_empty() {
+        out.push_str(&format!("{:<14} {}\n", "children", show(&d.children)));
+    }
+    out
 }
 
 /// One job in full, for people.

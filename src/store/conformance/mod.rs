@@ -39,6 +39,7 @@ mod bad_input;
 mod claim;
 mod control;
 mod cut;
+mod dependencies;
 mod deploy;
 mod enqueue;
 mod finalize;
@@ -64,6 +65,7 @@ pub use bad_input::*;
 pub use claim::*;
 pub use control::*;
 pub use cut::*;
+pub use dependencies::*;
 pub use deploy::*;
 pub use enqueue::*;
 pub use finalize::*;
@@ -268,6 +270,14 @@ macro_rules! conformance_tests {
             sixteen_concurrent_attempts_of_one_effect_key_record_it_once,
             a_completed_attempt_is_never_written_again_and_a_fenced_one_never_commits,
             bad_effect_keys_and_transactions_get_clear_errors,
+            a_child_starts_only_after_every_parent_succeeded,
+            a_failed_parent_applies_each_childs_policy,
+            a_missing_parent_is_a_clear_error_and_nothing_is_stored,
+            the_batch_callback_is_released_once_when_the_last_members_race,
+            a_parents_end_racing_its_childs_enqueue_never_strands_the_child,
+            a_cascading_cancel_reaches_every_descendant,
+            retrying_a_dead_parent_releases_its_waiting_children,
+            the_archiver_keeps_a_parent_until_its_children_end,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

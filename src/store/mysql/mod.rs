@@ -229,7 +229,7 @@ impl MysqlDriver {
         &self,
         items: &[Finalize],
         now: Option<i64>,
-    ) -> Result<HashMap<i64, JobState>> {
+    ) -> Result<HashMap<i64, (JobState, bool)>> {
         let mut c = self.conn(false).await?;
         Ok(
             diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
@@ -522,31 +522,37 @@ async fn finalize(
     conn: &mut diesel_async::AsyncMysqlConnection,
     items: &[Finalize],
     now: Option<i64>,
-) -> diesel::QueryResult<HashMap<i64, JobState>> {
+) -> diesel::QueryResult<HashMap<i64, (JobState, bool)>> {
     let mut applied = HashMap::with_capacity(items.len());
     for chunk in items.chunks(CHUNK) {
         let pairs = LeasePairs {
             ids: chunk.iter().map(|f| f.id.0).collect(),
             tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
         };
-        let held: Vec<(i64, i32, i32)> = jobs::table
+        let held: Vec<(i64, i32, i32, bool)> = jobs::table
             .filter(in_list(jobs::id, pairs.ids.clone()))
             .filter(pairs)
             .filter(RUNNING)
-            .select((jobs::id, jobs::attempts, jobs::max_attempts))
+            .select((
+                jobs::id,
+                jobs::attempts,
+                jobs::max_attempts,
+                // Not in `jobs` (diesel's 32 columns): see `schema::jobvisor_jobs_links`.
+                diesel::dsl::sql::<diesel::sql_types::Bool>("jobvisor_jobs.has_children"),
+            ))
             .for_update()
             .load(&mut *conn)
             .await?;
         if held.is_empty() {
             continue;
         }
-        let held: HashMap<i64, bool> = held
+        let held: HashMap<i64, (bool, bool)> = held
             .into_iter()
-            .map(|(id, attempts, max)| (id, attempts >= max))
+            .map(|(id, attempts, max, children)| (id, (attempts >= max, children)))
             .collect();
         let mut rows = Vec::with_capacity(held.len());
         for f in chunk {
-            let Some(&exhausted) = held.get(&f.id.0) else {
+            let Some(&(exhausted, children)) = held.get(&f.id.0) else {
                 continue;
             };
             let mut row = FinalRow::from(f);
@@ -554,7 +560,8 @@ async fn finalize(
                 row.state = "dead";
             }
             let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
-            applied.insert(f.id.0, row.state.parse().unwrap_or(JobState::Retrying));
+            let state = row.state.parse().unwrap_or(JobState::Retrying);
+            applied.insert(f.id.0, (state, children));
             rows.push((f, row, finished));
         }
         let mut q = BoundSql::default();

@@ -261,7 +261,7 @@ impl PgDriver {
         &self,
         items: &[Finalize],
         now: Option<i64>,
-    ) -> Result<HashMap<i64, JobState>> {
+    ) -> Result<HashMap<i64, (JobState, bool)>> {
         let mut c = self.conn(false).await?;
         Ok(finalize_pg(&mut c, items, now).await?)
     }
@@ -554,7 +554,7 @@ async fn finalize_pg(
     conn: &mut diesel_async::AsyncPgConnection,
     items: &[Finalize],
     now: Option<i64>,
-) -> diesel::QueryResult<HashMap<i64, JobState>> {
+) -> diesel::QueryResult<HashMap<i64, (JobState, bool)>> {
     let n = items.len();
     let mut ids = Vec::with_capacity(n);
     let mut tokens: Vec<&str> = Vec::with_capacity(n);
@@ -590,7 +590,10 @@ async fn finalize_pg(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
+        .map(|r| {
+            let state = r.state.parse().unwrap_or(JobState::Retrying);
+            (r.id, (state, r.has_children))
+        })
         .collect())
 }
 

@@ -143,9 +143,9 @@ WITH v AS MATERIALIZED (
     FROM v, n
     WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
       AND j.state = v.expect
-    RETURNING j.id, j.state
+    RETURNING j.id, j.state, j.has_children
 )
-SELECT id, state FROM upd"
+SELECT id, state, has_children FROM upd"
 );
 
 prepared_statement!(

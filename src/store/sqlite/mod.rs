@@ -219,7 +219,7 @@ impl SqliteDriver {
         &self,
         items: &[Finalize],
         now: Option<i64>,
-    ) -> Result<HashMap<i64, JobState>> {
+    ) -> Result<HashMap<i64, (JobState, bool)>> {
         let mut c = self.writer(false).await?;
         Ok(finalize_sqlite(&mut c, items, now).await?)
     }
@@ -427,7 +427,7 @@ async fn finalize_sqlite(
     conn: &mut SqliteConn,
     items: &[Finalize],
     now: Option<i64>,
-) -> diesel::QueryResult<HashMap<i64, JobState>> {
+) -> diesel::QueryResult<HashMap<i64, (JobState, bool)>> {
     type Item<'a> = (
         i64,
         &'a str,
@@ -460,7 +460,10 @@ async fn finalize_sqlite(
     let rows: Vec<Finalized> = immediate(conn, async |c| q.load(c).await).await?;
     Ok(rows
         .into_iter()
-        .map(|r| (r.id, r.state.parse().unwrap_or(JobState::Retrying)))
+        .map(|r| {
+            let state = r.state.parse().unwrap_or(JobState::Retrying);
+            (r.id, (state, r.has_children))
+        })
         .collect())
 }
 

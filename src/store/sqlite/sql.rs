@@ -173,7 +173,8 @@ UPDATE jobvisor_jobs SET \
 FROM v, n \
 WHERE jobvisor_jobs.id = v.id AND jobvisor_jobs.lease_token = v.token \
   AND jobvisor_jobs.state = 'running' \
-RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state"
+RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state, \
+          jobvisor_jobs.has_children AS has_children"
 );
 
 prepared_statement!(Sqlite

@@ -1,0 +1,7 @@
+DROP TRIGGER jobvisor_jobs_notify_release ON jobvisor_jobs;
+DROP FUNCTION jobvisor_notify_release();
+DROP TABLE jobvisor_job_deps;
+ALTER TABLE jobvisor_jobs DROP COLUMN has_children;
+ALTER TABLE jobvisor_jobs DROP CONSTRAINT jobvisor_jobs_state_check;
+ALTER TABLE jobvisor_jobs ADD CONSTRAINT jobvisor_jobs_state_check
+    CHECK (state IN ('pending', 'running', 'retrying', 'succeeded', 'dead', 'cancelled'));

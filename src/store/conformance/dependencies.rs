@@ -1,0 +1,428 @@
+//! Dependencies between jobs: a child never starts before its parents succeeded, a failed
+//! parent applies the child's policy, a missing parent is refused at enqueue, a batch's
+//! callback is released exactly once however its last members race, a parent's end racing
+//! its child's enqueue never strands the child, cascade cancel, retry of a dead parent, and
+//! the archiver keeping parents.
+
+use super::*;
+use crate::dependency::ParentPolicy;
+
+/// Repetitions of the racing cases (each a fresh batch or pair; the whole file stays well
+/// under 30 s per backend).
+const RACE_REPS: usize = 60;
+
+fn job(n: i64) -> NewJob {
+    NewJob::new("d", json!(n))
+}
+
+async fn state(t: &Bundle, id: JobId) -> JobState {
+    t.get(id).await.state
+}
+
+/// Claims every due job of the default queue at `at` and returns their ids.
+async fn claim_ids(t: &Bundle, at: i64) -> Vec<JobId> {
+    let mut ids: Vec<JobId> = t
+        .claim("default", "n1", 100, at)
+        .await
+        .into_iter()
+        .map(|c| c.job.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Claims `id` (it must be due), records its start at `at`, and finalizes it with `outcome`.
+async fn run(t: &Bundle, id: JobId, at: i64, outcome: JobState) -> Guarded<JobState> {
+    let got = t.claim("default", "n1", 100, at).await;
+    let c = got
+        .iter()
+        .find(|c| c.job.id == id)
+        .unwrap_or_else(|| panic!("job {id} is not claimable at {at}"));
+    t.renew_started(id, &c.token, at, Some(0)).await;
+    let f = match outcome {
+        JobState::Succeeded => Finalize::succeeded(id, c.token.clone(), json!("ok")),
+        JobState::Dead => Finalize::dead(id, c.token.clone(), err("boom", 1)),
+        _ => Finalize::cancelled(id, c.token.clone(), err("stop", 1)),
+    };
+    // Give back whatever else was claimed.
+    for other in got.iter().filter(|c| c.job.id != id) {
+        t.finalize(
+            Finalize::requeue(other.job.id, other.token.clone(), Duration::ZERO),
+            at,
+        )
+        .await;
+    }
+    t.finalize(f, at).await
+}
+
+pub async fn a_child_starts_only_after_every_parent_succeeded(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p1 = t.enqueue(job(1), 0).await;
+    let p2 = t.enqueue(job(2), 0).await;
+    let child = t.enqueue(job(3).after(&[p1, p2]), 0).await;
+    // A chain below it.
+    let grandchild = t.enqueue(job(4).after(&[child]), 0).await;
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    assert_eq!(state(&t, grandchild).await, JobState::Waiting);
+
+    // Only the parents are claimable.
+    let claimed = t.claim("default", "n1", 100, 1).await;
+    let ids: Vec<JobId> = claimed.iter().map(|c| c.job.id).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&p1) && ids.contains(&p2));
+    let token = |id: JobId| {
+        claimed
+            .iter()
+            .find(|c| c.job.id == id)
+            .unwrap()
+            .token
+            .clone()
+    };
+    t.renew_started(p1, &token(p1), 1, Some(0)).await;
+    t.renew_started(p2, &token(p2), 1, Some(0)).await;
+    t.finalize(Finalize::succeeded(p1, token(p1), json!(1)), 2)
+        .await;
+    // One parent of two: still waiting, never claimed.
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    assert!(claim_ids(&t, 3).await.is_empty());
+    t.finalize(Finalize::succeeded(p2, token(p2), json!(2)), 4)
+        .await;
+    assert_eq!(state(&t, child).await, JobState::Pending);
+    assert_eq!(state(&t, grandchild).await, JobState::Waiting);
+    assert_eq!(
+        run(&t, child, 5, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    assert_eq!(
+        run(&t, grandchild, 6, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+
+    // From the stored times: every start after every parent's finish.
+    for (kid, parents) in [(child, vec![p1, p2]), (grandchild, vec![child])] {
+        let started = t.get(kid).await.first_started_at.unwrap();
+        for p in parents {
+            let finished = t.get(p).await.finished_at.unwrap();
+            assert!(
+                started >= finished,
+                "{kid} started {started} before {p} finished {finished}"
+            );
+        }
+    }
+    // Visible from both ends.
+    let d = t.store.job_dependencies(child).await.unwrap();
+    let parents: Vec<JobId> = d.parents.iter().map(|l| l.id).collect();
+    assert_eq!(parents, vec![p1, p2]);
+    assert!(d
+        .parents
+        .iter()
+        .all(|l| l.settled && l.state == Some(JobState::Succeeded)));
+    assert_eq!(
+        d.children.iter().map(|l| l.id).collect::<Vec<_>>(),
+        vec![grandchild]
+    );
+    // A parent that had already succeeded counts at once.
+    let late = t.enqueue(job(5).after(&[p1]), 7).await;
+    assert_eq!(state(&t, late).await, JobState::Pending);
+}
+
+pub async fn a_failed_parent_applies_each_childs_policy(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p = t.enqueue(job(1), 0).await;
+    let cancel = t.enqueue(job(2).after(&[p]), 0).await;
+    let below = t.enqueue(job(3).after(&[cancel]), 0).await;
+    let run_anyway = t
+        .enqueue(job(4).after(&[p]).on_parent_failure(ParentPolicy::Run), 0)
+        .await;
+    let wait = t
+        .enqueue(job(5).after(&[p]).on_parent_failure(ParentPolicy::Wait), 0)
+        .await;
+    assert_eq!(
+        run(&t, p, 1, JobState::Dead).await,
+        Guarded::Applied(JobState::Dead)
+    );
+    assert_eq!(state(&t, cancel).await, JobState::Cancelled);
+    assert_eq!(
+        state(&t, below).await,
+        JobState::Cancelled,
+        "the cancel cascades"
+    );
+    assert_eq!(state(&t, run_anyway).await, JobState::Pending);
+    assert_eq!(state(&t, wait).await, JobState::Waiting);
+    // The sweeper's backstop leaves a `wait` child waiting too.
+    t.store.job_settle_stranded(100, t.at(2)).await.unwrap();
+    assert_eq!(state(&t, wait).await, JobState::Waiting);
+
+    // A parent cancelled by hand (never ran) does the same.
+    let q = t.enqueue(job(6), 3).await;
+    let c2 = t.enqueue(job(7).after(&[q]), 3).await;
+    let r2 = t
+        .enqueue(job(8).after(&[q]).on_parent_failure(ParentPolicy::Run), 3)
+        .await;
+    t.store
+        .job_cancel(CancelParams {
+            id: q,
+            now: t.at(4),
+        })
+        .await
+        .unwrap();
+    assert_eq!(state(&t, c2).await, JobState::Cancelled);
+    assert_eq!(state(&t, r2).await, JobState::Pending);
+    // A child enqueued after its parent already failed gets the policy at once.
+    let late = t.enqueue(job(9).after(&[q]), 5).await;
+    assert_eq!(state(&t, late).await, JobState::Cancelled);
+}
+
+pub async fn a_missing_parent_is_a_clear_error_and_nothing_is_stored(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p = t.enqueue(job(1), 0).await;
+    let before = t.store.job_counts().await.unwrap();
+    let missing = JobId(p.0 + 1_000_000);
+    let e = t
+        .store
+        .job_enqueue(job(2).after(&[p, missing]), t.at(1))
+        .await
+        .unwrap_err();
+    match &e {
+        Error::InvalidInput { field, reason } => {
+            assert_eq!(*field, "after");
+            assert!(reason.contains(&missing.to_string()), "{reason}");
+        }
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+    let e = t
+        .store
+        .job_enqueue(job(3).after_key("d", "nobody"), t.at(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidInput { field: "after_key", reason } if reason.contains("nobody")),
+        "{e:?}"
+    );
+    // Nothing stored: no job, no flag on the parent that exists.
+    assert_eq!(t.store.job_counts().await.unwrap(), before);
+    assert!(t
+        .store
+        .job_dependencies(p)
+        .await
+        .unwrap()
+        .children
+        .is_empty());
+    // By key, the holder is the parent.
+    let keyed = t.enqueue(job(4).unique_key("k1"), 2).await;
+    let child = t.enqueue(job(5).after_key("d", "k1"), 2).await;
+    let d = t.store.job_dependencies(child).await.unwrap();
+    assert_eq!(
+        d.parents.iter().map(|l| l.id).collect::<Vec<_>>(),
+        vec![keyed]
+    );
+}
+
+pub async fn the_batch_callback_is_released_once_when_the_last_members_race(b: Backend) {
+    let t = Bundle::new(b).await;
+    for rep in 0..RACE_REPS {
+        let members: Vec<NewJob> = (0..8).map(|i| job(i).queue("batch")).collect();
+        let (batch, _) = t
+            .store
+            .enqueue_batch(&members, job(99).queue("callback"), t.at(0))
+            .await
+            .unwrap();
+        let cb = batch.callback.id;
+        assert_eq!(state(&t, cb).await, JobState::Waiting);
+        let claimed = t.claim("batch", "n1", 8, 1).await;
+        assert_eq!(claimed.len(), 8);
+        // 8 finalizers at once, on their own connections; members 0 and 1 end dead.
+        let gate = Arc::new(tokio::sync::Barrier::new(8));
+        let mut tasks = Vec::new();
+        for (i, c) in claimed.into_iter().enumerate() {
+            let (store, gate, now) = (t.store.clone(), gate.clone(), t.at(2));
+            tasks.push(tokio::spawn(async move {
+                let f = if i < 2 {
+                    Finalize::dead(c.job.id, c.token, err("boom", 1))
+                } else {
+                    Finalize::succeeded(c.job.id, c.token, json!(i))
+                };
+                gate.wait().await;
+                store
+                    .job_finalize_settling(FinalizeParams {
+                        items: vec![f],
+                        now,
+                    })
+                    .await
+                    .unwrap()
+                    .1
+            }));
+        }
+        let mut released = Vec::new();
+        for task in tasks {
+            released.extend(task.await.unwrap());
+        }
+        assert_eq!(released, vec!["callback".to_string()], "rep {rep}");
+        assert_eq!(state(&t, cb).await, JobState::Pending, "rep {rep}");
+        let got = t.claim("callback", "n1", 8, 3).await;
+        assert_eq!(got.len(), 1, "rep {rep}");
+        t.finalize(
+            Finalize::succeeded(cb, got[0].token.clone(), json!("done")),
+            3,
+        )
+        .await;
+        let o = t.store.job_dependencies(cb).await.unwrap().outcomes();
+        assert_eq!(
+            (o.succeeded, o.dead, o.cancelled, o.unfinished),
+            (6, 2, 0, 0)
+        );
+        // Settling again (the backstop) releases nothing more.
+        let again = t.store.job_settle_stranded(100, t.at(4)).await.unwrap();
+        assert!(again.released.is_empty(), "rep {rep}");
+    }
+}
+
+pub async fn a_parents_end_racing_its_childs_enqueue_never_strands_the_child(b: Backend) {
+    let t = Bundle::new(b).await;
+    for rep in 0..RACE_REPS {
+        let p = t.enqueue(job(1).queue("race"), 0).await;
+        let c = t.claim("race", "n1", 1, 1).await.pop().unwrap();
+        let gate = Arc::new(tokio::sync::Barrier::new(2));
+        let fin = {
+            let (store, gate, now) = (t.store.clone(), gate.clone(), t.at(2));
+            tokio::spawn(async move {
+                gate.wait().await;
+                store
+                    .job_finalize_many(FinalizeParams {
+                        items: vec![Finalize::succeeded(p, c.token, json!(1))],
+                        now,
+                    })
+                    .await
+                    .unwrap()
+            })
+        };
+        let enq = {
+            let (store, gate, now) = (t.store.clone(), gate.clone(), t.at(2));
+            tokio::spawn(async move {
+                gate.wait().await;
+                store
+                    .job_enqueue(job(2).queue("race_child").after(&[p]), now)
+                    .await
+                    .unwrap()
+            })
+        };
+        fin.await.unwrap();
+        let child = enq.await.unwrap().id;
+        assert_eq!(state(&t, child).await, JobState::Pending, "rep {rep}");
+    }
+}
+
+pub async fn a_cascading_cancel_reaches_every_descendant(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p = t.enqueue(job(1), 0).await;
+    let other = t.enqueue(job(2), 0).await;
+    let run_anyway = t
+        .enqueue(job(3).after(&[p]).on_parent_failure(ParentPolicy::Run), 0)
+        .await;
+    let grand = t
+        .enqueue(
+            job(4)
+                .after(&[run_anyway, other])
+                .on_parent_failure(ParentPolicy::Wait),
+            0,
+        )
+        .await;
+    let reached = t.store.job_cancel_cascade(p, t.at(1)).await.unwrap();
+    assert_eq!(reached.len(), 2, "{reached:?}");
+    for id in [p, run_anyway, grand] {
+        assert_eq!(state(&t, id).await, JobState::Cancelled, "{id}");
+    }
+    assert_eq!(
+        state(&t, other).await,
+        JobState::Pending,
+        "not a descendant"
+    );
+    // Without the cascade a `run` child of a cancelled parent is released instead.
+    let q = t.enqueue(job(5), 2).await;
+    let r = t
+        .enqueue(job(6).after(&[q]).on_parent_failure(ParentPolicy::Run), 2)
+        .await;
+    t.store
+        .job_cancel(CancelParams {
+            id: q,
+            now: t.at(3),
+        })
+        .await
+        .unwrap();
+    assert_eq!(state(&t, r).await, JobState::Pending);
+}
+
+pub async fn retrying_a_dead_parent_releases_its_waiting_children(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p = t.enqueue(job(1), 0).await;
+    let child = t
+        .enqueue(job(2).after(&[p]).on_parent_failure(ParentPolicy::Wait), 0)
+        .await;
+    assert_eq!(
+        run(&t, p, 1, JobState::Dead).await,
+        Guarded::Applied(JobState::Dead)
+    );
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    let retried = t
+        .store
+        .job_retry(RetryParams {
+            id: p,
+            expected_version: None,
+            now: t.at(2),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(retried, Guarded::Applied(_)));
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    assert_eq!(
+        run(&t, p, 3, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    assert_eq!(state(&t, child).await, JobState::Pending);
+}
+
+pub async fn the_archiver_keeps_a_parent_until_its_children_end(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p = t.enqueue(job(1), 0).await;
+    let q = t.enqueue(job(2), 0).await;
+    let child = t.enqueue(job(3).after(&[p, q]), 0).await;
+    assert_eq!(
+        run(&t, p, 1, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    let archive = async |at: i64| {
+        t.store
+            .job_archive(ArchiveParams {
+                older_than: Duration::ZERO,
+                dead_older_than: Duration::ZERO,
+                limit: 100,
+                now: t.at(at),
+            })
+            .await
+            .unwrap()
+    };
+    archive(10).await;
+    assert!(
+        t.get(p).await.archived_at.is_none(),
+        "a parent of a waiting child stays"
+    );
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    t.store
+        .job_cancel(CancelParams {
+            id: child,
+            now: t.at(11),
+        })
+        .await
+        .unwrap();
+    archive(12).await;
+    assert!(
+        t.get(p).await.archived_at.is_some(),
+        "archived once its child ended"
+    );
+    // Still visible from the child, with its state.
+    let d = t.store.job_dependencies(child).await.unwrap();
+    assert!(d
+        .parents
+        .iter()
+        .any(|l| l.id == p && l.state == Some(JobState::Succeeded)));
+}
