@@ -201,4 +201,35 @@ impl Store {
             })
             .collect())
     }
+
+    /// Jobs of the live table that finished (succeeded, dead or cancelled) in each of
+    /// `buckets` consecutive windows of `bucket` ending now: oldest first. One count per
+    /// window, each a range of the index on `finished_at`.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) async fn ended_histogram(
+        &self,
+        bucket: std::time::Duration,
+        buckets: u32,
+    ) -> Result<Vec<u64>> {
+        let width = i64::try_from(bucket.as_micros()).unwrap_or(i64::MAX);
+        let mut out = Vec::with_capacity(buckets as usize);
+        for i in (0..i64::from(buckets)).rev() {
+            let now = DbNow::new(None);
+            let from = now.plus(-(width * (i + 1)));
+            let to = now.plus(-(width * i));
+            let n: i64 = with_conn!(self, |conn| {
+                jobs::table
+                    .filter(jobs::finished_at.ge(from.nullable()))
+                    .filter(jobs::finished_at.lt(to.nullable()))
+                    .count()
+                    .get_result(conn)
+                    .await?
+            });
+            out.push(u64::try_from(n).unwrap_or(0));
+        }
+        Ok(out)
+    }
 }
