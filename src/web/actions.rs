@@ -327,7 +327,9 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
 #[derive(Debug, Deserialize)]
 pub(crate) struct DeadForm {
     csrf: Option<String>,
+    #[serde(default)]
     kind: String,
+    #[serde(default)]
     code: String,
 }
 
@@ -372,6 +374,7 @@ pub(crate) async fn dead_retry(
 #[derive(Debug, Deserialize)]
 pub(crate) struct QueueForm {
     csrf: Option<String>,
+    #[serde(default)]
     queue: String,
     #[serde(default)]
     concurrency: String,
@@ -480,6 +483,7 @@ pub(crate) async fn queue(
 #[derive(Debug, Deserialize)]
 pub(crate) struct ScheduleForm {
     csrf: Option<String>,
+    #[serde(default)]
     name: String,
 }
 
