@@ -5,7 +5,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::with_conn;
-use super::expr::DbNow;
+use super::expr::{DbNow, TERMINAL};
 use super::rows::{from_us, to_us, ArchiveRow, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
 use super::{ListParams, QueueLag, StateCount, Store};
@@ -204,7 +204,7 @@ impl Store {
 
     /// Jobs of the live table that finished (succeeded, dead or cancelled) in each of
     /// `buckets` consecutive windows of `bucket` ending now: oldest first. One count per
-    /// window, each a range of the index on `finished_at`.
+    /// window, each a range of the terminal jobs' index on `finished_at`.
     ///
     /// # Errors
     /// [`Error::Database`].
@@ -222,6 +222,9 @@ impl Store {
             let to = now.plus(-(width * i));
             let n: i64 = with_conn!(self, |conn| {
                 jobs::table
+                    // The terminal states: the partial index on finished_at (PostgreSQL,
+                    // SQLite) or the (state, finished_at) index (MySQL) serves the range.
+                    .filter(TERMINAL)
                     .filter(jobs::finished_at.ge(from.nullable()))
                     .filter(jobs::finished_at.lt(to.nullable()))
                     .count()

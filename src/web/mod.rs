@@ -60,6 +60,10 @@ pub const DEFAULT_EXACT_COUNT_LIMIT: u64 = 100_000;
 /// so the search covers the most recent jobs).
 pub const DEFAULT_SEARCH_WINDOW: u32 = 10_000;
 
+/// How often the dashboard takes the database gauges' turn itself when no node has (the
+/// scheduler's default interval): **15 s**.
+pub const GAUGES_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Jobs counted, at most, for a bulk action's preview: **10,000** (past that the preview says
 /// "at least", and the action applies to the first 10,000; run it again for the rest).
 pub const BULK_LIMIT: usize = 10_000;
@@ -239,6 +243,9 @@ pub(crate) struct State {
     /// The mount prefix, without a trailing slash ("" at the root).
     pub(crate) prefix: String,
     pub(crate) sessions: Sessions,
+    /// Takes the database gauges' turn when their snapshot is stale (at most one refresh
+    /// at a time, in the background): the overview's estimates on big tables.
+    pub(crate) gauges: Arc<tokio::sync::Mutex<Option<crate::metrics::DatabaseGauges>>>,
 }
 
 impl State {
@@ -255,10 +262,18 @@ pub(crate) type Data = web::Data<State>;
 pub fn dashboard(prefix: &str, client: Client, config: DashboardConfig) -> actix_web::Scope {
     let prefix = prefix.trim_end_matches('/').to_string();
     let state = web::Data::new(State {
-        client,
+        client: client.clone(),
         config,
         prefix: prefix.clone(),
         sessions: Sessions::default(),
+        gauges: Arc::new(tokio::sync::Mutex::new(
+            crate::metrics::DatabaseGauges::new(
+                client.store().clone(),
+                format!("jobvisor-dashboard-{}", std::process::id()),
+                GAUGES_EVERY,
+            )
+            .ok(),
+        )),
     });
     web::scope(&prefix)
         .app_data(state)

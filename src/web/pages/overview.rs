@@ -1,10 +1,12 @@
 //! The overview: every queue with its jobs by state, lag, pause and limits; throughput over
 //! the last hour (a chart); the nodes and the leader.
 //!
-//! Counts: exact (a grouped count of the live table) while the database gauges say the
-//! table holds at most [`exact_count_limit`](crate::web::DashboardConfig::exact_count_limit)
-//! live jobs; above it, the gauges' own counts (computed once per database per interval by
-//! the leader), labelled as an estimate with their age.
+//! Counts and lags: exact (grouped reads of the live table) while the database gauges say
+//! the table holds at most
+//! [`exact_count_limit`](crate::web::DashboardConfig::exact_count_limit) live jobs; above
+//! it, the gauges' own counts (computed once per database per interval, by the leader or —
+//! when no node has for two intervals — by the dashboard itself, in the background),
+//! labelled as an estimate with their age.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,10 +18,10 @@ use maud::html;
 
 use super::super::auth::authorize;
 use super::super::layout::{age, query, shell, ts};
-use super::super::{chart, error_response, Data};
+use super::super::{chart, error_response, Data, GAUGES_EVERY};
 use crate::error::Result;
 use crate::job::JobState;
-use crate::store::from_us;
+use crate::store::{from_us, QueueLag};
 
 /// Throughput chart: 12 bars of 5 minutes.
 const BUCKET: Duration = Duration::from_secs(300);
@@ -28,30 +30,66 @@ const BUCKETS: u32 = 12;
 /// Per queue: counts by state.
 type Counts = BTreeMap<String, std::collections::HashMap<JobState, u64>>;
 
-/// The counts and how they were obtained (`None`: exact).
-async fn counts(state: &Data) -> Result<(Counts, Option<String>)> {
+/// Starts a refresh of the database gauges in the background when their snapshot is older
+/// than twice their interval (no node took the turn): at most one at a time; the turn itself
+/// runs once per database per interval whoever asks.
+fn refresh_gauges(state: &Data, computed_at: i64) {
+    let age = Utc::now().timestamp_micros().saturating_sub(computed_at);
+    if age < 2 * i64::try_from(GAUGES_EVERY.as_micros()).unwrap_or(i64::MAX) {
+        return;
+    }
+    let gauges = state.gauges.clone();
+    tokio::spawn(async move {
+        let Ok(mut g) = gauges.try_lock() else { return };
+        if let Some(g) = g.as_mut() {
+            if let Err(e) = g.refresh().await {
+                tracing::warn!(error = %e, "dashboard: refreshing the database gauges failed");
+            }
+        }
+    });
+}
+
+/// The counts, the lags, and how they were obtained (`None`: exact).
+async fn counts(state: &Data) -> Result<(Counts, Vec<QueueLag>, Option<String>)> {
     let mut out = Counts::new();
     let gauges = state.client.store().gauges_read().await?;
+    refresh_gauges(state, gauges.computed_at);
     if let Some(snap) = &gauges.snapshot {
         let total: u64 = snap.jobs.iter().map(|(_, _, n)| n).sum();
         if total > state.config.exact_count_limit {
             for (q, s, n) in &snap.jobs {
                 if let Ok(s) = s.parse::<JobState>() {
-                    out.entry(q.clone()).or_default().insert(s, *n);
+                    *out.entry(q.clone()).or_default().entry(s).or_default() += *n;
                 }
             }
+            let mut lags: BTreeMap<String, (u64, i64)> = BTreeMap::new();
+            for (q, _, n, oldest) in &snap.due {
+                let e = lags.entry(q.clone()).or_insert((0, *oldest));
+                e.0 += n;
+                e.1 = e.1.min(*oldest);
+            }
+            let lags = lags
+                .into_iter()
+                .map(|(queue, (due, oldest))| QueueLag {
+                    queue,
+                    due,
+                    oldest_due: from_us(oldest),
+                })
+                .collect();
             let label = format!(
-                "estimate: the database gauges as of {} ({}), not counted again for this page",
+                "estimate: more than {} live jobs, so counts and lags are the database gauges \
+                 as of {} ({}), not counted again for this page",
+                state.config.exact_count_limit,
                 ts(from_us(gauges.computed_at)),
                 age(Utc::now(), from_us(gauges.computed_at))
             );
-            return Ok((out, Some(label)));
+            return Ok((out, lags, Some(label)));
         }
     }
     for c in state.client.counts().await? {
         out.entry(c.queue).or_default().insert(c.state, c.count);
     }
-    Ok((out, None))
+    Ok((out, state.client.queue_lags().await?, None))
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
@@ -71,8 +109,7 @@ async fn render(
     ctx: &super::super::auth::Ctx,
 ) -> Result<HttpResponse> {
     let now = Utc::now();
-    let (counts, estimate) = counts(state).await?;
-    let lags = state.client.queue_lags().await?;
+    let (counts, lags, estimate) = counts(state).await?;
     let settings = state.client.queues().await?;
     let nodes = state.client.nodes().await?;
     let leader = state.client.leader().await?;
@@ -142,7 +179,6 @@ async fn render(
             }
         }
     };
-    let _ = StatusCode::OK;
     Ok(shell(
         state,
         req,
