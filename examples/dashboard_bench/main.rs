@@ -77,34 +77,47 @@ async fn main() {
     let now = "(extract(epoch from now()) * 1000000)::bigint";
     // Archive: ids 1..n, archived over the last week. Live: ids n+1..2n, created over the
     // last day.
+    // In chunks of 50,000 rows: each statement well inside the store's statement timeout.
+    let chunk = 50_000;
+    let mut lo = 1;
+    while lo <= n {
+        let hi = (lo + chunk - 1).min(n);
+        exec_sql(
+            &store,
+            &format!(
+                "INSERT INTO jobvisor_jobs_archive (id, queue, kind, state, priority, payload, errors, \
+                   attempts, max_attempts, run_at, timeout_ms, version, created_at, updated_at, \
+                   finished_at, archived_at, refunds)
+                 SELECT g, 'q' || (g % 8), 'kind_' || (g % 20), 'succeeded', 10,
+                   json_build_object('user', g, 'note', 'order ' || g), '[]', 1, 25,
+                   {now} - (8 * {n} - g) * 75000, 1800000, 3,
+                   {now} - (8 * {n} - g) * 75000, {now} - (8 * {n} - g) * 75000,
+                   {now} - (8 * {n} - g) * 75000, {now} - ({n} - g) * 600000, 0
+                 FROM generate_series({lo}::bigint, {hi}) g;
+                 INSERT INTO jobvisor_jobs (id, queue, kind, state, priority, payload, last_error, \
+                   errors, attempts, max_attempts, run_at, timeout_ms, version, created_at, \
+                   updated_at, finished_at)
+                 SELECT {n} + g, 'q' || (g % 8), 'kind_' || (g % 20),
+                   CASE WHEN g % 100 < 60 THEN 'succeeded' WHEN g % 100 < 90 THEN 'pending'
+                        WHEN g % 100 < 95 THEN 'dead' WHEN g % 100 < 98 THEN 'cancelled'
+                        ELSE 'retrying' END,
+                   10, json_build_object('user', g, 'note', 'order ' || g),
+                   CASE WHEN g % 100 BETWEEN 90 AND 94 THEN json_build_object('code', 'err_' || (g % 7),
+                        'message', 'failed on ' || g, 'attempt', 1) END,
+                   '[]', 1, 25, {now} - ({n} - g) * 86400, 1800000, 2,
+                   {now} - ({n} - g) * 86400, {now} - ({n} - g) * 86400,
+                   CASE WHEN g % 100 < 60 OR g % 100 BETWEEN 90 AND 97 THEN {now} - ({n} - g) * 86400 END
+                 FROM generate_series({lo}::bigint, {hi}) g;
+    "
+            ),
+        )
+        .await
+        .unwrap();
+        lo = hi + 1;
+    }
     exec_sql(
         &store,
-        &format!(
-            "INSERT INTO jobvisor_jobs_archive (id, queue, kind, state, priority, payload, errors, \
-               attempts, max_attempts, run_at, timeout_ms, version, created_at, updated_at, \
-               finished_at, archived_at, refunds)
-             SELECT g, 'q' || (g % 8), 'kind_' || (g % 20), 'succeeded', 10,
-               json_build_object('user', g, 'note', 'order ' || g), '[]', 1, 25,
-               {now} - (8 * {n} - g) * 75000, 1800000, 3,
-               {now} - (8 * {n} - g) * 75000, {now} - (8 * {n} - g) * 75000,
-               {now} - (8 * {n} - g) * 75000, {now} - ({n} - g) * 600000, 0
-             FROM generate_series(1::bigint, {n}) g;
-             INSERT INTO jobvisor_jobs (id, queue, kind, state, priority, payload, last_error, \
-               errors, attempts, max_attempts, run_at, timeout_ms, version, created_at, \
-               updated_at, finished_at)
-             SELECT {n} + g, 'q' || (g % 8), 'kind_' || (g % 20),
-               CASE WHEN g % 100 < 60 THEN 'succeeded' WHEN g % 100 < 90 THEN 'pending'
-                    WHEN g % 100 < 95 THEN 'dead' WHEN g % 100 < 98 THEN 'cancelled'
-                    ELSE 'retrying' END,
-               10, json_build_object('user', g, 'note', 'order ' || g),
-               CASE WHEN g % 100 BETWEEN 90 AND 94 THEN json_build_object('code', 'err_' || (g % 7),
-                    'message', 'failed on ' || g, 'attempt', 1) END,
-               '[]', 1, 25, {now} - ({n} - g) * 86400, 1800000, 2,
-               {now} - ({n} - g) * 86400, {now} - ({n} - g) * 86400,
-               CASE WHEN g % 100 < 60 OR g % 100 BETWEEN 90 AND 97 THEN {now} - ({n} - g) * 86400 END
-             FROM generate_series(1::bigint, {n}) g;
-             SELECT setval(pg_get_serial_sequence('jobvisor_jobs', 'id'), 2 * {n});"
-        ),
+        &format!("SELECT setval(pg_get_serial_sequence('jobvisor_jobs', 'id'), 2 * {n})"),
     )
     .await
     .unwrap();

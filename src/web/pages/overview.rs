@@ -28,7 +28,7 @@ const BUCKET: Duration = Duration::from_secs(300);
 const BUCKETS: u32 = 12;
 
 /// Per queue: counts by state.
-type Counts = BTreeMap<String, std::collections::HashMap<JobState, u64>>;
+pub(crate) type Counts = BTreeMap<String, std::collections::HashMap<JobState, u64>>;
 
 /// Starts a refresh of the database gauges in the background when their snapshot is older
 /// than twice their interval (no node took the turn): at most one at a time; the turn itself
@@ -50,7 +50,7 @@ fn refresh_gauges(state: &Data, computed_at: i64) {
 }
 
 /// The counts, the lags, and how they were obtained (`None`: exact).
-async fn counts(state: &Data) -> Result<(Counts, Vec<QueueLag>, Option<String>)> {
+pub(crate) async fn counts(state: &Data) -> Result<(Counts, Vec<QueueLag>, Option<String>)> {
     let mut out = Counts::new();
     let gauges = state.client.store().gauges_read().await?;
     refresh_gauges(state, gauges.computed_at);

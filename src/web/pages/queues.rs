@@ -73,13 +73,13 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
     let now = Utc::now();
     let settings = state.client.queues().await?;
     let known = state.client.known_queues().await?;
-    let mut running: BTreeMap<String, u64> = BTreeMap::new();
-    for c in state.client.counts().await? {
-        if c.state == JobState::Running {
-            running.insert(c.queue, c.count);
-        }
-    }
+    let (counts, _, estimate) = super::overview::counts(state).await?;
+    let running: BTreeMap<String, u64> = counts
+        .into_iter()
+        .map(|(q, c)| (q, c.get(&JobState::Running).copied().unwrap_or(0)))
+        .collect();
     let body = html! {
+        @if let Some(label) = &estimate { p.estimate #estimate { (label) } }
         table #queue-table {
             thead { tr { th { "queue" } th { "paused" } th { "limits" } th.num { "running" } th { "settings" } } }
             tbody {
