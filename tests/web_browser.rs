@@ -173,6 +173,8 @@ async fn operator_path(backend: Backend) {
                 if down {
                     return Err(JobError::fail("the mail server is down").with_code("smtp_down"));
                 }
+                // Long enough to be watched running: the page must update itself.
+                tokio::time::sleep(Duration::from_millis(2500)).await;
                 JobOutcome::success(json!({"sent": true}))
             }
         })
@@ -278,6 +280,14 @@ async fn operator_path(backend: Backend) {
     click(&b, "#retry-job").await;
     assert!(text(&b, "#flash").await.contains("retried"));
     b.goto(&format!("{base}/jobs/{}", dead.0)).await.unwrap();
+    let first = text(&b, "#job-state").await;
+    assert!(first == "pending" || first == "running", "{first}");
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#live.on"))
+        .await
+        .unwrap();
+    // No reload from here: the page's own polling shows the end.
     until_text(&b, "#job-state", |t| t == "succeeded").await;
     assert!(text(&b, "#result").await.contains("\"sent\": true"));
     shot(&b, backend, "job-succeeded").await;
