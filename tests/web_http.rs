@@ -481,6 +481,9 @@ async fn read_only_hides_and_refuses_actions(b: Backend) {
     );
 }
 
+/// A POST to make: path, form, expected status, text the answer contains.
+type PostCase<'a> = (&'a str, Vec<(&'a str, &'a str)>, StatusCode, &'a str);
+
 async fn bad_input_gets_clear_messages(b: Backend) {
     let e = env(b).await;
     let app = app!(e.client, cfg());
@@ -545,7 +548,7 @@ async fn bad_input_gets_clear_messages(b: Backend) {
             r.body
         );
     }
-    let posts: Vec<(&str, Vec<(&str, &str)>, StatusCode, &str)> = vec![
+    let posts: Vec<PostCase<'_>> = vec![
         (
             "/d/jobs/987654321/retry",
             vec![("version", "1")],

@@ -442,9 +442,11 @@ pub(crate) async fn queue(
                 format!("queue {q} resumed")
             }
             "limits" => {
-                let mut l = QueueLimits::default();
-                l.concurrency = opt_u32("concurrency", &form.concurrency)?;
-                l.per_partition = opt_u32("per_partition", &form.per_partition)?;
+                let mut l = QueueLimits {
+                    concurrency: opt_u32("concurrency", &form.concurrency)?,
+                    per_partition: opt_u32("per_partition", &form.per_partition)?,
+                    ..QueueLimits::default()
+                };
                 if let Some(n) = opt_u32("rate_jobs", &form.rate_jobs)? {
                     let per = if form.rate_per.trim().is_empty() {
                         std::time::Duration::from_secs(1)
@@ -453,7 +455,7 @@ pub(crate) async fn queue(
                     };
                     l.rate = Some(RateLimit::new(n, per)?);
                 }
-                state.client.set_queue_limits(q, l.clone()).await?;
+                state.client.set_queue_limits(q, l).await?;
                 format!(
                     "queue {q} limits: {}",
                     super::pages::queues::limits_text(&l)

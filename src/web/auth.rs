@@ -189,6 +189,9 @@ fn csrf_of(req: &HttpRequest) -> (String, bool) {
 
 /// Authenticates `req`; the refusal is a response (a redirect to the login page for a page,
 /// 401 for an action, 403 for a non-loopback client without authentication).
+// The refusal is the response itself, sent at once by every handler: boxing it would only
+// add an allocation.
+#[allow(clippy::result_large_err)]
 pub(crate) fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, HttpResponse> {
     let (csrf, new_csrf) = csrf_of(req);
     let cfg = &state.config;
@@ -262,6 +265,7 @@ fn token_access(state: &Data, token: &str) -> Option<Access> {
 }
 
 /// For an action: authenticated, allowed to act, and its form's CSRF token matches.
+#[allow(clippy::result_large_err)] // as `authorize`
 pub(crate) fn authorize_action(
     state: &Data,
     req: &HttpRequest,

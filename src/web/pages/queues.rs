@@ -85,7 +85,7 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
             tbody {
                 @for q in &known {
                     @let s = settings.iter().find(|s| &s.name == q);
-                    @let limits = s.map(|s| s.limits.clone()).unwrap_or_default();
+                    @let limits = s.map(|s| s.limits).unwrap_or_default();
                     @let paused = s.is_some_and(|s| s.is_paused());
                     tr data-queue=(q) {
                         td { (q) }
