@@ -852,28 +852,28 @@ async fn dashboard_is_secure_by_default() {
     let _ = db.store().await;
     let url = db.url.clone();
     let err = stderr_of(
-        jobvisor(&url).env_remove("JOBVISOR_DASHBOARD_TOKEN").args([
-            "dashboard",
-            "--listen",
-            "127.0.0.1:0",
-        ]),
+        jobvisor(&url)
+            // A dashboard that wrongly starts serving fails here rather than hanging.
+            .timeout(Duration::from_secs(20))
+            .env_remove("JOBVISOR_DASHBOARD_TOKEN")
+            .args(["dashboard", "--listen", "127.0.0.1:0"]),
         2,
     );
     assert!(err.contains("JOBVISOR_DASHBOARD_TOKEN"), "{err}");
     let err = stderr_of(
-        jobvisor(&url).env_remove("JOBVISOR_DASHBOARD_TOKEN").args([
-            "dashboard",
-            "--no-auth",
-            "--listen",
-            "0.0.0.0:0",
-        ]),
+        jobvisor(&url)
+            // A dashboard that wrongly starts serving fails here rather than hanging.
+            .timeout(Duration::from_secs(20))
+            .env_remove("JOBVISOR_DASHBOARD_TOKEN")
+            .args(["dashboard", "--no-auth", "--listen", "0.0.0.0:0"]),
         2,
     );
     assert!(err.contains("loopback"), "{err}");
     let err = stderr_of(
         jobvisor(&url)
             .env("JOBVISOR_DASHBOARD_TOKEN", "short")
-            .args(["dashboard", "--listen", "127.0.0.1:0"]),
+            .args(["dashboard", "--listen", "127.0.0.1:0"])
+            .timeout(Duration::from_secs(20)),
         2,
     );
     assert!(
