@@ -966,6 +966,70 @@ async fn without_auth_only_loopback(b: Backend) {
     assert_eq!(r.status, StatusCode::SEE_OTHER);
 }
 
+async fn big_tables_show_labelled_estimates(b: Backend) {
+    let e = env(b).await;
+    jobvisor::metrics::DatabaseGauges::new(
+        e.client.store().clone(),
+        "web-test",
+        Duration::from_secs(15),
+    )
+    .unwrap()
+    .refresh()
+    .await
+    .unwrap();
+    // Three live jobs: above a limit of 2 the pages use the gauges and say so.
+    let app = app!(e.client, cfg().exact_count_limit(2));
+    let (cookie, _) = login(&app, TOKEN).await;
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(r.body.contains("id=\"estimate\""), "{}", r.body);
+    assert!(
+        r.body.contains("estimate: more than 2 live jobs"),
+        "{}",
+        r.body
+    );
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/queues")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(r.body.contains("id=\"estimate\""), "{}", r.body);
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/nodes")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(r.body.contains("id=\"unserved-skipped\""), "{}", r.body);
+    // At or under the limit: exact counts, no label.
+    let app = app!(e.client, cfg().exact_count_limit(3));
+    let (cookie, _) = login(&app, TOKEN).await;
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(!r.body.contains("id=\"estimate\""), "{}", r.body);
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/nodes")
+            .insert_header(("cookie", cookie)),
+    )
+    .await;
+    assert!(!r.body.contains("unserved-skipped"), "{}", r.body);
+}
+
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod postgres { use super::*; $( #[actix_web::test] async fn $name() { super::$name(Backend::Postgres).await } )* }
@@ -984,4 +1048,5 @@ on_every_backend!(
     bulk_actions_preview_then_apply,
     queues_pause_and_limits,
     without_auth_only_loopback,
+    big_tables_show_labelled_estimates,
 );

@@ -1,6 +1,7 @@
 //! Nodes: each registered node's queues and kinds, its running jobs, its last heartbeat; the
 //! leader and its term; and the due jobs no live node can run (as `jobvisor status` flags
-//! them).
+//! them). Above the exact-count limit the running jobs per node and the unserved jobs are
+//! not read (both scan the live table), and the page says so.
 
 use std::collections::HashMap;
 
@@ -34,19 +35,31 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
     let now = Utc::now();
     let nodes = state.client.nodes().await?;
     let leader = state.client.leader().await?;
+    // Above the exact-count limit, the two reads that scan the live table are left out (the
+    // gauges say how big it is): `jobvisor status` still computes the unserved jobs.
+    let (_, _, estimate) = super::overview::counts(state).await?;
+    let big = estimate.is_some();
     let live = 3 * crate::config::DEFAULT_NODE_HEARTBEAT_EVERY;
-    let unserved = state
-        .client
-        .unserved(std::time::Duration::ZERO, live)
-        .await?;
-    let running = state
-        .client
-        .list(ListParams {
-            state: Some(JobState::Running),
-            limit: RUNNING_SCAN,
-            ..ListParams::default()
-        })
-        .await?;
+    let unserved = if big {
+        Vec::new()
+    } else {
+        state
+            .client
+            .unserved(std::time::Duration::ZERO, live)
+            .await?
+    };
+    let running = if big {
+        Vec::new()
+    } else {
+        state
+            .client
+            .list(ListParams {
+                state: Some(JobState::Running),
+                limit: RUNNING_SCAN,
+                ..ListParams::default()
+            })
+            .await?
+    };
     let mut per_node: HashMap<String, u64> = HashMap::new();
     for j in &running {
         if let Some(l) = &j.lease {
@@ -76,7 +89,10 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
         }
         @if running.len() == RUNNING_SCAN as usize { p.estimate { "Running counts from the first " (RUNNING_SCAN) " running jobs." } }
         h2 { "Unserved" }
-        @if unserved.is_empty() { p #unserved-none { "Every due job has a live node that can run it." } }
+        @if big {
+            p.estimate #unserved-skipped { "Running jobs per node and unserved jobs are not read on a table of more than "
+                (state.config.exact_count_limit) " live jobs (each would scan it); `jobvisor status` computes them." }
+        } @else if unserved.is_empty() { p #unserved-none { "Every due job has a live node that can run it." } }
         @else {
             table #unserved {
                 thead { tr { th { "queue" } th { "kind" } th.num { "jobs" } th { "why" } } }
