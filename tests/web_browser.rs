@@ -11,6 +11,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,7 +40,12 @@ struct Driver {
 }
 
 impl Drop for Driver {
+    /// Stops chromedriver and the browsers it started (its process group), also when a test
+    /// panicked before closing its session.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -53,6 +59,8 @@ fn start_driver() -> Driver {
         .port();
     let child = Command::new("chromedriver")
         .arg(format!("--port={port}"))
+        // A process group of its own, so that dropping the driver stops its browsers too.
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
