@@ -34,6 +34,7 @@
 //! * [`store`] — the only code that speaks SQL: [`Store`], a connection handle (connect,
 //!   options, backend, migrate); the operations behind [`Client`] and the actors are
 //!   crate-private.
+//! * `web` (feature `web`) — the operator dashboard: pages, actions, logins.
 //! * `testing` (feature `test-util`) — testing handlers: the simulation harness with a manual
 //!   clock (stable); hidden in it, the engine internals jobvisor's own tests use (not).
 //!
@@ -44,6 +45,7 @@
 //! * `test-util`: the `testing` module (its documented items are stable).
 //! * `cli`: the `jobvisor` operator command line (`src/bin/jobvisor/`).
 //! * `prometheus`: `metrics::install_prometheus`, a Prometheus recorder.
+//! * `web`: [`web::dashboard`], the operator dashboard as an actix-web service.
 //! * `actix-web`: `metrics::actix_web_service`, `/metrics` for an actix-web service (implies `prometheus`).
 //!
 //! # Example
@@ -80,6 +82,9 @@ pub mod store;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
+#[cfg(feature = "web")]
+#[cfg_attr(docsrs, doc(cfg(feature = "web")))]
+pub mod web;
 
 pub use backoff::RetryPolicy;
 pub use client::Client;

@@ -883,3 +883,91 @@ fn every_command_the_readme_and_the_errors_print_works() {
         );
     }
 }
+
+/// `jobvisor dashboard`: refuses to start without a token, or without authentication on a
+/// non-loopback address; with a token it serves the login page with its security headers,
+/// and the pages need a login.
+#[tokio::test]
+async fn dashboard_is_secure_by_default() {
+    let db = TestDb::create(Backend::Sqlite).await;
+    let _ = db.store().await;
+    let url = db.url.clone();
+    let err = stderr_of(
+        jobvisor(&url)
+            // A dashboard that wrongly starts serving fails here rather than hanging.
+            .timeout(Duration::from_secs(20))
+            .env_remove("JOBVISOR_DASHBOARD_TOKEN")
+            .args(["dashboard", "--listen", "127.0.0.1:0"]),
+        2,
+    );
+    assert!(err.contains("JOBVISOR_DASHBOARD_TOKEN"), "{err}");
+    let err = stderr_of(
+        jobvisor(&url)
+            // A dashboard that wrongly starts serving fails here rather than hanging.
+            .timeout(Duration::from_secs(20))
+            .env_remove("JOBVISOR_DASHBOARD_TOKEN")
+            .args(["dashboard", "--no-auth", "--listen", "0.0.0.0:0"]),
+        2,
+    );
+    assert!(err.contains("loopback"), "{err}");
+    let err = stderr_of(
+        jobvisor(&url)
+            .env("JOBVISOR_DASHBOARD_TOKEN", "short")
+            .args(["dashboard", "--listen", "127.0.0.1:0"])
+            .timeout(Duration::from_secs(20)),
+        2,
+    );
+    assert!(
+        err.contains("at least 16 characters") && !err.contains("short"),
+        "{err}"
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("jobvisor"))
+        .env("DATABASE_URL", &url)
+        .env("JOBVISOR_DASHBOARD_TOKEN", "a-long-enough-dashboard-token")
+        .args(["dashboard", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = |path: &str| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let login = loop {
+        if let Some(page) = get("/login") {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dashboard never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let jobs = get("/jobs").unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        login.starts_with("HTTP/1.0 200") || login.starts_with("HTTP/1.1 200"),
+        "{login}"
+    );
+    let lower = login.to_ascii_lowercase();
+    assert!(
+        lower.contains("content-security-policy: default-src 'none'"),
+        "{login}"
+    );
+    assert!(lower.contains("httponly; samesite=strict"), "{login}");
+    assert!(
+        jobs.contains(" 303 ") && jobs.to_ascii_lowercase().contains("location: /login"),
+        "{jobs}"
+    );
+}

@@ -322,6 +322,64 @@ impl Store {
         ))))
     }
 
+    /// Deletes a finished job (succeeded, dead or cancelled) from the live table, with its
+    /// effect records, in one transaction — guarded by `expected_version`: a job that changed
+    /// since the operator looked (retried, say) is not deleted ([`Guarded::Stale`]).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::InvalidTransition`]-like refusal as
+    /// [`Error::InvalidInput`] for a job that has not finished or is archived;
+    /// [`Error::Database`].
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) async fn job_delete_finished(
+        &self,
+        id: JobId,
+        expected_version: i64,
+    ) -> Result<Guarded<()>> {
+        let Some(job) = self.job_get(id).await? else {
+            return Err(Error::NotFound { id });
+        };
+        if job.archived_at.is_some() {
+            return Err(Error::invalid(
+                "id",
+                format!("job {id} is archived; only live jobs can be deleted (prune the archive)"),
+            ));
+        }
+        if !job.state.is_terminal() {
+            return Err(Error::invalid(
+                "id",
+                format!(
+                    "job {id} is {}; only a finished job (succeeded, dead, cancelled) can be deleted",
+                    job.state
+                ),
+            ));
+        }
+        if job.version != expected_version {
+            return Ok(Guarded::Stale);
+        }
+        let n: usize = with_tx!(self, |conn| {
+            let n = diesel::delete(
+                jobs::table
+                    .filter(jobs::id.eq(id.0))
+                    .filter(jobs::version.eq(expected_version))
+                    .filter(TERMINAL),
+            )
+            .execute(conn)
+            .await?;
+            if n == 1 {
+                diesel::delete(effects::table.filter(effects::job_id.eq(id.0)))
+                    .execute(conn)
+                    .await?;
+            }
+            Ok::<usize, diesel::result::Error>(n)
+        })?;
+        Ok(if n == 1 {
+            Guarded::Applied(())
+        } else {
+            Guarded::Stale
+        })
+    }
+
     /// Manually retries a dead or cancelled job: back to `pending`, due now, with one more
     /// attempt allowed if its attempts were used up. A job whose key was held `while_active`
     /// (and so released when it ended) takes it again if no other job holds it; otherwise it

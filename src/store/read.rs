@@ -5,7 +5,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::with_conn;
-use super::expr::DbNow;
+use super::expr::{DbNow, TERMINAL};
 use super::rows::{from_us, to_us, ArchiveRow, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
 use super::{ListParams, QueueLag, StateCount, Store};
@@ -200,5 +200,39 @@ impl Store {
                 oldest_due: from_us(oldest.unwrap_or(0)),
             })
             .collect())
+    }
+
+    /// Jobs of the live table that finished (succeeded, dead or cancelled) in each of
+    /// `buckets` consecutive windows of `bucket` ending now: oldest first. One count per
+    /// window, each a range of the terminal jobs' index on `finished_at`.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) async fn ended_histogram(
+        &self,
+        bucket: std::time::Duration,
+        buckets: u32,
+    ) -> Result<Vec<u64>> {
+        let width = i64::try_from(bucket.as_micros()).unwrap_or(i64::MAX);
+        let mut out = Vec::with_capacity(buckets as usize);
+        for i in (0..i64::from(buckets)).rev() {
+            let now = DbNow::new(None);
+            let from = now.plus(-(width * (i + 1)));
+            let to = now.plus(-(width * i));
+            let n: i64 = with_conn!(self, |conn| {
+                jobs::table
+                    // The terminal states: the partial index on finished_at (PostgreSQL,
+                    // SQLite) or the (state, finished_at) index (MySQL) serves the range.
+                    .filter(TERMINAL)
+                    .filter(jobs::finished_at.ge(from.nullable()))
+                    .filter(jobs::finished_at.lt(to.nullable()))
+                    .count()
+                    .get_result(conn)
+                    .await?
+            });
+            out.push(u64::try_from(n).unwrap_or(0));
+        }
+        Ok(out)
     }
 }

@@ -136,6 +136,29 @@ pub(crate) enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Serve the web dashboard at http://LISTEN/ (log in with the token in
+    /// JOBVISOR_DASHBOARD_TOKEN, at least 16 characters).
+    Dashboard {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Show no actions and refuse them.
+        #[arg(long)]
+        read_only: bool,
+        /// A second token whose logins are read-only (or JOBVISOR_DASHBOARD_READ_ONLY_TOKEN).
+        #[arg(
+            long,
+            env = "JOBVISOR_DASHBOARD_READ_ONLY_TOKEN",
+            hide_env_values = true
+        )]
+        read_only_token: Option<String>,
+        /// No login at all: allowed only with a loopback --listen address.
+        #[arg(long)]
+        no_auth: bool,
+        /// Set the cookies' Secure flag (behind an HTTPS proxy).
+        #[arg(long)]
+        secure_cookies: bool,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.

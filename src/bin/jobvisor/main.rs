@@ -10,6 +10,7 @@
 
 mod args;
 mod bulk;
+mod dashboard;
 mod exporter;
 mod queues;
 mod render;
@@ -58,6 +59,16 @@ impl From<Error> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Dashboard { .. }) {
+        // actix-web's server runs on actix's system (a runtime of its own).
+        return match actix::System::new().block_on(dashboard::serve(cli)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(f) => {
+                eprintln!("jobvisor: {}", f.message);
+                ExitCode::from(f.code)
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -86,7 +97,7 @@ fn show(json_wanted: bool, json: serde_json::Value, text: impl FnOnce() -> Strin
     }
 }
 
-fn url(cli: &Cli) -> Result<&str, Failure> {
+pub(crate) fn url(cli: &Cli) -> Result<&str, Failure> {
     cli.database_url.as_deref().ok_or(Failure {
         code: exit::USAGE,
         message: "no database: pass --database-url or set DATABASE_URL \
@@ -328,7 +339,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             };
             queues::limit(&client, &queue, change, json).await?;
         }
-        Command::Migrate { .. } | Command::Completions { .. } | Command::Metrics { .. } => {}
+        Command::Migrate { .. }
+        | Command::Completions { .. }
+        | Command::Metrics { .. }
+        | Command::Dashboard { .. } => {}
     }
     Ok(())
 }

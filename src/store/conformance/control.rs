@@ -144,3 +144,63 @@ pub async fn manual_retry_of_a_dead_job_is_version_guarded(b: Backend) {
     let c = t.claim("default", "n", 1, 3).await.pop().unwrap();
     assert_eq!(c.job.attempts, 2);
 }
+
+pub async fn delete_of_a_finished_job_is_version_guarded(b: Backend) {
+    let t = Bundle::new(b).await;
+    let id = t
+        .enqueue(NewJob::new("k", json!({})).max_attempts(1), 0)
+        .await;
+    let e = t.store.job_delete_finished(id, 1).await.unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidInput { field: "id", .. }),
+        "a pending job is not deleted: {e}"
+    );
+    let c = t.claim("default", "n", 1, 0).await.pop().unwrap();
+    t.finalize(Finalize::dead(id, c.token, err("fatal", 1)), 1)
+        .await;
+    let dead = t.get(id).await;
+    let stale = t
+        .store
+        .job_delete_finished(id, dead.version - 1)
+        .await
+        .unwrap();
+    assert_eq!(stale, Guarded::Stale, "an older version deletes nothing");
+    assert_eq!(t.get(id).await.state, JobState::Dead);
+    let done = t.store.job_delete_finished(id, dead.version).await.unwrap();
+    assert_eq!(done, Guarded::Applied(()));
+    assert!(t.store.job_get(id).await.unwrap().is_none(), "gone");
+    let e = t
+        .store
+        .job_delete_finished(id, dead.version)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+}
+
+pub async fn ended_histogram_counts_finished_jobs_per_window(b: Backend) {
+    let t = Bundle::new(b).await;
+    for i in 0..3 {
+        t.enqueue(NewJob::new("k", json!(i)), 0).await;
+    }
+    let claimed = t.claim("default", "n", 3, 0).await;
+    for c in claimed {
+        // Finished now (the database's clock): the newest window.
+        let f = t
+            .store
+            .job_finalize_many(FinalizeParams {
+                items: vec![Finalize::succeeded(c.job.id, c.token, json!(null))],
+                now: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(f.len(), 1);
+    }
+    let h = t
+        .store
+        .ended_histogram(Duration::from_secs(300), 12)
+        .await
+        .unwrap();
+    assert_eq!(h.len(), 12);
+    assert_eq!(h[11], 3, "{h:?}");
+    assert_eq!(h.iter().sum::<u64>(), 3, "{h:?}");
+}

@@ -1,0 +1,535 @@
+//! Every action (all POST, each authenticated, allowed to act and carrying the page's CSRF
+//! token): retry, cancel and delete a job; bulk retry or cancel by the jobs filter (after a
+//! preview with a count and a confirmation); retry a dead-letter group; pause, resume and
+//! limit a queue; pause, resume and trigger a schedule.
+//!
+//! A job action carries the version its page showed: a job that changed since (retried by
+//! someone else, finished, reclaimed) is left alone and the answer says so (409). Bulk
+//! actions guard each job by the version the action read.
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::Utc;
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use super::auth::{authorize, authorize_action, csrf_field, Ctx};
+use super::layout::{flash, query, shell};
+use super::pages::dead::{code_of, dead_jobs};
+use super::pages::job::parse_id;
+use super::pages::{find, job_table, FilterForm};
+use super::{error_response, Data, BULK_LIMIT};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobState};
+use crate::store::{CancelOutcome, Guarded, QueueLimits, RateLimit, RetryParams};
+
+/// An action's answer: a page with what happened and a link back.
+fn done(
+    state: &Data,
+    req: &HttpRequest,
+    ctx: &Ctx,
+    status: StatusCode,
+    text: &str,
+    back: &str,
+) -> HttpResponse {
+    let body = html! {
+        (flash(status.is_success(), text))
+        p { a #back href=(back) { "Back" } }
+    };
+    let title = if status.is_success() {
+        "Done"
+    } else {
+        "Refused"
+    };
+    shell(state, req, ctx, title, false, status, body)
+}
+
+/// A job action's form.
+#[derive(Debug, Deserialize)]
+pub(crate) struct JobForm {
+    csrf: Option<String>,
+    version: Option<String>,
+}
+
+fn stale(job: &Job) -> String {
+    format!(
+        "job {} changed since this page was loaded (it is now {}, version {}); nothing was done — \
+         look at it again and decide",
+        job.id.0, job.state, job.version
+    )
+}
+
+pub(crate) async fn job(
+    state: Data,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Form<JobForm>,
+) -> HttpResponse {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let (id, action) = path.into_inner();
+    let out = async {
+        let id = parse_id(&id)?;
+        let version: i64 = form
+            .version
+            .as_deref()
+            .unwrap_or("")
+            .parse()
+            .map_err(|_| Error::invalid("version", "the job's version, a whole number, is expected (from the job's page)"))?;
+        let back = state.url(&format!("/jobs/{}", id.0));
+        let (status, text) = match action.as_str() {
+            "retry" => {
+                let r = state
+                    .client
+                    .store()
+                    .job_retry(RetryParams { id, expected_version: Some(version), now: None })
+                    .await?;
+                match r {
+                    Guarded::Applied(j) => {
+                        state.client.wake(&j.queue);
+                        (StatusCode::OK, format!("job {} retried: pending, due now", id.0))
+                    }
+                    Guarded::Stale | Guarded::LeaseLost => {
+                        (StatusCode::CONFLICT, stale(&state.client.get(id).await?))
+                    }
+                }
+            }
+            "cancel" => {
+                let j = state.client.get(id).await?;
+                if j.version != version {
+                    (StatusCode::CONFLICT, stale(&j))
+                } else {
+                    match state.client.cancel(id).await? {
+                        CancelOutcome::Cancelled(_) => (StatusCode::OK, format!("job {} cancelled", id.0)),
+                        CancelOutcome::Requested(_) => (
+                            StatusCode::OK,
+                            format!("job {} is running: cancel requested, its node stops it at its next heartbeat", id.0),
+                        ),
+                        CancelOutcome::AlreadyFinished(j) => (StatusCode::CONFLICT, stale(&j)),
+                    }
+                }
+            }
+            "delete" => match state.client.store().job_delete_finished(id, version).await? {
+                Guarded::Applied(()) => (StatusCode::OK, format!("job {} deleted", id.0)),
+                Guarded::Stale | Guarded::LeaseLost => (StatusCode::CONFLICT, stale(&state.client.get(id).await?)),
+            },
+            other => {
+                return Err(Error::invalid(
+                    "action",
+                    format!("{other:?} is not a job action; expected retry, cancel or delete"),
+                ))
+            }
+        };
+        Ok::<_, Error>(done(&state, &req, &ctx, status, &text, &back))
+    }
+    .await;
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+}
+
+/// What a bulk action does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bulk {
+    Retry,
+    Cancel,
+}
+
+impl Bulk {
+    fn parse(s: &str) -> Result<Self> {
+        match s {
+            "retry" => Ok(Bulk::Retry),
+            "cancel" => Ok(Bulk::Cancel),
+            o => Err(Error::invalid(
+                "action",
+                format!("{o:?}: expected retry or cancel"),
+            )),
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            Bulk::Retry => "retry",
+            Bulk::Cancel => "cancel",
+        }
+    }
+
+    fn applies_to(self, s: JobState) -> bool {
+        match self {
+            Bulk::Retry => matches!(s, JobState::Dead | JobState::Cancelled),
+            Bulk::Cancel => !s.is_terminal(),
+        }
+    }
+}
+
+/// The bulk form: the filter, the action, and (to apply) the confirmation.
+#[derive(Debug, Deserialize)]
+pub(crate) struct BulkForm {
+    #[serde(flatten)]
+    filter: FilterForm,
+    #[serde(default)]
+    action: String,
+    csrf: Option<String>,
+}
+
+/// The jobs a bulk action would change, at most [`BULK_LIMIT`]; and whether there are more.
+async fn targets(state: &Data, f: &FilterForm, b: Bulk) -> Result<(Vec<Job>, bool)> {
+    let parsed = f.parse()?;
+    let pairs = f.pairs();
+    if pairs
+        .iter()
+        .filter(|(k, _)| *k != "order")
+        .all(|(_, v)| v.is_empty())
+    {
+        return Err(Error::invalid(
+            "filter",
+            format!("no filter: refusing to {} every job; filter by queue, kind, state, time, key or text first", b.verb()),
+        ));
+    }
+    if parsed.params.archived {
+        return Err(Error::invalid(
+            "archived",
+            "archived jobs cannot be changed",
+        ));
+    }
+    let mut parsed = parsed;
+    parsed.params.after = None;
+    let found = find(
+        state,
+        &parsed,
+        BULK_LIMIT,
+        state.config.search_window as usize,
+    )
+    .await?;
+    let more = found.more || found.window_ended;
+    Ok((
+        found
+            .jobs
+            .into_iter()
+            .filter(|j| b.applies_to(j.state))
+            .collect(),
+        more,
+    ))
+}
+
+pub(crate) async fn bulk_preview(
+    state: Data,
+    req: HttpRequest,
+    form: web::Query<BulkForm>,
+) -> HttpResponse {
+    let ctx = match authorize(&state, &req) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if !ctx.can_act() {
+        return ctx.finish(
+            &state,
+            &req,
+            super::layout::plain_error(
+                StatusCode::FORBIDDEN,
+                "read-only: this dashboard does not allow actions",
+            ),
+        );
+    }
+    let out = async {
+        let b = Bulk::parse(&form.action)?;
+        let (jobs, more) = targets(&state, &form.filter, b).await?;
+        let shown = &jobs[..jobs.len().min(20)];
+        let back = state.url(&format!("/jobs{}", query(&form.filter.pairs())));
+        let body: Markup = html! {
+            p #bulk-count {
+                @if more { "At least " }
+                strong #bulk-n { (jobs.len()) } " job(s) match and can be " (if b == Bulk::Retry { "retried" } else { "cancelled" }) "."
+                @if more { " Only the first " (BULK_LIMIT) " will be changed; run it again for the rest." }
+            }
+            @if !jobs.is_empty() {
+                form method="post" action=(state.url("/jobs/bulk")) {
+                    (csrf_field(&ctx))
+                    (form.filter.hidden())
+                    input type="hidden" name="action" value=(b.verb());
+                    button.primary #confirm type="submit" { "Yes, " (b.verb()) " " (jobs.len()) " job(s)" }
+                    " " a href=(back) { "No, go back" }
+                }
+                h2 { "First of them" }
+                (job_table(&state, shown, Utc::now()))
+            }
+        };
+        Ok::<_, Error>(shell(&state, &req, &ctx, &format!("Bulk {}: preview", b.verb()), false, StatusCode::OK, body))
+    }
+    .await;
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+}
+
+pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm>) -> HttpResponse {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let out = async {
+        let b = Bulk::parse(&form.action)?;
+        let (jobs, _) = targets(&state, &form.filter, b).await?;
+        let (mut applied, mut changed) = (0u64, 0u64);
+        for j in &jobs {
+            let ok = match b {
+                Bulk::Retry => state
+                    .client
+                    .store()
+                    .job_retry(RetryParams {
+                        id: j.id,
+                        expected_version: Some(j.version),
+                        now: None,
+                    })
+                    .await
+                    .map(|g| g.is_applied())
+                    .or_else(|e| {
+                        if matches!(e, Error::InvalidTransition { .. }) {
+                            Ok(false)
+                        } else {
+                            Err(e)
+                        }
+                    })?,
+                Bulk::Cancel => !matches!(
+                    state.client.cancel(j.id).await,
+                    Ok(CancelOutcome::AlreadyFinished(_)) | Err(Error::NotFound { .. })
+                ),
+            };
+            if ok {
+                applied += 1
+            } else {
+                changed += 1
+            }
+        }
+        if b == Bulk::Retry && applied > 0 {
+            for q in jobs
+                .iter()
+                .map(|j| j.queue.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                state.client.wake(q);
+            }
+        }
+        let text = format!(
+            "{applied} job(s) {}; {changed} had changed meanwhile and were left alone",
+            if b == Bulk::Retry {
+                "retried"
+            } else {
+                "cancelled (running ones: cancel requested)"
+            }
+        );
+        let back = state.url(&format!("/jobs{}", query(&form.filter.pairs())));
+        Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &back))
+    }
+    .await;
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+}
+
+/// A dead-letter group's retry.
+#[derive(Debug, Deserialize)]
+pub(crate) struct DeadForm {
+    csrf: Option<String>,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    code: String,
+}
+
+pub(crate) async fn dead_retry(
+    state: Data,
+    req: HttpRequest,
+    form: web::Form<DeadForm>,
+) -> HttpResponse {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let out = async {
+        let (jobs, _) = dead_jobs(&state, Some(&form.kind), BULK_LIMIT).await?;
+        let mut applied = 0u64;
+        let mut changed = 0u64;
+        for j in jobs.iter().filter(|j| code_of(j) == form.code) {
+            let g = state
+                .client
+                .store()
+                .job_retry(RetryParams { id: j.id, expected_version: Some(j.version), now: None })
+                .await;
+            match g {
+                Ok(g) if g.is_applied() => applied += 1,
+                Ok(_) | Err(Error::InvalidTransition { .. }) | Err(Error::NotFound { .. }) => changed += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        if applied > 0 {
+            for q in jobs.iter().map(|j| j.queue.as_str()).collect::<std::collections::BTreeSet<_>>() {
+                state.client.wake(q);
+            }
+        }
+        let text = format!("{applied} dead job(s) of kind {} with error {} retried; {changed} had changed meanwhile", form.kind, form.code);
+        Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &state.url("/dead")))
+    }
+    .await;
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+}
+
+/// A queue action's form.
+#[derive(Debug, Deserialize)]
+pub(crate) struct QueueForm {
+    csrf: Option<String>,
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    concurrency: String,
+    #[serde(default)]
+    per_partition: String,
+    #[serde(default)]
+    rate_jobs: String,
+    #[serde(default)]
+    rate_per: String,
+}
+
+fn opt_u32(field: &'static str, v: &str) -> Result<Option<u32>> {
+    match v.trim() {
+        "" => Ok(None),
+        s => s.parse().map(Some).map_err(|_| {
+            Error::invalid(
+                field,
+                format!("{s:?}: expected a whole number, or blank for none"),
+            )
+        }),
+    }
+}
+
+/// `500ms`, `1s`, `2m`, `1h`, or plain seconds.
+fn period(v: &str) -> Result<std::time::Duration> {
+    let s = v.trim();
+    let bad = || {
+        Error::invalid(
+            "rate_per",
+            format!("{s:?}: expected a period such as 500ms, 1s, 2m or 1h"),
+        )
+    };
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    Ok(match unit {
+        "ms" => std::time::Duration::from_millis(n),
+        "s" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_secs(n * 60),
+        "h" => std::time::Duration::from_secs(n * 3600),
+        _ => return Err(bad()),
+    })
+}
+
+pub(crate) async fn queue(
+    state: Data,
+    req: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<QueueForm>,
+) -> HttpResponse {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let out = async {
+        let q = form.queue.as_str();
+        let text = match path.as_str() {
+            "pause" => {
+                state.client.pause_queue(q, "dashboard").await?;
+                format!("queue {q} paused: no new claims on any node")
+            }
+            "resume" => {
+                state.client.resume_queue(q).await?;
+                format!("queue {q} resumed")
+            }
+            "limits" => {
+                let mut l = QueueLimits {
+                    concurrency: opt_u32("concurrency", &form.concurrency)?,
+                    per_partition: opt_u32("per_partition", &form.per_partition)?,
+                    ..QueueLimits::default()
+                };
+                if let Some(n) = opt_u32("rate_jobs", &form.rate_jobs)? {
+                    let per = if form.rate_per.trim().is_empty() {
+                        std::time::Duration::from_secs(1)
+                    } else {
+                        period(&form.rate_per)?
+                    };
+                    l.rate = Some(RateLimit::new(n, per)?);
+                }
+                state.client.set_queue_limits(q, l).await?;
+                format!(
+                    "queue {q} limits: {}",
+                    super::pages::queues::limits_text(&l)
+                )
+            }
+            other => {
+                return Err(Error::invalid(
+                    "action",
+                    format!("{other:?}: expected pause, resume or limits"),
+                ))
+            }
+        };
+        Ok::<_, Error>(done(
+            &state,
+            &req,
+            &ctx,
+            StatusCode::OK,
+            &text,
+            &state.url("/queues"),
+        ))
+    }
+    .await;
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+}
+
+/// A schedule action's form.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ScheduleForm {
+    csrf: Option<String>,
+    #[serde(default)]
+    name: String,
+}
+
+pub(crate) async fn schedule(
+    state: Data,
+    req: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<ScheduleForm>,
+) -> HttpResponse {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let out = async {
+        let n = form.name.as_str();
+        let text = match path.as_str() {
+            "pause" => {
+                state.client.pause_schedule(n).await?;
+                format!("schedule {n} paused")
+            }
+            "resume" => {
+                state.client.resume_schedule(n).await?;
+                format!("schedule {n} resumed")
+            }
+            "trigger" => {
+                let e = state.client.trigger_schedule(n).await?;
+                format!("schedule {n} triggered: job {}", e.id.0)
+            }
+            other => {
+                return Err(Error::invalid(
+                    "action",
+                    format!("{other:?}: expected pause, resume or trigger"),
+                ))
+            }
+        };
+        Ok::<_, Error>(done(
+            &state,
+            &req,
+            &ctx,
+            StatusCode::OK,
+            &text,
+            &state.url("/schedules"),
+        ))
+    }
+    .await;
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+}

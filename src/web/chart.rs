@@ -1,0 +1,29 @@
+//! A bar chart as inline SVG, drawn on the server: no script, no style attribute (the CSP
+//! allows neither inline), only geometry; the stylesheet colours it.
+
+use maud::{html, Markup};
+
+/// Bars for `values` (oldest first), each labelled by its `title` (a tooltip), with the
+/// largest value written at the top left.
+pub(crate) fn bars(values: &[u64], titles: &[String], caption: &str) -> Markup {
+    let w = 600u64;
+    let h = 120u64;
+    let top = 14u64;
+    let n = values.len().max(1) as u64;
+    let max = values.iter().copied().max().unwrap_or(0).max(1);
+    let slot = w / n;
+    let bar = slot.saturating_sub(2).max(1);
+    html! {
+        svg.chart #throughput width=(w) height=(h + top) viewBox=(format!("0 0 {w} {}", h + top))
+            role="img" aria-label=(caption) xmlns="http://www.w3.org/2000/svg" {
+            title { (caption) }
+            text x="2" y="10" { "max " (max) }
+            @for (i, v) in values.iter().enumerate() {
+                @let bh = (v * h / max).max(u64::from(*v > 0));
+                rect x=(i as u64 * slot + 1) y=(top + h - bh) width=(bar) height=(bh) {
+                    title { (titles.get(i).map(String::as_str).unwrap_or("")) ": " (v) }
+                }
+            }
+        }
+    }
+}

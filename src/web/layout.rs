@@ -1,0 +1,240 @@
+//! The page shell (navigation, live indicator, logout), the security headers every response
+//! carries, the compiled-in assets, the login and error pages, and formatting helpers.
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
+use maud::{html, Markup, DOCTYPE};
+
+use super::auth::{csrf_field, Ctx};
+use super::Data;
+
+const CSS: &str = include_str!("assets/dashboard.css");
+const JS: &str = include_str!("assets/dashboard.js");
+
+/// Scripts and styles only from the dashboard's own files; no inline code, no frames, forms
+/// post only to this origin.
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+    base-uri 'none'";
+
+/// Adds the security headers.
+fn secure(mut resp: HttpResponse) -> HttpResponse {
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// An HTML response with the security headers.
+pub(crate) fn html_response(status: StatusCode, body: Markup) -> HttpResponse {
+    secure(
+        HttpResponse::build(status)
+            .content_type("text/html; charset=utf-8")
+            .body(body.into_string()),
+    )
+}
+
+pub(crate) async fn css() -> HttpResponse {
+    let mut r = HttpResponse::Ok()
+        .content_type("text/css; charset=utf-8")
+        .body(CSS);
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+pub(crate) async fn js() -> HttpResponse {
+    let mut r = HttpResponse::Ok()
+        .content_type("text/javascript; charset=utf-8")
+        .body(JS);
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+fn head(title: &str, css_url: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · jobvisor" }
+            link rel="stylesheet" href=(css_url);
+        }
+    }
+}
+
+/// A standalone error page (no navigation: it may answer an unauthenticated request).
+pub(crate) fn plain_error(status: StatusCode, message: &str) -> HttpResponse {
+    html_response(
+        status,
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head { meta charset="utf-8"; title { "error · jobvisor" } }
+                body {
+                    h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+                    p #error-message { (message) }
+                }
+            }
+        },
+    )
+}
+
+/// The login page.
+pub(crate) fn login(
+    state: &Data,
+    ctx: &Ctx,
+    error: Option<&str>,
+    status: StatusCode,
+) -> HttpResponse {
+    html_response(
+        status,
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                (head("log in", &state.url("/assets/dashboard.css")))
+                body.login {
+                    main {
+                        h1 { "jobvisor" }
+                        @if let Some(e) = error { p.flash.bad #login-error { (e) } }
+                        form method="post" action=(state.url("/login")) {
+                            (csrf_field(ctx))
+                            label for="token" { "Token" }
+                            input #token type="password" name="token" autocomplete="current-password" required;
+                            button #login type="submit" { "Log in" }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A full page: navigation, `body`, the script. `live`: the page re-reads itself every two
+/// seconds while it shows something changing.
+pub(crate) fn shell(
+    state: &Data,
+    req: &HttpRequest,
+    ctx: &Ctx,
+    title: &str,
+    live: bool,
+    status: StatusCode,
+    body: Markup,
+) -> HttpResponse {
+    let nav = [
+        ("/", "Overview"),
+        ("/jobs", "Jobs"),
+        ("/dead", "Dead letters"),
+        ("/queues", "Queues"),
+        ("/schedules", "Schedules"),
+        ("/nodes", "Nodes"),
+    ];
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            (head(title, &state.url("/assets/dashboard.css")))
+            body data-live=(if live { "1" } else { "0" }) {
+                header {
+                    span.brand { "jobvisor" }
+                    nav {
+                        @for (path, name) in nav {
+                            a href=(state.url(path)) { (name) }
+                        }
+                    }
+                    span #live.live title="this page refreshes itself" { "● live" }
+                    @if !ctx.can_act() { span.badge #read-only { "read-only" } }
+                    @if !state.config.no_auth && state.config.authorizer.is_none() {
+                        form.logout method="post" action=(state.url("/logout")) {
+                            (csrf_field(ctx))
+                            button type="submit" { "Log out" }
+                        }
+                    }
+                }
+                main #main {
+                    h1 { (title) }
+                    (body)
+                }
+                script src=(state.url("/assets/dashboard.js")) {}
+            }
+        }
+    };
+    ctx.finish(state, req, html_response(status, markup))
+}
+
+/// `2026-11-27 10:28:40Z`.
+pub(crate) fn ts(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
+/// An optional time, or a dash.
+pub(crate) fn ts_opt(t: Option<DateTime<Utc>>) -> String {
+    t.map(ts).unwrap_or_else(|| "—".to_string())
+}
+
+/// `3m 12s ago` / `in 4s`.
+pub(crate) fn age(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
+    let d = now.signed_duration_since(t);
+    let (s, future) = if d.num_seconds() < 0 {
+        (-d.num_seconds(), true)
+    } else {
+        (d.num_seconds(), false)
+    };
+    let text = if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m {}s", s / 60, s % 60)
+    } else if s < 86_400 {
+        format!("{}h {}m", s / 3600, (s % 3600) / 60)
+    } else {
+        format!("{}d {}h", s / 86_400, (s % 86_400) / 3600)
+    };
+    if future {
+        format!("in {text}")
+    } else {
+        format!("{text} ago")
+    }
+}
+
+/// Pretty JSON (escaped by the caller's template).
+pub(crate) fn json(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+}
+
+/// A query string from pairs, empty values left out.
+pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
+    let mut s = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if !v.is_empty() {
+            s.append_pair(k, v);
+        }
+    }
+    let q = s.finish();
+    if q.is_empty() {
+        q
+    } else {
+        format!("?{q}")
+    }
+}
+
+/// A flash message line.
+pub(crate) fn flash(good: bool, text: &str) -> Markup {
+    html! { p.flash.(if good { "good" } else { "bad" }) #flash { (text) } }
+}

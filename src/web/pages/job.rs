@@ -1,0 +1,127 @@
+//! One job: its fields, payload, result and progress (pretty JSON), the timeline of its
+//! attempts with each error, its lease (owner, expiry, heartbeat — never the token), every
+//! timestamp; live while it runs; and the actions its state allows, each carrying the
+//! version shown so that a stale page cannot act on a job that moved on.
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::Utc;
+use maud::html;
+
+use super::super::auth::{authorize, csrf_field, Ctx};
+use super::super::layout::{age, json, shell, ts, ts_opt};
+use super::super::{error_response, Data};
+use super::state_class;
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+
+/// A job id from the path.
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming `id`.
+pub(crate) fn parse_id(s: &str) -> Result<JobId> {
+    s.parse::<i64>().map(JobId).map_err(|_| {
+        Error::invalid(
+            "id",
+            format!("{s:?} is not a job id; expected a whole number"),
+        )
+    })
+}
+
+pub(crate) async fn page(state: Data, req: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    let ctx = match authorize(&state, &req) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let out = async {
+        let id = parse_id(&path)?;
+        let job = state.client.get(id).await?;
+        Ok::<_, Error>(render(&state, &req, &ctx, &job))
+    }
+    .await;
+    match out {
+        Ok(r) => r,
+        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+    }
+}
+
+/// The buttons for what `job`'s state allows.
+pub(crate) fn actions(state: &Data, ctx: &Ctx, job: &Job) -> maud::Markup {
+    let act = |name: &str, label: &str, class: &str| {
+        html! {
+            form.inline method="post" action=(state.url(&format!("/jobs/{}/{name}", job.id.0))) {
+                (csrf_field(ctx))
+                input type="hidden" name="version" value=(job.version);
+                button class=(class) id=(format!("{name}-job")) type="submit" { (label) }
+            }
+        }
+    };
+    let live = job.archived_at.is_none();
+    html! {
+        @if ctx.can_act() && live {
+            div.actions #job-actions {
+                @if matches!(job.state, JobState::Dead | JobState::Cancelled) { (act("retry", "Retry now", "primary")) }
+                @if !job.state.is_terminal() { (act("cancel", "Cancel", "danger")) }
+                @if job.state.is_terminal() { (act("delete", "Delete", "danger")) }
+            }
+        }
+    }
+}
+
+fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job) -> HttpResponse {
+    let now = Utc::now();
+    let title = format!("Job {}", job.id.0);
+    let body = html! {
+        (actions(state, ctx, job))
+        dl.fields #job-fields {
+            dt { "state" } dd #job-state class=(state_class(job.state)) { (job.state)
+                @if job.cancel_requested_at.is_some() && !job.state.is_terminal() { " (cancel requested)" } }
+            dt { "kind" } dd #job-kind { (job.kind) }
+            dt { "queue" } dd { (job.queue) }
+            dt { "priority" } dd { (job.priority) }
+            dt { "partition" } dd { (job.partition.as_deref().unwrap_or("—")) }
+            dt { "unique key" } dd { (job.unique_key.as_deref().unwrap_or("—"))
+                @if job.unique_held { " (held)" } }
+            dt { "attempts" } dd { (job.attempts) " of " (job.max_attempts)
+                @if job.refunds > 0 { " (" (job.refunds) " given back)" } }
+            dt { "run at" } dd { (ts(job.run_at)) " (" (age(now, job.run_at)) ")" }
+            dt { "timeout" } dd { (format!("{:?}", job.timeout))
+                @if let Some(t) = job.timeout_at { ", deadline " (ts(t)) } }
+            dt { "lease owner" } dd #lease-owner { @if let Some(l) = &job.lease { (l.owner) } @else { "—" } }
+            dt { "lease expires" } dd { @if let Some(l) = &job.lease { (ts(l.expires_at)) " (" (age(now, l.expires_at)) ")" } @else { "—" } }
+            dt { "heartbeat" } dd { @if let Some(h) = job.lease.as_ref().and_then(|l| l.heartbeat_at) { (age(now, h)) } @else { "—" } }
+            dt { "created" } dd { (ts(job.created_at)) }
+            dt { "first started" } dd { (ts_opt(job.first_started_at)) }
+            dt { "started" } dd { (ts_opt(job.started_at)) }
+            dt { "updated" } dd { (ts(job.updated_at)) }
+            dt { "finished" } dd { (ts_opt(job.finished_at)) }
+            dt { "archived" } dd { (ts_opt(job.archived_at)) }
+            dt { "cancel requested" } dd { (ts_opt(job.cancel_requested_at)) }
+            dt { "version" } dd { (job.version) }
+        }
+        h2 { "Payload" }
+        pre #payload { (json(&job.payload)) }
+        @if let Some(r) = &job.result { h2 { "Result" } pre #result { (json(r)) } }
+        @if let Some(p) = &job.progress { h2 { "Progress" } pre #progress { (json(p)) } }
+        h2 { "Attempts and errors" }
+        @if job.errors.is_empty() { p.muted { "No errors recorded." } }
+        ol.timeline #errors {
+            @for e in &job.errors {
+                li {
+                    strong { "attempt " (e.attempt) } " · " (ts_opt(e.at)) " · "
+                    code.error-code { (e.code) } ": " span.error-message { (e.message) }
+                    @if let Some(d) = &e.detail { pre { (json(d)) } }
+                }
+            }
+        }
+    };
+    shell(
+        state,
+        req,
+        ctx,
+        &title,
+        !job.state.is_terminal(),
+        StatusCode::OK,
+        body,
+    )
+}

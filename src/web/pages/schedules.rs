@@ -1,0 +1,81 @@
+//! Schedules: each stored schedule's spec, zone, next and last fire (with a link to the
+//! last fire's job), missed-fire policy, paused or retired; pause, resume, trigger now.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse};
+use chrono::Utc;
+use maud::html;
+
+use super::super::auth::{authorize, csrf_field, Ctx};
+use super::super::layout::{age, query, shell, ts_opt};
+use super::super::{error_response, Data};
+use crate::error::Result;
+
+pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
+    let ctx = match authorize(&state, &req) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    match render(&state, &req, &ctx).await {
+        Ok(r) => r,
+        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+    }
+}
+
+async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpResponse> {
+    let now = Utc::now();
+    let schedules = state.client.schedules().await?;
+    let button = |name: &str, action: &str, label: &str| {
+        html! {
+            form.inline method="post" action=(state.url(&format!("/schedules/{action}"))) {
+                (csrf_field(ctx))
+                input type="hidden" name="name" value=(name);
+                button type="submit" { (label) }
+            }
+        }
+    };
+    let body = html! {
+        @if schedules.is_empty() { p { "No schedules are stored (a node declares them at start)." } }
+        table #schedule-table {
+            thead { tr { th { "name" } th { "spec" } th { "kind / queue" } th { "next fire" } th { "last fire" } th { "missed fires" } th { "status" } th {} } }
+            tbody {
+                @for s in &schedules {
+                    tr {
+                        td { (s.name) }
+                        td { code { (s.spec_text()) } " " span.muted { (s.time_zone) } }
+                        td { (s.kind) " / " (s.queue) }
+                        td { (ts_opt(s.next_fire_at)) @if let Some(t) = s.next_fire_at { " (" (age(now, t)) ")" } }
+                        td {
+                            @if let Some(t) = s.last_fire_at {
+                                @let key = crate::schedule::fire_key(&s.name, t.timestamp_micros());
+                                a href=(state.url(&format!("/jobs{}", query(&[("key", &key), ("kind", &s.kind)])))) { (ts_opt(Some(t))) }
+                            } @else { "—" }
+                        }
+                        td { (format!("{:?}", s.missed)) }
+                        td {
+                            @if s.retired_at.is_some() { "retired" }
+                            @else if s.paused_at.is_some() { "paused" }
+                            @else { "active" }
+                        }
+                        td {
+                            @if ctx.can_act() && s.retired_at.is_none() {
+                                @if s.paused_at.is_some() { (button(&s.name, "resume", "Resume")) }
+                                @else { (button(&s.name, "pause", "Pause")) }
+                                (button(&s.name, "trigger", "Trigger now"))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(shell(
+        state,
+        req,
+        ctx,
+        "Schedules",
+        false,
+        StatusCode::OK,
+        body,
+    ))
+}

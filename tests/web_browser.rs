@@ -1,0 +1,437 @@
+//! The dashboard in a real browser: headless Chromium driven over WebDriver (chromedriver,
+//! Debian's `chromium` and `chromium-driver`), against a live scheduler on each backend.
+//! One browser session per backend walks an operator's path: refused without credentials,
+//! a wrong token, log in; the overview; find a dead job in the dead letters, open it, retry
+//! it and watch it succeed on the live page; bulk-cancel by a filter after its preview;
+//! pause a queue and see claims stop; a read-only dashboard hides and refuses actions; a
+//! hostile payload, kind and error render inert.
+//!
+//! Screenshots of each main view go to the directory in `JOBVISOR_SCREENSHOTS` when set
+//! (CI keeps them as artifacts). A missing chromedriver fails the tests; it never skips them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use jobvisor::testing::TestDb;
+use jobvisor::web::{dashboard, DashboardConfig};
+use jobvisor::{
+    handler_fn, Backend, Client, JobContext, JobError, JobId, JobOutcome, JobState, NewJob,
+    QueueConfig, Scheduler, SchedulerConfig,
+};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "browser-test-token-0123456789";
+const XSS_KIND: &str = "<script>window.__xss='kind'</script>";
+const XSS_PAYLOAD: &str =
+    "<script>window.__xss='payload'</script><img src=x onerror=\"window.__xss='img'\">";
+const XSS_ERROR: &str = "<img src=y onerror=\"window.__xss='error'\">";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// chromedriver on a free loopback port, stopped on drop.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Driver {
+    /// Stops chromedriver and the browsers it started (its process group), also when a test
+    /// panicked before closing its session.
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_driver() -> Driver {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        // A process group of its own, so that dropping the driver stops its browsers too.
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver is not installed: apt-get install -y chromium chromium-driver");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Driver { child, port }
+}
+
+async fn browser(d: &Driver) -> Browser {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({ "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                         "--disable-gpu", "--window-size=1280,1000"] }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", d.port))
+        .await
+        .expect("chromedriver refused a session")
+}
+
+/// Saves a screenshot as `<dir>/<backend>-<name>.png` when `JOBVISOR_SCREENSHOTS` is set.
+async fn shot(b: &Browser, backend: Backend, name: &str) {
+    if let Ok(dir) = std::env::var("JOBVISOR_SCREENSHOTS") {
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = b.screenshot().await.unwrap();
+        let file = format!("{dir}/{}-{name}.png", format!("{backend:?}").to_lowercase());
+        std::fs::write(file, png).unwrap();
+    }
+}
+
+async fn text(b: &Browser, css: &str) -> String {
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn click(b: &Browser, css: &str) {
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Waits until the element's text satisfies `ok` (the page may update itself meanwhile).
+async fn until_text(b: &Browser, css: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(e) = b.find(Locator::Css(css)).await {
+            if let Ok(t) = e.text().await {
+                if ok(&t) {
+                    return t;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "{css} never matched");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn login(b: &Browser, base: &str) {
+    b.goto(&format!("{base}/")).await.unwrap();
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click(b, "#login").await;
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#queues"))
+        .await
+        .unwrap();
+}
+
+/// Serves `config` on a free loopback port: the base URL and the server's handle.
+fn serve(client: &Client, config: DashboardConfig) -> (String, actix_web::dev::ServerHandle) {
+    let client = client.clone();
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new().service(dashboard("/ops", client.clone(), config.clone()))
+    })
+    .workers(1)
+    .bind(("127.0.0.1", 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix::spawn(server);
+    (format!("http://{addr}/ops"), handle)
+}
+
+async fn operator_path(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let down = Arc::new(AtomicBool::new(true));
+    let flaky = {
+        let down = down.clone();
+        handler_fn(move |_: Value, _ctx: JobContext| {
+            let down = down.load(Ordering::SeqCst);
+            async move {
+                if down {
+                    return Err(JobError::fail("the mail server is down").with_code("smtp_down"));
+                }
+                // Long enough to be watched running: the page must update itself.
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                JobOutcome::success(json!({"sent": true}))
+            }
+        })
+    };
+    let hostile = handler_fn(|_: Value, _ctx: JobContext| async move {
+        Err::<JobOutcome, _>(JobError::fail(XSS_ERROR).with_code("hostile"))
+    });
+    let ok =
+        handler_fn(|_: Value, _ctx: JobContext| async move { JobOutcome::success(json!("ok")) });
+    let scheduler = Scheduler::builder(store.clone())
+        .config(SchedulerConfig::default().sweep_every(Duration::from_millis(500)))
+        .queue(
+            "work",
+            QueueConfig::default().poll_interval(Duration::from_millis(50)),
+        )
+        .handler("send_mail", flaky)
+        .handler(XSS_KIND, hostile)
+        .handler("ok", ok)
+        .start()
+        .unwrap();
+    let client = scheduler.client();
+    let dead = client
+        .enqueue(
+            NewJob::new("send_mail", json!({"to": "a@example.com"}))
+                .queue("work")
+                .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .id;
+    let xss = client
+        .enqueue(
+            NewJob::new(XSS_KIND, json!({"html": XSS_PAYLOAD}))
+                .queue("work")
+                .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .id;
+    for id in [dead, xss] {
+        assert_eq!(client.wait(id, WAIT).await.unwrap().state, JobState::Dead);
+    }
+    for i in 0..3 {
+        client
+            .enqueue(
+                NewJob::new("report", json!({"i": i}))
+                    .queue("later")
+                    .delay(Duration::from_secs(3600)),
+            )
+            .await
+            .unwrap();
+    }
+    let (base, server) = serve(&client, DashboardConfig::with_token(TOKEN).unwrap());
+    let driver = start_driver();
+    let b = browser(&driver).await;
+
+    // Refused without credentials: every page leads to the login page; a wrong token fails.
+    b.goto(&format!("{base}/jobs")).await.unwrap();
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#token"))
+        .await
+        .unwrap();
+    assert!(b
+        .current_url()
+        .await
+        .unwrap()
+        .path()
+        .ends_with("/ops/login"));
+    shot(&b, backend, "login").await;
+    b.find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys("not-the-token-at-all")
+        .await
+        .unwrap();
+    click(&b, "#login").await;
+    assert_eq!(text(&b, "#login-error").await, "wrong token");
+
+    // Logged in: the overview lists the queues, the chart, the nodes.
+    login(&b, &base).await;
+    let queues = text(&b, "#queues").await;
+    assert!(
+        queues.contains("work") && queues.contains("later"),
+        "{queues}"
+    );
+    b.find(Locator::Css("svg#throughput")).await.unwrap();
+    until_text(&b, "#nodes", |t| t.contains("send_mail")).await;
+    shot(&b, backend, "overview").await;
+
+    // Find the dead job in the dead letters, open it, retry it, watch it succeed live.
+    b.goto(&format!("{base}/dead")).await.unwrap();
+    let groups = text(&b, "#dead-groups").await;
+    assert!(
+        groups.contains("send_mail") && groups.contains("smtp_down"),
+        "{groups}"
+    );
+    shot(&b, backend, "dead-letters").await;
+    click(&b, &format!("#dead-groups a[href='/ops/jobs/{}']", dead.0)).await;
+    assert_eq!(text(&b, "#job-state").await, "dead");
+    shot(&b, backend, "job-dead").await;
+    down.store(false, Ordering::SeqCst);
+    click(&b, "#retry-job").await;
+    assert!(text(&b, "#flash").await.contains("retried"));
+    b.goto(&format!("{base}/jobs/{}", dead.0)).await.unwrap();
+    let first = text(&b, "#job-state").await;
+    assert!(first == "pending" || first == "running", "{first}");
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#live.on"))
+        .await
+        .unwrap();
+    // No reload from here: the page's own polling shows the end.
+    until_text(&b, "#job-state", |t| t == "succeeded").await;
+    assert!(text(&b, "#result").await.contains("\"sent\": true"));
+    shot(&b, backend, "job-succeeded").await;
+
+    // Bulk-cancel by a filter: the preview counts, the confirmation applies.
+    b.goto(&format!("{base}/jobs?queue=later")).await.unwrap();
+    shot(&b, backend, "jobs").await;
+    b.find(Locator::LinkText("Cancel all matching…"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&b, "#bulk-n").await, "3");
+    shot(&b, backend, "bulk-preview").await;
+    click(&b, "#confirm").await;
+    assert!(text(&b, "#flash").await.contains("3 job(s) cancelled"));
+    let left = client
+        .list(jobvisor::ListParams {
+            queue: Some("later".into()),
+            state: Some(JobState::Pending),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+
+    // Pause a queue: claims stop; resume: the job runs.
+    b.goto(&format!("{base}/queues")).await.unwrap();
+    click(&b, "button[data-queue='work']").await;
+    assert!(text(&b, "#flash").await.contains("paused"));
+    let held = client
+        .enqueue(NewJob::new("ok", json!(1)).queue("work"))
+        .await
+        .unwrap()
+        .id;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        client.get(held).await.unwrap().state,
+        JobState::Pending,
+        "a paused queue is not claimed"
+    );
+    b.goto(&format!("{base}/queues")).await.unwrap();
+    assert!(text(&b, "#queue-table").await.contains("paused"));
+    shot(&b, backend, "queues").await;
+    click(&b, "button[data-queue='work']").await;
+    assert_eq!(
+        client.wait(held, WAIT).await.unwrap().state,
+        JobState::Succeeded
+    );
+
+    // The hostile job renders inert: its text is shown, nothing of it runs.
+    b.goto(&format!("{base}/jobs/{}", xss.0)).await.unwrap();
+    assert_eq!(text(&b, "#job-kind").await, XSS_KIND);
+    assert!(text(&b, "#payload")
+        .await
+        .contains("<script>window.__xss='payload'</script>"));
+    assert!(text(&b, "#errors").await.contains(XSS_ERROR));
+    b.goto(&format!("{base}/dead")).await.unwrap();
+    b.goto(&format!("{base}/jobs?state=dead")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ran = b
+        .execute(
+            "return window.__xss === undefined ? null : String(window.__xss);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ran, Value::Null, "hostile markup ran");
+    b.goto(&format!("{base}/jobs/{}", xss.0)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ran = b
+        .execute(
+            "return window.__xss === undefined ? null : String(window.__xss);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ran, Value::Null, "hostile markup ran");
+    shot(&b, backend, "job-hostile").await;
+
+    // Read-only: no actions shown, and a forged POST (with a valid CSRF token) is refused.
+    let (ro_base, ro_server) = serve(
+        &client,
+        DashboardConfig::with_token(TOKEN).unwrap().read_only(true),
+    );
+    login(&b, &ro_base).await;
+    b.goto(&format!("{ro_base}/jobs/{}", xss.0)).await.unwrap();
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#read-only"))
+        .await
+        .unwrap();
+    assert!(
+        b.find(Locator::Css("#retry-job")).await.is_err(),
+        "read-only shows no retry"
+    );
+    assert!(b.find(Locator::Css("#delete-job")).await.is_err());
+    let status = b
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             const csrf = document.querySelector('input[name=csrf]').value;
+             fetch(arguments[0], { method: 'POST', body: new URLSearchParams({ csrf: csrf, version: arguments[1] }) })
+               .then(r => done(r.status));",
+            vec![json!(format!("{ro_base}/jobs/{}/retry", xss.0)), json!(client.get(xss).await.unwrap().version.to_string())],
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, json!(403));
+    assert_eq!(client.get(xss).await.unwrap().state, JobState::Dead);
+    shot(&b, backend, "read-only").await;
+
+    // Nodes and schedules render.
+    b.goto(&format!("{ro_base}/nodes")).await.unwrap();
+    until_text(&b, "#node-table", |t| t.contains("send_mail")).await;
+    shot(&b, backend, "nodes").await;
+
+    b.close().await.unwrap();
+    drop(driver);
+    server.stop(true).await;
+    ro_server.stop(true).await;
+    scheduler.shutdown().await;
+    let _: JobId = dead;
+}
+
+#[actix::test]
+async fn operator_path_on_postgres() {
+    operator_path(Backend::Postgres).await;
+}
+
+#[actix::test]
+async fn operator_path_on_mysql() {
+    operator_path(Backend::Mysql).await;
+}
+
+#[actix::test]
+async fn operator_path_on_sqlite() {
+    operator_path(Backend::Sqlite).await;
+}
