@@ -67,6 +67,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::batch::RenewedRow;
+use super::params::Claimed;
 use super::rows::JobRow;
 use super::{Backend, Enqueued, Finalize, LeaseRef, StoreOptions};
 use crate::error::{Error, Result};
@@ -105,19 +106,6 @@ pub(crate) struct ClaimArgs {
     /// Only these kinds (the claiming node's handlers); `None`: any kind.
     pub(crate) kinds: Option<Vec<String>>,
     pub(crate) now: Option<i64>,
-}
-
-/// What a backend's own controlled claim did ([`Driver::claim_controlled`]).
-#[derive(Debug)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL has one
-pub(crate) enum ControlledFast {
-    /// The queue has no control row: claim the fast way.
-    Uncontrolled,
-    /// Its settings need the portable controlled claim (or the backend has no claim of its
-    /// own); nothing was claimed.
-    Portable,
-    /// Claimed within the pause and the global and per-partition limits (possibly nothing).
-    Claimed(Vec<JobRow>),
 }
 
 /// What a renewal needs (see the module doc).
@@ -294,21 +282,36 @@ impl Driver {
     }
 
     /// A controlled claim in fewer round trips than the portable one
-    /// (`Store::claim_controlled`), for a queue whose row has at most a pause, a global
-    /// limit and a per-partition limit: on PostgreSQL the row lock and one claim statement in
-    /// one round trip with its `BEGIN` and `COMMIT`, so the lock every claim of the queue
-    /// waits for is held through one statement and the commit instead of up to nine
-    /// statements and the commit. Same contract; other backends, and a queue with a rate
-    /// limit, answer [`ControlledFast::Portable`].
-    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
+    /// (`claim/controlled.rs`), for a queue whose row has at most a pause, a global limit and
+    /// a per-partition limit: on PostgreSQL the row lock and one claim statement in one round
+    /// trip with its `BEGIN` and `COMMIT`, so the lock every claim of the queue waits for is
+    /// held through one statement and the commit instead of up to nine statements and the
+    /// commit. Same contract; answers [`Route::Fast`](super::params::Route::Fast) with no jobs when the queue has no
+    /// settings row. `None`: the backend has no claim of its own for these settings (MySQL,
+    /// SQLite: none at all; PostgreSQL: a rate limit) — nothing was claimed, the portable
+    /// claim is to run.
+    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Option<Claimed<JobRow>>> {
         match self {
             #[cfg(feature = "postgres")]
             Driver::Postgres(d) => d.claim_controlled(a).await,
-            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
-            _ => {
-                let _ = a;
-                Ok(ControlledFast::Portable)
-            }
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(_) => Ok(None),
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => Ok(None),
+        }
+    }
+
+    /// Whether the backend's own controlled claim ([`Driver::claim_controlled`]) takes a
+    /// per-partition limit (PostgreSQL); a queue with one otherwise goes straight to the
+    /// portable claim.
+    pub(crate) fn claims_partitions(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(_) => true,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(_) => false,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => false,
         }
     }
 

@@ -52,6 +52,7 @@
 use std::sync::Arc;
 
 mod batch;
+mod claim;
 mod connect;
 pub(crate) mod driver;
 mod effects;
@@ -70,7 +71,6 @@ mod options;
 mod outbox;
 #[cfg(feature = "mysql")]
 mod own_conn;
-mod partitions;
 #[cfg(feature = "postgres")]
 mod postgres;
 // Public types in a crate-private module: the lease holder's part is reachable from outside
@@ -117,7 +117,7 @@ pub use options::{
 };
 pub use outbox::OutboxConnection;
 pub(crate) use params::{
-    ArchiveParams, CancelParams, Claim, ClaimParams, ClaimedJob, EnqueueParams, Finalization,
+    ArchiveParams, CancelParams, ClaimParams, Claimed, ClaimedJob, EnqueueParams, Finalization,
     Finalize, FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams,
     Renewed, RetryParams,
 };
@@ -205,8 +205,8 @@ pub(crate) struct Inner {
     pub(crate) url: String,
     pub(crate) url_redacted: String,
     pub(crate) opts: StoreOptions,
-    /// Which queues have shared settings, as last seen (see `queues`).
-    pub(crate) queue_modes: queues::QueueModes,
+    /// The route each queue's claims take, as last seen (see `claim`).
+    pub(crate) routes: claim::Routes,
 }
 
 impl Inner {
