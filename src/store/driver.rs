@@ -122,6 +122,16 @@ pub(crate) struct RenewArgs<'a> {
     pub(crate) fresh: bool,
 }
 
+// Each backend's enqueue on a caller's connection (the outbox, `outbox.rs`, whose trait is
+// implemented per connection type): the contract of [`Driver::enqueue`], in the caller's
+// transaction.
+#[cfg(feature = "mysql")]
+pub(crate) use super::mysql::enqueue_mysql;
+#[cfg(feature = "postgres")]
+pub(crate) use super::postgres::enqueue_pg;
+#[cfg(feature = "sqlite")]
+pub(crate) use super::sqlite::{enqueue_sqlite, SqliteAsync};
+
 /// A backend this build leaves out.
 fn not_built(backend: Backend) -> Error {
     let feature = match backend {
@@ -253,6 +263,19 @@ impl Driver {
             Driver::Mysql(d) => d.enqueue(batch, now).await,
             #[cfg(feature = "sqlite")]
             Driver::Sqlite(d) => d.enqueue(batch, now).await,
+        }
+    }
+
+    /// Whether the backend inserts with `INSERT … RETURNING` (MariaDB 10.6+, see the `mysql`
+    /// module), which the outbox's enqueue on a caller's connection uses too.
+    pub(crate) fn insert_returning(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(_) => false,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.insert_returning,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => false,
         }
     }
 

@@ -269,7 +269,7 @@ prepared_statement!(
 );
 
 /// Locks a controlled queue's row for a claim (as the portable controlled claim's first step
-/// does, `Store::claim_controlled`), answering what the claim statement after it cannot
+/// does, `claim/controlled.rs`), answering what the claim statement after it cannot
 /// decide: whether the row exists, and whether it has a setting only the portable claim
 /// handles (a rate limit).
 pub(crate) const LOCK_QUEUE_PG: &str = "\
