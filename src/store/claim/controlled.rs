@@ -42,7 +42,7 @@ use super::super::rows::{dur_us, JobRow};
 use super::super::Store;
 use super::partitions::{self, Candidate, PartitionScan, Pick, Ranking, Rooms, Walk};
 use super::route::Routes;
-use super::steps::{ClaimSteps, Keyless, Kinds};
+use super::steps::{ClaimSteps, Keyless, Kinds, WindowRow};
 use crate::error::Result;
 use crate::job::JobState;
 
@@ -174,7 +174,7 @@ async fn rate_window<C: ClaimSteps>(
 /// The arithmetic of [`rate_window`] over the rows it read (`(clock, claimed_at, jobs)`),
 /// for a window of `per` µs taking `jobs`.
 fn in_window(
-    found: &[(i64, Option<i64>, Option<i32>)],
+    found: &[WindowRow],
     locked_at: i64,
     per: i64,
     jobs: u32,

@@ -39,6 +39,10 @@ impl Kinds {
     }
 }
 
+/// A row of the rate window as read: `(clock, claimed_at, jobs)` (see
+/// [`ClaimSteps::read_rate_window`]).
+pub(crate) type WindowRow = (i64, Option<i64>, Option<i32>);
+
 /// A job as a keyless candidate: `(id, priority, run_at)`.
 pub(crate) type Keyless = (i64, i32, i64);
 
@@ -67,7 +71,7 @@ pub(crate) trait ClaimSteps: Send {
         &mut self,
         queue: &str,
         bound: Option<i64>,
-    ) -> impl Future<Output = QueryResult<Vec<(i64, Option<i64>, Option<i32>)>>> + Send;
+    ) -> impl Future<Output = QueryResult<Vec<WindowRow>>> + Send;
 
     /// Deletes the queue's recorded claims at or before `upto` (out of the window).
     fn forget_claims(
@@ -182,7 +186,7 @@ macro_rules! claim_steps {
                 &mut self,
                 queue: &str,
                 bound: Option<i64>,
-            ) -> QueryResult<Vec<(i64, Option<i64>, Option<i32>)>> {
+            ) -> QueryResult<Vec<WindowRow>> {
                 queues::table
                     .filter(queues::name.eq(queue))
                     .left_join(claims_log::table.on(claims_log::queue.eq(queues::name)))
