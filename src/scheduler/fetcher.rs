@@ -295,7 +295,7 @@ impl Handler<FetchNow> for Fetcher {
         let metrics = self.metrics.clone();
         let fut = async move {
             let t0 = Instant::now();
-            let res = shared.store.job_claim_waiting(params).await;
+            let res = shared.store.claim(params).await;
             let took = t0.elapsed();
             tracing::trace!(limit, took_us = took.as_micros() as u64, "claim");
             if let Ok(claim) = &res {
@@ -305,12 +305,11 @@ impl Handler<FetchNow> for Fetcher {
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
             move |res, act, ctx| match res {
-                Ok(crate::store::Claim {
-                    jobs,
-                    wait,
-                    controlled,
-                    rated,
-                }) => {
+                Ok(claimed) => {
+                    let controlled = claimed.controlled();
+                    let crate::store::Claimed {
+                        jobs, wait, rated, ..
+                    } = claimed;
                     let n = jobs.len();
                     act.rated = rated.is_some();
                     // The queue's rate limit holds claims back: try again when the window

@@ -94,7 +94,7 @@ impl Store {
                 url: url.to_string(),
                 url_redacted: redact_url(url),
                 opts,
-                queue_modes: super::queues::QueueModes::default(),
+                routes: super::claim::Routes::default(),
             }),
         };
         if store.inner.opts.migrate {

@@ -69,6 +69,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::batch::RenewedRow;
+use super::params::Claimed;
 use super::rows::JobRow;
 use super::{Backend, Enqueued, Finalize, LeaseRef, StoreOptions};
 use crate::error::{Error, Result};
@@ -109,19 +110,6 @@ pub(crate) struct ClaimArgs {
     pub(crate) now: Option<i64>,
 }
 
-/// What a backend's own controlled claim did ([`Driver::claim_controlled`]).
-#[derive(Debug)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL has one
-pub(crate) enum ControlledFast {
-    /// The queue has no control row: claim the fast way.
-    Uncontrolled,
-    /// Its settings need the portable controlled claim (or the backend has no claim of its
-    /// own); nothing was claimed.
-    Portable,
-    /// Claimed within the pause and the global and per-partition limits (possibly nothing).
-    Claimed(Vec<JobRow>),
-}
-
 /// What a renewal needs (see the module doc).
 #[derive(Debug)]
 pub(crate) struct RenewArgs<'a> {
@@ -135,6 +123,16 @@ pub(crate) struct RenewArgs<'a> {
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fresh: bool,
 }
+
+// Each backend's enqueue on a caller's connection (the outbox, `outbox.rs`, whose trait is
+// implemented per connection type): the contract of [`Driver::enqueue`], in the caller's
+// transaction.
+#[cfg(feature = "mysql")]
+pub(crate) use super::mysql::enqueue_mysql;
+#[cfg(feature = "postgres")]
+pub(crate) use super::postgres::enqueue_pg;
+#[cfg(feature = "sqlite")]
+pub(crate) use super::sqlite::{enqueue_sqlite, SqliteAsync};
 
 /// A backend this build leaves out.
 fn not_built(backend: Backend) -> Error {
@@ -270,6 +268,19 @@ impl Driver {
         }
     }
 
+    /// Whether the backend inserts with `INSERT … RETURNING` (MariaDB 10.6+, see the `mysql`
+    /// module), which the outbox's enqueue on a caller's connection uses too.
+    pub(crate) fn insert_returning(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(_) => false,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(d) => d.insert_returning,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => false,
+        }
+    }
+
     /// Claims due jobs (see the module doc).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
         match self {
@@ -296,21 +307,36 @@ impl Driver {
     }
 
     /// A controlled claim in fewer round trips than the portable one
-    /// (`Store::claim_controlled`), for a queue whose row has at most a pause, a global
-    /// limit and a per-partition limit: on PostgreSQL the row lock and one claim statement in
-    /// one round trip with its `BEGIN` and `COMMIT`, so the lock every claim of the queue
-    /// waits for is held through one statement and the commit instead of up to nine
-    /// statements and the commit. Same contract; other backends, and a queue with a rate
-    /// limit, answer [`ControlledFast::Portable`].
-    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
+    /// (`claim/controlled.rs`), for a queue whose row has at most a pause, a global limit and
+    /// a per-partition limit: on PostgreSQL the row lock and one claim statement in one round
+    /// trip with its `BEGIN` and `COMMIT`, so the lock every claim of the queue waits for is
+    /// held through one statement and the commit instead of up to nine statements and the
+    /// commit. Same contract; answers [`Route::Fast`](super::params::Route::Fast) with no jobs when the queue has no
+    /// settings row. `None`: the backend has no claim of its own for these settings (MySQL,
+    /// SQLite: none at all; PostgreSQL: a rate limit) — nothing was claimed, the portable
+    /// claim is to run.
+    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Option<Claimed<JobRow>>> {
         match self {
             #[cfg(feature = "postgres")]
             Driver::Postgres(d) => d.claim_controlled(a).await,
-            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
-            _ => {
-                let _ = a;
-                Ok(ControlledFast::Portable)
-            }
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(_) => Ok(None),
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => Ok(None),
+        }
+    }
+
+    /// Whether the backend's own controlled claim ([`Driver::claim_controlled`]) takes a
+    /// per-partition limit (PostgreSQL); a queue with one otherwise goes straight to the
+    /// portable claim.
+    pub(crate) fn claims_partitions(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(_) => true,
+            #[cfg(feature = "mysql")]
+            Driver::Mysql(_) => false,
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(_) => false,
         }
     }
 

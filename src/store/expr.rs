@@ -16,6 +16,7 @@
 //! * [`InList`]: `column IN (?, …)` whose text takes one of a few shapes, so it stays cached
 //!   (diesel's `eq_any` is never cached: on MySQL every use cost a prepare round trip).
 //! * [`StateIn`], [`SkipLocked`], [`ForUpdate`], `prepared_statement!`, `job_columns!`.
+//! * [`ScanSql`]: how the partition scan of a controlled claim reads (`claim/partitions.rs`).
 //!
 //! All render static SQL for a given backend and type, so prepared statements stay cached.
 //! Each dialect's rendering (its "now", JSON append, row-value comparison, `SKIP LOCKED`)
@@ -69,6 +70,30 @@ pub(crate) trait ClockSql: Backend {
     /// The clock when the statement runs: later than every lock the transaction waited for
     /// in earlier statements.
     const CLOCK_US: &'static str;
+}
+
+/// How a backend's partition scan reads (`claim/partitions.rs`), per backend like its
+/// clock: each backend's `sql.rs` gives its text and the reasons for it.
+pub(crate) trait PartitionScanSql: Backend {
+    /// This backend's way.
+    const SCAN: ScanSql;
+}
+
+/// How a partition scan reads (see [`PartitionScanSql`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScanSql {
+    /// The table, aliased `j`, with an index hint where the backend needs one.
+    pub(crate) table: &'static str,
+    /// "Waiting", once per scan: the states in one condition, or each on its own (one scan
+    /// per entry).
+    pub(crate) states: &'static [&'static str],
+    /// Whether to leave out the partitions at their limit in the statement (`partition_key
+    /// NOT IN (…)`), or only skip their rows as they are read.
+    pub(crate) skip_full: bool,
+    /// Whether the index read also holds the keyless jobs (`partition_key IS NULL`, in claim
+    /// order); elsewhere keyless jobs past the head are looked for only in the
+    /// `KEYLESS_PAST_HEAD` due jobs after it.
+    pub(crate) keyless_indexed: bool,
 }
 
 /// The database's clock as the statement runs, in epoch microseconds: the bound test-clock

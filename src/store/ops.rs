@@ -1,7 +1,7 @@
-//! The hot path as the engine sees it — enqueue, claim, renew, finalize — written once for
+//! The hot path as the engine sees it — enqueue, renew, finalize — written once for
 //! every backend: validation, bounds, retries of transient failures, and matching each
 //! backend's raw answer to the caller's items. The statements themselves are the driver's
-//! (see `driver.rs` for each one's contract).
+//! (see `driver.rs` for each one's contract). The claim has its own home: `claim/`.
 //!
 //! Every write by a lease holder is guarded in SQL by `(id, lease_token)` and `state =
 //! 'running'`; rows that do not match are reported [`Guarded::LeaseLost`].
@@ -9,17 +9,12 @@
 use std::collections::{HashMap, HashSet};
 
 use super::batch::bound;
-use super::driver::{ClaimArgs, RenewArgs};
-use super::params::Claim;
-use super::rows::{dur_us, from_us, JobRow};
+use super::driver::RenewArgs;
+use super::rows::{dur_us, from_us};
 use super::timeout::{enqueue_bound, Op};
-use super::{
-    ClaimParams, ClaimedJob, EnqueueParams, Enqueued, FinalizeParams, Guarded, RenewParams,
-    Renewed, Store,
-};
+use super::{EnqueueParams, Enqueued, FinalizeParams, Guarded, RenewParams, Renewed, Store};
 use crate::error::{Error, Result, StoreError};
-use crate::job::{JobFailure, JobId, JobState, NewJob};
-use crate::lease::LeaseToken;
+use crate::job::{JobId, JobState, NewJob};
 
 /// Tries a write up to 5 times while it fails transiently (deadlock between concurrent
 /// inserters of one unique key, SQLite busy).
@@ -144,116 +139,6 @@ impl Store {
             })?;
         }
         Ok(bytes)
-    }
-
-    /// Claims up to `limit` due jobs of a queue, in (priority, run_at, id) order, each with a
-    /// new lease (one fresh token for this claim), attempts + 1 and version + 1.
-    ///
-    /// # Errors
-    /// [`Error::Database`]; [`Error::Corrupt`] if a claimed row cannot be read (the claim
-    /// itself stands, and the sweeper reclaims it when its lease expires).
-    #[cfg_attr(not(feature = "test-util"), allow(dead_code))] // tests: crate::testing
-    pub(crate) async fn job_claim(&self, p: ClaimParams) -> Result<Vec<ClaimedJob>> {
-        Ok(self.job_claim_waiting(p).await?.jobs)
-    }
-
-    /// [`job_claim`](Store::job_claim), with what the fetcher needs besides the jobs: how
-    /// long the queue's rate limit holds claims back when it took nothing for that reason
-    /// (the fetcher sleeps that long), and whether the queue's settings controlled the claim.
-    pub(crate) async fn job_claim_waiting(&self, p: ClaimParams) -> Result<Claim> {
-        self.bounded(Op::Claim, self.claim_unbounded(p)).await
-    }
-
-    async fn claim_unbounded(&self, p: ClaimParams) -> Result<Claim> {
-        if p.limit == 0 {
-            return Ok(Claim {
-                jobs: Vec::new(),
-                wait: None,
-                controlled: false,
-                rated: None,
-            });
-        }
-        let token = LeaseToken::generate();
-        let args = ClaimArgs {
-            queue: p.queue.clone(),
-            owner: p.owner.as_str().to_string(),
-            token: token.as_str().to_string(),
-            lease_us: dur_us(p.lease),
-            limit: i64::from(p.limit),
-            kinds: p.kinds.clone(),
-            now: bound(p.now),
-        };
-        // Shared queue settings (see `queues`): the fast claim refuses a queue that has
-        // any, so an empty answer may mean "controlled now".
-        let modes = &self.inner.queue_modes;
-        let (mut wait, mut rated) = (None, None);
-        let mut rows: Vec<JobRow> = Vec::new();
-        let mut controlled = modes.is_controlled(&p.queue);
-        if !controlled {
-            rows = self.inner.driver.claim(&args).await?;
-            // An empty claim may mean "controlled now" — unless the node's queue watch read
-            // the settings without a row since (it wakes the fetcher when one appears).
-            if rows.is_empty()
-                && !modes.read_uncontrolled(&p.queue)
-                && self.queue_has_row(&p.queue).await?
-            {
-                modes.set(&p.queue, true);
-                controlled = true;
-            }
-        }
-        if controlled {
-            let got = self.claim_controlled(&args).await?;
-            if got.uncontrolled {
-                modes.set(&p.queue, false);
-                controlled = false;
-                rows = self.inner.driver.claim(&args).await?;
-            } else {
-                rows = got.rows;
-                wait = got.wait;
-                rated = got.rated;
-            }
-        }
-        let mut claimed = Vec::with_capacity(rows.len());
-        let mut corrupt = Vec::new();
-        for r in rows {
-            let (id, attempts) = (r.id, r.attempts);
-            match r.into_job(None) {
-                Ok(job) => claimed.push(ClaimedJob {
-                    job,
-                    token: token.clone(),
-                }),
-                // A row jobvisor cannot read (written by something else): it can never run, so
-                // it is dead at once, with the reason; the rest of the batch goes on.
-                Err(e) => corrupt.push(crate::store::Finalize::dead(
-                    JobId(id),
-                    token.clone(),
-                    JobFailure::new(
-                        "corrupt",
-                        format!("the stored job cannot be read: {e}"),
-                        u32::try_from(attempts).unwrap_or(0),
-                    ),
-                )),
-            }
-        }
-        if !corrupt.is_empty() {
-            tracing::error!(
-                jobs = corrupt.len(),
-                "claimed unreadable jobs; marking them dead"
-            );
-            self.job_finalize_many(FinalizeParams {
-                items: corrupt,
-                now: p.now,
-            })
-            .await?;
-        }
-        // RETURNING order is unspecified: restore the claim order.
-        claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
-        Ok(Claim {
-            jobs: claimed,
-            wait,
-            controlled,
-            rated,
-        })
     }
 
     /// Renews many leases in one statement; each comes back applied (with its new expiry and

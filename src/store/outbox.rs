@@ -13,11 +13,11 @@ use diesel_async::AsyncPgConnection;
 
 use super::batch::bound;
 #[cfg(feature = "mysql")]
-use super::mysql::enqueue_mysql;
+use super::driver::enqueue_mysql;
 #[cfg(feature = "postgres")]
-use super::postgres::enqueue_pg;
+use super::driver::enqueue_pg;
 #[cfg(feature = "sqlite")]
-use super::sqlite::{enqueue_sqlite, SqliteAsync};
+use super::driver::{enqueue_sqlite, SqliteAsync};
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::SqliteConnection;
 #[cfg(feature = "sqlite")]
@@ -182,12 +182,7 @@ pooled_outbox!("sqlite", UserSqliteConn);
 impl Store {
     /// MariaDB 10.6+: `INSERT … RETURNING` (see the `mysql` module).
     pub(super) fn insert_returning(&self) -> bool {
-        match &self.inner.driver {
-            #[cfg(feature = "mysql")]
-            super::driver::Driver::Mysql(d) => d.insert_returning,
-            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
-            _ => false,
-        }
+        self.inner.driver.insert_returning()
     }
 
     /// Enqueues jobs on the caller's connection, inside whatever transaction it has open:

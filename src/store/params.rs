@@ -107,22 +107,61 @@ pub struct ClaimedJob {
     pub token: LeaseToken,
 }
 
-/// A claim's answer, for the fetcher ([`Store::job_claim_waiting`](crate::Store)).
+/// The route a queue's claims take (see `store/claim/`): the backend's one-statement claim,
+/// or a controlled claim that locks the queue's settings row first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Route {
+    /// The queue has no settings row: one statement, which also refuses a queue that has one.
+    #[default]
+    Fast,
+    /// The queue has a settings row (a pause or a limit): its lock, its settings, its counts.
+    Controlled,
+}
+
+/// What a claim took, by either route: the jobs (`J`: the rows as the backends return them,
+/// or [`ClaimedJob`] as the fetcher receives them) and what the fetcher needs besides.
 #[derive(Debug)]
-pub(crate) struct Claim {
-    /// The jobs claimed, in claim order.
-    pub(crate) jobs: Vec<ClaimedJob>,
+pub(crate) struct Claimed<J = ClaimedJob> {
+    /// The jobs claimed; [`ClaimedJob`]s in claim order.
+    pub(crate) jobs: Vec<J>,
+    /// The route that answered. A controlled claim answers [`Route::Fast`], with no jobs,
+    /// when it found no settings row (any more): the queue is then claimed the fast way.
+    /// [`Route::Controlled`]: fewer jobs than asked may mean a limit held them back, not
+    /// that none were due.
+    pub(crate) route: Route,
     /// How long the queue's rate limit holds claims back, when it took nothing for that
     /// reason.
     pub(crate) wait: Option<std::time::Duration>,
-    /// The queue has shared settings (a pause or a limit), so the claim was a controlled
-    /// one: fewer jobs than asked may mean a limit held them back, not that none were due.
-    pub(crate) controlled: bool,
     /// The jobs were counted in the queue's rate window at a time the database read after
     /// the claim had been running this long: each must start within
     /// [`RATE_START_MARGIN`](crate::RATE_START_MARGIN) of the claim's send time plus this,
     /// or go back unstarted.
     pub(crate) rated: Option<std::time::Duration>,
+}
+
+impl<J> Claimed<J> {
+    /// Nothing claimed, by `route`.
+    pub(crate) fn none(route: Route) -> Self {
+        Claimed {
+            jobs: Vec::new(),
+            route,
+            wait: None,
+            rated: None,
+        }
+    }
+
+    /// `jobs`, claimed by `route`.
+    pub(crate) fn of(route: Route, jobs: Vec<J>) -> Self {
+        Claimed {
+            jobs,
+            ..Claimed::none(route)
+        }
+    }
+
+    /// Whether the queue's settings controlled the claim.
+    pub(crate) fn controlled(&self) -> bool {
+        self.route == Route::Controlled
+    }
 }
 
 /// One lease to renew.

@@ -1,60 +1,26 @@
 //! Queue control (`jobvisor_queues`): pause, global concurrency, per-partition concurrency
 //! and rate limits, shared by every node and enforced by the claim itself.
 //!
-//! # How a claim obeys them
-//! A queue with no row is *uncontrolled*: its claims are the one-statement claims of each
-//! backend, which also refuse any queue that has a row (`NOT EXISTS` in the statement), so a
-//! setting committed anywhere stops uncontrolled claims of its queue at once — whatever a
-//! node believes. A node remembers which queues have a row ([`QueueModes`]): one whose
-//! uncontrolled claim came back empty looks, and one whose controlled claim found no row
-//! goes back to the fast path.
-//!
-//! A *controlled* claim is one transaction: it locks the queue's row until commit and reads
-//! its settings in one statement (`SELECT … FOR UPDATE`, a locking read of the latest
-//! committed row; PostgreSQL's own claim takes the lock with an `UPDATE` of the `claims`
-//! counter, see its `sql.rs`; on SQLite `BEGIN IMMEDIATE` already makes it the only
-//! writer), then — in statements that start
-//! after the lock was taken, so under READ COMMITTED they see every claim committed before —
-//! counts what it must: the queue's `running` jobs, per partition those of the candidates'
-//! partitions, and the jobs claimed inside the rate window. Claims are the only way a job
-//! becomes `running`, and every controlled claim of the queue waits for the lock, so nothing
-//! can add to those counts between the count and the commit: the claim takes at most what
-//! is free, exactly. Finalizations running concurrently only lower the counts (a claim may
-//! then take fewer than it could have; never more).
-//!
-//! Rate limit: a sliding window, of **starts**. Each controlled claim of a rate-limited
-//! queue records `(queue, claimed_at, jobs)` in `jobvisor_queue_claims`; a claim at `now`
-//! takes at most `rate_limit − Σ jobs claimed in (now − period − margin, now]`, with
-//! `margin` = [`RATE_START_MARGIN`], so any `rate_limit + 1` claimed jobs span at least
-//! `period + margin` of the database's clock. The node starts each of them before its
-//! claim's send time plus the margin, or gives it back unstarted (`Claim::rated` tells it
-//! to), and never before the claim (it has the answer only after): so any `rate_limit + 1`
-//! starts span at least `period`, and no window of `period` holds more than `rate_limit`
-//! handler starts (ARCHITECTURE.md §7.5). A claim that finds the window full reports when
-//! its oldest entry leaves it, and the fetcher sleeps until then (no polling in between).
+//! The settings are read, and obeyed, by the claim: `store/claim/` (how a controlled claim
+//! counts under the queue row's lock, the rate window of starts).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::dsl::count_star;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::driver::{with_conn, with_signal_conn, with_tx, ClaimArgs, ControlledFast};
-use super::expr::{in_list, ClaimableIn, DbClock, DbNow, ForUpdate};
-use super::partitions::{
-    self, Candidate, HeadJob, PartitionScan, Pick, Ranking, Rooms, ScanRow, Walk,
-};
-use super::rows::{dur_us, from_us, JobRow};
+use super::driver::{with_conn, with_signal_conn, with_tx};
+use super::expr::DbNow;
+use super::rows::{dur_us, from_us};
 use super::schema::{
     jobvisor_jobs as jobs, jobvisor_nodes as nodes, jobvisor_queue_claims as claims_log,
     jobvisor_queues as queues,
 };
 use super::Store;
 use crate::error::{Error, Result};
-use crate::job::{check_name, JobState, MAX_QUEUE_LEN};
+use crate::job::{check_name, MAX_QUEUE_LEN};
 
 /// Longest rate window, **1 day**.
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(24 * 3600);
@@ -224,17 +190,19 @@ impl QueueInfo {
     }
 }
 
+/// A queue's settings row (`jobvisor_queues`), as the claim and the settings' operations
+/// read it.
 #[derive(Queryable, Selectable, Debug, Clone)]
 #[diesel(table_name = queues)]
-struct QueueRow {
-    name: String,
-    paused_at: Option<i64>,
-    paused_by: Option<String>,
-    concurrency_limit: Option<i32>,
-    partition_limit: Option<i32>,
-    rate_limit: Option<i32>,
-    rate_period_us: Option<i64>,
-    updated_at: i64,
+pub(crate) struct QueueRow {
+    pub(crate) name: String,
+    pub(crate) paused_at: Option<i64>,
+    pub(crate) paused_by: Option<String>,
+    pub(crate) concurrency_limit: Option<i32>,
+    pub(crate) partition_limit: Option<i32>,
+    pub(crate) rate_limit: Option<i32>,
+    pub(crate) rate_period_us: Option<i64>,
+    pub(crate) updated_at: i64,
 }
 
 fn to_u32(v: Option<i32>) -> Option<u32> {
@@ -242,7 +210,8 @@ fn to_u32(v: Option<i32>) -> Option<u32> {
 }
 
 impl QueueRow {
-    fn rate(&self) -> Option<RateLimit> {
+    /// The rate limit, if the row has one.
+    pub(crate) fn rate(&self) -> Option<RateLimit> {
         match (to_u32(self.rate_limit), self.rate_period_us) {
             (Some(jobs), Some(us)) => Some(RateLimit {
                 jobs,
@@ -268,96 +237,6 @@ impl QueueRow {
     }
 }
 
-/// Which queues this store has seen to have a control row (see the module doc), and which
-/// of those a partition or rate limit sends to the portable controlled claim (so a backend's
-/// shorter claim is not tried first each time). A stale answer costs at most one empty claim
-/// or one rolled-back lock: each claim checks the row itself.
-///
-/// The third set holds the queues a node's queue watch last read without a row
-/// ([`QueueModes::note_read`]): an empty fast claim of one of them needs no look-up of the
-/// row, since the watch re-reads the settings after any change (the change signal, or a
-/// notification and its 1 s re-read) and wakes the queue's fetcher when a row appears. An
-/// idle node's poll so costs one claim, not a claim and a look-up.
-#[derive(Debug, Default)]
-pub(crate) struct QueueModes(
-    Mutex<HashMap<String, bool>>,
-    Mutex<HashSet<String>>,
-    Mutex<HashSet<String>>,
-);
-
-impl QueueModes {
-    pub(crate) fn is_portable(&self, queue: &str) -> bool {
-        self.1.lock().map(|s| s.contains(queue)).unwrap_or(false)
-    }
-
-    pub(crate) fn set_portable(&self, queue: &str, portable: bool) {
-        if let Ok(mut s) = self.1.lock() {
-            if portable {
-                s.insert(queue.to_string());
-            } else {
-                s.remove(queue);
-            }
-        }
-    }
-
-    pub(crate) fn is_controlled(&self, queue: &str) -> bool {
-        self.0
-            .lock()
-            .map(|m| m.get(queue).copied().unwrap_or(false))
-            .unwrap_or(false)
-    }
-
-    pub(crate) fn set(&self, queue: &str, controlled: bool) {
-        if let Ok(mut m) = self.0.lock() {
-            m.insert(queue.to_string(), controlled);
-        }
-        if controlled {
-            if let Ok(mut r) = self.2.lock() {
-                r.remove(queue);
-            }
-        }
-    }
-
-    /// A read of every queue's settings showed `queue` with a row (`controlled`) or without.
-    pub(crate) fn note_read(&self, queue: &str, controlled: bool) {
-        self.set(queue, controlled);
-        if let Ok(mut r) = self.2.lock() {
-            if controlled {
-                r.remove(queue);
-            } else {
-                r.insert(queue.to_string());
-            }
-        }
-    }
-
-    /// Whether the last read of the settings showed `queue` without a row (and no claim has
-    /// found one since).
-    pub(crate) fn read_uncontrolled(&self, queue: &str) -> bool {
-        self.2.lock().map(|r| r.contains(queue)).unwrap_or(false)
-    }
-
-    /// Forgets what reads showed (the watch could not read: claims look the row up again).
-    pub(crate) fn forget_reads(&self) {
-        if let Ok(mut r) = self.2.lock() {
-            r.clear();
-        }
-    }
-}
-
-/// What a controlled claim took, and when to try again if a limit held it back.
-#[derive(Debug, Default)]
-pub(crate) struct ControlledClaim {
-    /// The queue has no row (any more): claim the fast way.
-    pub(crate) uncontrolled: bool,
-    pub(crate) rows: Vec<JobRow>,
-    /// The rate window is full until this much later.
-    pub(crate) wait: Option<Duration>,
-    /// The rows were counted in the queue's rate window, at a time the database read
-    /// after the claim had been running this long (so after the node sent it): each must
-    /// start within [`RATE_START_MARGIN`] of that.
-    pub(crate) rated: Option<Duration>,
-}
-
 /// What [`Store::change_signal`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct ChangeSignal {
@@ -367,9 +246,6 @@ pub(crate) struct ChangeSignal {
     /// limits moves one of them.
     pub(crate) settings: (i64, i64),
 }
-
-/// The `(partition, running)` pairs of a queue.
-type PartitionCount = (Option<String>, i64);
 
 impl Store {
     /// Every queue with shared settings, by name.
@@ -519,7 +395,7 @@ impl Store {
             }
             Ok::<_, diesel::result::Error>(Some(row))
         })?;
-        self.inner.queue_modes.set(name, row.is_some());
+        self.settings_changed(name, row.is_some());
         Ok(row.map(QueueRow::into_info))
     }
 
@@ -593,25 +469,6 @@ impl Store {
         Ok(known)
     }
 
-    /// What a node's queue watch read of every queue's settings (`list`), for the queues
-    /// it serves: an empty fast claim of a queue listed without a row then skips the
-    /// look-up of [`Store::queue_has_row`] (see [`QueueModes`]).
-    pub(crate) fn note_settings<'a>(
-        &self,
-        served: impl Iterator<Item = &'a String>,
-        list: &[QueueInfo],
-    ) {
-        for q in served {
-            let controlled = list.iter().any(|i| &i.name == q);
-            self.inner.queue_modes.note_read(q, controlled);
-        }
-    }
-
-    /// The watch could not read the settings: claims look rows up again until it can.
-    pub(crate) fn forget_settings(&self) {
-        self.inner.queue_modes.forget_reads();
-    }
-
     /// Whether the queue has a control row now (read by a node whose fast claim came back
     /// empty).
     pub(crate) async fn queue_has_row(&self, queue: &str) -> Result<bool> {
@@ -624,318 +481,5 @@ impl Store {
                 .await?
         });
         Ok(n > 0)
-    }
-
-    /// The controlled claim (see the module doc).
-    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledClaim> {
-        let modes = &self.inner.queue_modes;
-        let fast = if modes.is_portable(&a.queue) {
-            ControlledFast::Portable
-        } else {
-            self.inner.driver.claim_controlled(a).await?
-        };
-        match fast {
-            ControlledFast::Uncontrolled => {
-                return Ok(ControlledClaim {
-                    uncontrolled: true,
-                    ..ControlledClaim::default()
-                })
-            }
-            ControlledFast::Claimed(rows) => {
-                return Ok(ControlledClaim {
-                    rows,
-                    ..ControlledClaim::default()
-                })
-            }
-            ControlledFast::Portable => {}
-        }
-        let any_kind = a.kinds.is_none();
-        let kinds = a.kinds.clone().unwrap_or_default();
-        let q = a.queue.clone();
-        let began = std::time::Instant::now();
-        let out: ControlledClaim = with_tx!(self, |c| {
-            // The row's lock, its settings and the database's "now", in one statement.
-            let found: Vec<(QueueRow, i64)> = ForUpdate(
-                queues::table
-                    .filter(queues::name.eq(&q))
-                    .select((QueueRow::as_select(), DbNow::new(a.now))),
-            )
-            .load(c)
-            .await?;
-            let Some((row, mut now)) = found.into_iter().next() else {
-                return Ok(ControlledClaim {
-                    uncontrolled: true,
-                    ..ControlledClaim::default()
-                });
-            };
-            // PostgreSQL's own controlled claim takes every setting but a rate limit; the
-            // other backends have none.
-            let own = self.inner.driver.backend() == crate::Backend::Postgres;
-            modes.set_portable(
-                &q,
-                row.rate_limit.is_some() || (!own && row.partition_limit.is_some()),
-            );
-            if row.paused_at.is_some() {
-                return Ok(ControlledClaim::default());
-            }
-            let mut budget = a.limit;
-            if let Some(limit) = row.concurrency_limit {
-                let running: i64 = jobs::table
-                    .filter(jobs::queue.eq(&q))
-                    .filter(jobs::state.eq(JobState::Running.as_str()))
-                    .filter(jobs::lease_expires_at.is_not_null())
-                    .count()
-                    .get_result(c)
-                    .await?;
-                budget = budget.min(i64::from(limit) - running);
-            }
-            let mut wait = None;
-            let mut rated = None;
-            let rate = row.rate();
-            if let Some(r) = rate {
-                let per = dur_us(r.per) + dur_us(RATE_START_MARGIN);
-                // The window's records with the clock read now that the row is locked: the
-                // time this claim records. The first statement's "now" may be much earlier —
-                // PostgreSQL's is the transaction's start, MySQL's the statement's, before the
-                // lock wait — and a claim recorded earlier than it commits would let the
-                // claims just after a window's end crowd into it in real time. Sent now:
-                // the time it reads is later than this instant, whatever the lock waited.
-                rated = Some(began.elapsed());
-                let found: Vec<(i64, Option<i64>, Option<i32>)> = queues::table
-                    .filter(queues::name.eq(&q))
-                    .left_join(claims_log::table.on(claims_log::queue.eq(queues::name)))
-                    .select((
-                        DbClock { bound: a.now },
-                        claims_log::claimed_at.nullable(),
-                        claims_log::jobs.nullable(),
-                    ))
-                    .load(c)
-                    .await?;
-                let window: Vec<(i64, i32)> = found
-                    .iter()
-                    .filter_map(|(_, t, n)| Some(((*t)?, (*n)?)))
-                    .collect();
-                // Claims of the queue are serialized by its row lock; their times must be
-                // too, should the clock step back: never earlier than the latest recorded
-                // claim.
-                now = found
-                    .iter()
-                    .map(|(clock, _, _)| *clock)
-                    .chain(window.iter().map(|(t, _)| *t))
-                    .fold(now, i64::max);
-                if window.iter().any(|(t, _)| *t <= now - per) {
-                    diesel::delete(
-                        claims_log::table
-                            .filter(claims_log::queue.eq(&q))
-                            .filter(claims_log::claimed_at.le(now - per)),
-                    )
-                    .execute(c)
-                    .await?;
-                }
-                let since = now - per;
-                let inside = window.iter().filter(|(t, _)| *t > since);
-                let taken: i64 = inside.clone().map(|(_, n)| i64::from(*n)).sum();
-                let oldest = inside.map(|(t, _)| *t).min();
-                let left = i64::from(r.jobs) - taken;
-                if left <= 0 {
-                    if let Some(oldest) = oldest {
-                        let us = (oldest + per - now).max(1);
-                        wait = Some(Duration::from_micros(u64::try_from(us).unwrap_or(1)));
-                    }
-                }
-                budget = budget.min(left);
-            }
-            if budget <= 0 {
-                return Ok(ControlledClaim {
-                    wait,
-                    rated,
-                    ..ControlledClaim::default()
-                });
-            }
-            let kind_ok = any_kind
-                .into_sql::<diesel::sql_types::Bool>()
-                .or(in_list(jobs::kind, kinds.clone()));
-            let ids: Vec<i64> = if let Some(per) = row.partition_limit {
-                let per = i64::from(per);
-                // The running jobs per partition (few: they hold leases), then a bounded head
-                // of the queue ranked within its partitions, and past it, for a burst, a walk
-                // of the partitions (see `partitions`): a backlog of full partitions never
-                // hides the others' due jobs, and costs a claim one read of its first rows.
-                let running: Vec<PartitionCount> = jobs::table
-                    .filter(jobs::queue.eq(&q))
-                    .filter(jobs::state.eq(JobState::Running.as_str()))
-                    .filter(jobs::lease_expires_at.is_not_null())
-                    .filter(jobs::partition_key.is_not_null())
-                    .group_by(jobs::partition_key)
-                    .select((jobs::partition_key, count_star()))
-                    .load(c)
-                    .await?;
-                let rooms = Rooms::new(per, running.into_iter().filter_map(|(p, n)| Some((p?, n))));
-                let head_len = partitions::head_len(budget);
-                let head: Vec<HeadJob> = jobs::table
-                    .filter(ClaimableIn(q.clone()))
-                    .filter(kind_ok.clone())
-                    .filter(jobs::run_at.le(now))
-                    .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
-                    .limit(head_len)
-                    .select((jobs::id, jobs::partition_key, jobs::priority, jobs::run_at))
-                    .load::<(i64, Option<String>, i32, i64)>(c)
-                    .await?
-                    .into_iter()
-                    .map(|(id, partition, priority, run_at)| HeadJob {
-                        id,
-                        partition,
-                        priority,
-                        run_at,
-                    })
-                    .collect();
-                let ranking = Ranking::new(&head, head_len, &rooms);
-                let mut candidates = ranking.picked.clone();
-                if ranking.needs_walk(budget) && (any_kind || !kinds.is_empty()) {
-                    let sql = partitions::scan_sql(self.inner.driver.backend());
-                    let skip = if sql.skip_full {
-                        rooms.full()
-                    } else {
-                        Vec::new()
-                    };
-                    for state in sql.states {
-                        let mut walk = Walk::new(&rooms, budget);
-                        while let Some((from, n)) = walk.read() {
-                            let rows: Vec<ScanRow> = PartitionScan {
-                                queue: &q,
-                                sql,
-                                state,
-                                skip: &skip,
-                                from,
-                                now,
-                                kinds: (!any_kind).then_some(kinds.as_slice()),
-                                n,
-                            }
-                            .load(c)
-                            .await?;
-                            walk.take(rows);
-                        }
-                        candidates.extend(walk.found);
-                    }
-                    // Keyless jobs past the head: on MySQL the partition index holds them too
-                    // (`partition_key IS NULL`, in claim order); elsewhere it does not, and
-                    // they are looked for in the due jobs right after the head.
-                    let keyless: Vec<(i64, i32, i64)> = if sql.keyless_indexed {
-                        let mut found = Vec::new();
-                        for st in [JobState::Pending, JobState::Retrying] {
-                            found.extend(
-                                jobs::table
-                                    .filter(jobs::queue.eq(&q))
-                                    .filter(jobs::state.eq(st.as_str()))
-                                    .filter(jobs::partition_key.is_null())
-                                    .filter(kind_ok.clone())
-                                    .filter(jobs::run_at.le(now))
-                                    .order((
-                                        jobs::priority.asc(),
-                                        jobs::run_at.asc(),
-                                        jobs::id.asc(),
-                                    ))
-                                    .limit(budget)
-                                    .select((jobs::id, jobs::priority, jobs::run_at))
-                                    .load::<(i64, i32, i64)>(c)
-                                    .await?,
-                            );
-                        }
-                        found
-                    } else if let Some(last) = head.last() {
-                        let after_head: Vec<(i64, Option<String>, i32, i64)> = jobs::table
-                            .filter(ClaimableIn(q.clone()))
-                            .filter(kind_ok)
-                            .filter(jobs::run_at.le(now))
-                            .filter(
-                                jobs::priority.gt(last.priority).or(jobs::priority
-                                    .eq(last.priority)
-                                    .and(jobs::run_at.gt(last.run_at).or(
-                                        jobs::run_at.eq(last.run_at).and(jobs::id.gt(last.id)),
-                                    ))),
-                            )
-                            .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
-                            .limit(partitions::KEYLESS_PAST_HEAD)
-                            .select((jobs::id, jobs::partition_key, jobs::priority, jobs::run_at))
-                            .load(c)
-                            .await?;
-                        after_head
-                            .into_iter()
-                            .filter(|j| j.1.is_none())
-                            .map(|(id, _, priority, run_at)| (id, priority, run_at))
-                            .collect()
-                    } else {
-                        Vec::new()
-                    };
-                    candidates.extend(keyless.into_iter().map(|(id, priority, run_at)| Pick {
-                        at: Candidate {
-                            priority,
-                            run_at,
-                            id,
-                        },
-                        key: None,
-                    }));
-                }
-                partitions::pick(candidates, budget, &rooms)
-            } else {
-                jobs::table
-                    .filter(ClaimableIn(q.clone()))
-                    .filter(kind_ok)
-                    .filter(jobs::run_at.le(now))
-                    .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
-                    .limit(budget)
-                    .select(jobs::id)
-                    .load(c)
-                    .await?
-            };
-            if ids.is_empty() {
-                return Ok(ControlledClaim {
-                    rated,
-                    ..ControlledClaim::default()
-                });
-            }
-            // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as it is.
-            diesel::update(
-                jobs::table
-                    .filter(jobs::id.eq_any(&ids))
-                    .filter(ClaimableIn(q.clone())),
-            )
-            .set((
-                jobs::state.eq(JobState::Running.as_str()),
-                jobs::lease_owner.eq(Some(a.owner.clone())),
-                jobs::lease_token.eq(Some(a.token.clone())),
-                jobs::lease_expires_at.eq(Some(now + a.lease_us)),
-                jobs::heartbeat_at.eq(Some(now)),
-                jobs::attempts.eq(jobs::attempts + 1),
-                jobs::version.eq(jobs::version + 1),
-                jobs::updated_at.eq(now),
-                jobs::started_at.eq(None::<i64>),
-                jobs::timeout_at.eq(None::<i64>),
-            ))
-            .execute(c)
-            .await?;
-            let rows: Vec<JobRow> = jobs::table
-                .filter(in_list(jobs::id, ids.clone()))
-                .filter(jobs::lease_token.eq(&a.token))
-                .select(JobRow::as_select())
-                .load(c)
-                .await?;
-            if rate.is_some() && !rows.is_empty() {
-                diesel::insert_into(claims_log::table)
-                    .values((
-                        claims_log::queue.eq(&q),
-                        claims_log::claimed_at.eq(now),
-                        claims_log::jobs.eq(i32::try_from(rows.len()).unwrap_or(i32::MAX)),
-                    ))
-                    .execute(c)
-                    .await?;
-            }
-            Ok::<_, diesel::result::Error>(ControlledClaim {
-                rows,
-                rated,
-                ..ControlledClaim::default()
-            })
-        })?;
-        Ok(out)
     }
 }

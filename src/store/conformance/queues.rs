@@ -258,23 +258,23 @@ pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
         .unwrap();
     let first = t
         .store
-        .job_claim_waiting(params("api", "n1", 4, t.at(0)))
+        .claim(params("api", "n1", 4, t.at(0)))
         .await
         .unwrap();
     assert_eq!((first.jobs.len(), first.wait), (4, None));
     assert!(
-        first.controlled,
+        first.controlled(),
         "a rate-limited queue's claim is a controlled one"
     );
     let second = t
         .store
-        .job_claim_waiting(params("api", "n1", 50, t.at(3)))
+        .claim(params("api", "n1", 50, t.at(3)))
         .await
         .unwrap();
     assert_eq!(second.jobs.len(), 6, "the rest of the window");
     let none = t
         .store
-        .job_claim_waiting(params("api", "n1", 50, t.at(4)))
+        .claim(params("api", "n1", 50, t.at(4)))
         .await
         .unwrap();
     assert!(none.jobs.is_empty());
@@ -288,14 +288,14 @@ pub async fn a_rate_limit_bounds_claims_in_every_window(b: Backend) {
     let margin = chrono::Duration::from_std(crate::RATE_START_MARGIN).unwrap();
     let early = t
         .store
-        .job_claim_waiting(params("api", "n1", 50, t.at(10)))
+        .claim(params("api", "n1", 50, t.at(10)))
         .await
         .unwrap();
     assert!(early.jobs.is_empty(), "at +10 s the margin is not over");
     // (t − 10.05 s, t]: at +10.05 s the 4 claimed at 0 have left, the 6 at +3 s have not.
     let third = t
         .store
-        .job_claim_waiting(params("api", "n1", 50, t.at(10).map(|t| t + margin)))
+        .claim(params("api", "n1", 50, t.at(10).map(|t| t + margin)))
         .await
         .unwrap();
     assert_eq!(third.jobs.len(), 4);

@@ -25,7 +25,8 @@ use super::batch::{
     holder, new_row, take_over, unique_parts, FinalRow, Finalized, RenewedRow, KEYED_TRIES,
 };
 use super::connect::pool;
-use super::driver::{ClaimArgs, ControlledFast, OpenError, RenewArgs};
+use super::driver::{ClaimArgs, OpenError, RenewArgs};
+use super::params::{Claimed, Route};
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
@@ -149,7 +150,7 @@ impl PgDriver {
     /// limit) and `COMMIT`, sent together in one round trip. The server runs them in order, and the
     /// claim takes nothing unless it sees the row as its own transaction locked it, so no
     /// reordering could let it count without the lock. A row with a rate limit claims
-    /// nothing here and answers [`ControlledFast::Portable`]; the store then skips this for
+    /// nothing here and answers `None`; the store then skips this for
     /// the queue until a portable claim finds the rate limit lifted.
     ///
     /// The `COMMIT` is on its way with the rest, so a claim the client abandons (its bound
@@ -158,7 +159,7 @@ impl PgDriver {
     /// (`lock_timeout`), so the server gives up first and the `COMMIT` rolls back. The
     /// connection is marked for closing until all five have answered, so one left inside a
     /// transaction is never pooled, whoever abandons the claim.
-    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<ControlledFast> {
+    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Option<Claimed<JobRow>>> {
         let mut c = self.conn(false).await?;
         c.poison();
         let conn: &AsyncPgConnection = &c;
@@ -233,9 +234,9 @@ impl PgDriver {
         }
         c.keep();
         Ok(match <[LockedQueue]>::first(&locked) {
-            None => ControlledFast::Uncontrolled,
-            Some(q) if q.involved => ControlledFast::Portable,
-            Some(_) => ControlledFast::Claimed(rows),
+            None => Some(Claimed::none(Route::Fast)),
+            Some(q) if q.involved => None,
+            Some(_) => Some(Claimed::of(Route::Controlled, rows)),
         })
     }
 

@@ -10,7 +10,9 @@ use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Json, Nullable, Text};
 
 use crate::store::expr::{job_columns, prepared_statement};
-use crate::store::expr::{ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked};
+use crate::store::expr::{
+    ClaimableSql, ClockSql, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
+};
 
 /// "Now" in epoch microseconds. `now()` is the transaction's start: stable within a
 /// statement, so indexes stay usable.
@@ -25,6 +27,19 @@ pub(crate) use now_us;
 impl ClaimableSql for Pg {
     const CLAIMABLE: (&'static str, &'static str) =
         ("(queue = ", " AND state IN ('pending', 'retrying'))");
+}
+
+/// The partition scan reads the partial index of the waiting jobs that have a key, `(queue,
+/// partition_key, priority, run_at, id)`, both waiting states in one condition; leaving out
+/// the full partitions there would be a filter over rows still read, so they are skipped as
+/// read. Keyless jobs are not in the index.
+impl PartitionScanSql for Pg {
+    const SCAN: ScanSql = ScanSql {
+        table: "jobvisor_jobs j",
+        states: &["IN ('pending', 'retrying')"],
+        skip_full: false,
+        keyless_indexed: false,
+    };
 }
 
 impl ClockSql for Pg {
@@ -254,7 +269,7 @@ prepared_statement!(
 );
 
 /// Locks a controlled queue's row for a claim (as the portable controlled claim's first step
-/// does, `Store::claim_controlled`), answering what the claim statement after it cannot
+/// does, `claim/controlled.rs`), answering what the claim statement after it cannot
 /// decide: whether the row exists, and whether it has a setting only the portable claim
 /// handles (a rate limit).
 pub(crate) const LOCK_QUEUE_PG: &str = "\

@@ -10,7 +10,9 @@ use diesel::sql_types::{BigInt, Json, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
 use crate::store::expr::{job_columns, prepared_statement};
-use crate::store::expr::{ClaimableSql, ClockSql, ForUpdate, JsonAppend, SkipLocked};
+use crate::store::expr::{
+    ClaimableSql, ClockSql, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
+};
 
 /// "Now" in epoch microseconds.
 macro_rules! now_us {
@@ -22,6 +24,18 @@ macro_rules! now_us {
 impl ClaimableSql for Sqlite {
     const CLAIMABLE: (&'static str, &'static str) =
         ("(queue = ", " AND state IN ('pending', 'retrying'))");
+}
+
+/// The partition scan reads the partial index of the waiting jobs that have a key, `(queue,
+/// partition_key, priority, run_at, id, kind)` (with `kind`, a claim of some kinds reads the
+/// index alone), as on PostgreSQL.
+impl PartitionScanSql for Sqlite {
+    const SCAN: ScanSql = ScanSql {
+        table: "jobvisor_jobs j",
+        states: &["IN ('pending', 'retrying')"],
+        skip_full: false,
+        keyless_indexed: false,
+    };
 }
 
 impl ClockSql for Sqlite {

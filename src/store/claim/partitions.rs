@@ -14,8 +14,8 @@
 //! (SQLite's also holds `kind`, so a claim of some kinds reads the index alone);
 //! MySQL, which has no partial indexes, `(queue, state, partition_key, priority, run_at)`
 //! over every job (and the primary key, as every InnoDB index) — so there each waiting
-//! state is read on its own, and the partitions at their limit are left out by index ranges
-//! ([`scan_sql`]).
+//! state is read on its own, and the partitions at their limit are left out by index ranges.
+//! How each backend reads is its own ([`ScanSql`], given by each backend's `sql.rs`).
 //!
 //! Why not one probe per partition, as PostgreSQL's own claim does: MariaDB does not use a
 //! range on an outer reference inside a subquery (a recursive walk of the keys read the
@@ -29,6 +29,8 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Integer, Text, Untyped};
 use diesel::QueryableByName;
+
+pub(crate) use super::super::expr::ScanSql;
 
 /// Jobs of the head of the queue a claim under a per-partition limit reads: 4 × its budget,
 /// at least 128, at most 4,000.
@@ -44,46 +46,6 @@ pub(crate) const SCAN_ROWS: i64 = 500;
 /// partitions they wait until it shortens (an index that found them anywhere would cost every
 /// enqueue of every queue an entry).
 pub(crate) const KEYLESS_PAST_HEAD: i64 = 1000;
-
-/// How a backend's [`PartitionScan`] reads.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ScanSql {
-    /// The table, with the index to read on MySQL: with a kind filter MariaDB otherwise
-    /// planned a read of every waiting job of the queue (`ref` on `(queue, state)`), from the
-    /// first, whatever the starting key.
-    pub(crate) table: &'static str,
-    /// "Waiting", once per scan: the states in one condition where the index is partial
-    /// (PostgreSQL, SQLite), each state on its own on MySQL, whose index leads with `state`
-    /// (an `IN` there would read both ranges whole to merge them).
-    pub(crate) states: &'static [&'static str],
-    /// Whether to leave out the partitions at their limit in the statement: MySQL's range
-    /// optimizer turns `partition_key NOT IN (…)` into ranges around them, so a full
-    /// partition's jobs are not read at all; elsewhere the same condition would be a filter
-    /// over rows still read, the whole burst before the `LIMIT` is reached.
-    pub(crate) skip_full: bool,
-    /// Whether the index read also holds the keyless jobs (`partition_key IS NULL`, in claim
-    /// order): MySQL's, over every job. Elsewhere keyless jobs past the head are looked for
-    /// only in the [`KEYLESS_PAST_HEAD`] due jobs after it.
-    pub(crate) keyless_indexed: bool,
-}
-
-/// How `backend` reads in a [`PartitionScan`].
-pub(crate) fn scan_sql(backend: crate::Backend) -> ScanSql {
-    match backend {
-        crate::Backend::Mysql => ScanSql {
-            table: "jobvisor_jobs j FORCE INDEX (jobvisor_jobs_partition_idx)",
-            states: &["= 'pending'", "= 'retrying'"],
-            skip_full: true,
-            keyless_indexed: true,
-        },
-        crate::Backend::Postgres | crate::Backend::Sqlite => ScanSql {
-            table: "jobvisor_jobs j",
-            states: &["IN ('pending', 'retrying')"],
-            skip_full: false,
-            keyless_indexed: false,
-        },
-    }
-}
 
 /// A job of the head of the queue, in claim order.
 #[derive(Debug, Clone)]
@@ -331,7 +293,7 @@ where
         ));
     };
     out.push_sql(head);
-    for n in 0..super::expr::padded_len(items.len()) {
+    for n in 0..super::super::expr::padded_len(items.len()) {
         if n > 0 {
             out.push_sql(", ");
         }
