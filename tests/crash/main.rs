@@ -709,14 +709,14 @@ fn judge(run: &mut Run, c: &Collected) -> Verdict {
         journals,
         ..
     } = c;
-    let mut verdict = check(&facts, &execs, &nodes, &freezes, &journals.claims);
+    let mut verdict = check(facts, execs, nodes, freezes, &journals.claims);
     verdict
         .violations
         .splice(0..0, std::mem::take(&mut run.problems));
     verdict.violations.extend(periodic_problems.iter().cloned());
     verdict
         .violations
-        .extend(check_recovery(&run.server_restarts, &execs));
+        .extend(check_recovery(&run.server_restarts, execs));
     if jobs.len() != run.enqueued {
         verdict.violations.push(format!(
             "{} jobs run.enqueued but {} in the live table",
@@ -839,12 +839,12 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
     if !verdict.violations.is_empty() {
         let evidence = Evidence {
             began_us,
-            restarts: &server_restarts,
-            all_killed_at: &all_killed_at,
-            jobs: &facts,
-            nodes: &nodes,
-            freezes: &freezes,
-            journals: &journals,
+            restarts: server_restarts,
+            all_killed_at,
+            jobs: facts,
+            nodes,
+            freezes,
+            journals,
         };
         let mut msg = format!(
             "{} violation(s) on {backend:?} (seed {}; logs and journals kept in {}):\n",
