@@ -315,6 +315,7 @@ impl Driver {
     /// settings row. `None`: the backend has no claim of its own for these settings (MySQL,
     /// SQLite: none at all; PostgreSQL: a rate limit) — nothing was claimed, the portable
     /// claim is to run.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Option<Claimed<JobRow>>> {
         match self {
             #[cfg(feature = "postgres")]
