@@ -80,6 +80,9 @@ mod outbox;
 mod own_conn;
 #[cfg(feature = "postgres")]
 mod postgres;
+// Counts the statements of every connection (the cost model and its CI guard).
+#[cfg(feature = "test-util")]
+pub(crate) mod statement_count;
 // Public types in a crate-private module: the lease holder's part is reachable from outside
 // only through `crate::testing` (feature `test-util`).
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]

@@ -47,7 +47,6 @@
 mod db;
 mod engine;
 mod simulation;
-mod statements;
 
 pub use crate::clock::ManualClock;
 pub use crate::scheduler::archiver::ArchiveReport;
@@ -61,7 +60,7 @@ pub mod internal {
         base_url, exec_sql, unique_name, TestDb, DEFAULT_MYSQL_URL, DEFAULT_PG_URL,
     };
     pub use super::engine::{NodeActors, StoreEngine};
-    pub use super::statements::{count_statements, sent, Sent, KIND_CHARS};
+    pub use crate::store::statement_count::{count_statements, sent, Sent, KIND_CHARS};
 
     pub use crate::lease::LeaseToken;
     pub use crate::scheduler::archiver::{ArchiveNow, Archiver};
