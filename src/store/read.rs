@@ -225,8 +225,10 @@ impl Store {
                     // The terminal states: the partial index on finished_at (PostgreSQL,
                     // SQLite) or the (state, finished_at) index (MySQL) serves the range.
                     .filter(TERMINAL)
-                    .filter(jobs::finished_at.ge(from.nullable()))
-                    .filter(jobs::finished_at.lt(to.nullable()))
+                    // (from, to]: a job finished at the very instant read as "now" (the
+                    // same millisecond on SQLite) is in the newest window, not in none.
+                    .filter(jobs::finished_at.gt(from.nullable()))
+                    .filter(jobs::finished_at.le(to.nullable()))
                     .count()
                     .get_result(conn)
                     .await?
