@@ -128,11 +128,11 @@ pub(crate) struct RenewArgs<'a> {
 // implemented per connection type): the contract of [`Driver::enqueue`], in the caller's
 // transaction.
 #[cfg(feature = "mysql")]
-pub(crate) use super::mysql::enqueue_mysql;
+pub(crate) use super::mysql::enqueue as enqueue_mysql;
 #[cfg(feature = "postgres")]
-pub(crate) use super::postgres::enqueue_pg;
+pub(crate) use super::postgres::enqueue as enqueue_pg;
 #[cfg(feature = "sqlite")]
-pub(crate) use super::sqlite::{enqueue_sqlite, SqliteAsync};
+pub(crate) use super::sqlite::{enqueue as enqueue_sqlite, SqliteAsync};
 
 /// A backend this build leaves out.
 fn not_built(backend: Backend) -> Error {

@@ -299,7 +299,7 @@ network_job_connection!(
     diesel_async::AsyncPgConnection,
     pg,
     super::Backend::Postgres,
-    super::postgres::insert_effect_pg
+    super::postgres::insert_effect
 );
 #[cfg(feature = "mysql")]
 network_job_connection!(
@@ -307,7 +307,7 @@ network_job_connection!(
     diesel_async::AsyncMysqlConnection,
     mysql,
     super::Backend::Mysql,
-    super::mysql::insert_effect_mysql
+    super::mysql::insert_effect
 );
 
 #[cfg(feature = "sqlite")]
@@ -343,7 +343,7 @@ impl JobConnection for SqliteJobConnection {
     }
 
     async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
-        super::sqlite::insert_effect_sqlite(self, e).await
+        super::sqlite::insert_effect(self, e).await
     }
 
     async fn read_effect(&mut self, id: i64, key: &str) -> QueryResult<Option<Effect>> {

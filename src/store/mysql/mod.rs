@@ -124,7 +124,7 @@ impl MysqlDriver {
         checkout(if renew { &self.renew_pool } else { &self.pool }).await
     }
 
-    /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue_mysql`]; a batch in
+    /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue`]; a batch in
     /// one transaction.
     pub(crate) async fn enqueue(
         &self,
@@ -136,10 +136,10 @@ impl MysqlDriver {
         Ok(if batch.len() == 1 {
             // One insert is atomic by itself, and LAST_INSERT_ID belongs to the connection:
             // no transaction, two round trips fewer.
-            enqueue_mysql(&mut c, batch, now, returning, false).await?
+            enqueue(&mut c, batch, now, returning, false).await?
         } else {
             diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                enqueue_mysql(c, batch, now, returning, true).await
+                enqueue(c, batch, now, returning, true).await
             })
             .await?
         })
@@ -269,9 +269,9 @@ pub(crate) fn run_migrations(
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
 /// one `INSERT … SELECT FROM JSON_TABLE(…) RETURNING id`; otherwise, and for keyed jobs, one
-/// insert per job (see [`enqueue_one_mysql`]). `in_tx`: `conn` is inside a transaction (the
+/// insert per job (see [`enqueue_one`]). `in_tx`: `conn` is inside a transaction (the
 /// batch's, or the caller's on the outbox path).
-pub(crate) async fn enqueue_mysql(
+pub(crate) async fn enqueue(
     conn: &mut diesel_async::AsyncMysqlConnection,
     batch: &[&NewJob],
     now: Option<i64>,
@@ -296,7 +296,7 @@ pub(crate) async fn enqueue_mysql(
                 insert_many_mariadb(conn, &batch[i..i + run], now).await?,
             ));
         } else {
-            out.push(enqueue_one_mysql(conn, batch[i], now, in_tx).await?);
+            out.push(enqueue_one(conn, batch[i], now, in_tx).await?);
         }
         i += run.max(1);
     }
@@ -344,7 +344,7 @@ async fn insert_many_mariadb(
 /// MySQL, one row: `INSERT … ON DUPLICATE KEY` reports affected rows differently per client
 /// flag, so this is a plain insert and `LAST_INSERT_ID()`. `None`: another job holds the key
 /// (a duplicate-key error, which does not abort a MySQL transaction).
-async fn insert_one_mysql(
+async fn insert_one(
     conn: &mut diesel_async::AsyncMysqlConnection,
     j: &NewJob,
     now: Option<i64>,
@@ -387,21 +387,21 @@ struct Holder {
 /// holder is read with a shared lock (compatible with the one the failed insert holds, unlike
 /// FOR UPDATE, which deadlocks concurrent losers), so the latest committed row is seen.
 /// `None` when the key kept changing hands (the caller tries again).
-async fn enqueue_one_mysql(
+async fn enqueue_one(
     conn: &mut diesel_async::AsyncMysqlConnection,
     j: &NewJob,
     now: Option<i64>,
     in_tx: bool,
 ) -> diesel::QueryResult<Option<Enqueued>> {
     for _ in 0..KEYED_TRIES {
-        if let Some(id) = insert_one_mysql(conn, j, now).await? {
+        if let Some(id) = insert_one(conn, j, now).await? {
             return Ok(Some(Enqueued {
                 id: JobId(id),
                 duplicate: false,
             }));
         }
         // `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
-        let holder: Option<Holder> = diesel::sql_query(sql::HOLDER_MYSQL)
+        let holder: Option<Holder> = diesel::sql_query(sql::HOLDER)
             .bind::<Nullable<BigInt>, _>(now)
             .bind::<Text, _>(&j.kind)
             .bind::<Nullable<Text>, _>(&j.unique_key)
@@ -418,10 +418,10 @@ async fn enqueue_one_mysql(
             }));
         }
         let got = if in_tx {
-            take_over_mysql(conn, h.id, j, now).await?
+            replace_expired_hold(conn, h.id, j, now).await?
         } else {
             diesel_async::AsyncConnection::transaction(&mut *conn, async |c| {
-                take_over_mysql(c, h.id, j, now).await
+                replace_expired_hold(c, h.id, j, now).await
             })
             .await?
         };
@@ -437,7 +437,7 @@ async fn enqueue_one_mysql(
 
 /// Releases the expired hold of job `holder` and inserts `j` in its place; `None` if another
 /// enqueuer took the hold over first.
-async fn take_over_mysql(
+async fn replace_expired_hold(
     conn: &mut diesel_async::AsyncMysqlConnection,
     holder: i64,
     j: &NewJob,
@@ -446,7 +446,7 @@ async fn take_over_mysql(
     if take_over!(conn, holder, now) == 0 {
         return Ok(None);
     }
-    insert_one_mysql(conn, j, now).await
+    insert_one(conn, j, now).await
 }
 
 /// MySQL (no `UPDATE … RETURNING`), inside the caller's transaction: one multi-table
@@ -605,7 +605,7 @@ async fn finalize(
 /// Records an effect unless its key is recorded (see `driver.rs`): a plain `INSERT` whose
 /// duplicate-key error rolls back that statement only (InnoDB), so the caller's transaction
 /// goes on; true if it inserted.
-pub(crate) async fn insert_effect_mysql(
+pub(crate) async fn insert_effect(
     conn: &mut AsyncMysqlConnection,
     e: &super::NewEffect,
 ) -> QueryResult<bool> {

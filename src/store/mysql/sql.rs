@@ -296,8 +296,8 @@ prepared_statement!(Mysql
 );
 
 /// The job holding a (kind, key), and whether its period has ended (1), read with a shared
-/// lock (see [`enqueue_one_mysql`](super::enqueue_one_mysql)).
-pub(crate) const HOLDER_MYSQL: &str = concat!(
+/// lock (see [`enqueue_one`](super::enqueue_one)).
+pub(crate) const HOLDER: &str = concat!(
     "SELECT id, CAST(unique_until <= COALESCE(CAST(? AS SIGNED), ",
     now_us!(),
     ") AS SIGNED) AS expired \

@@ -62,7 +62,7 @@ pub(crate) struct PgDriver {
     /// client's bound on the claim, so the server gives up first (see `claim_controlled`).
     claim_lock_wait: String,
     /// The queues whose lock last reported a per-partition limit: claimed with
-    /// [`sql::CLAIM_PARTITIONED_PG`]. Only a choice of statement — both are exact whatever
+    /// [`sql::CLAIM_PARTITIONED`]. Only a choice of statement — both are exact whatever
     /// the row says.
     partitioned: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -121,11 +121,11 @@ impl PgDriver {
             return self.copy.enqueue(&self.connector, batch, now).await;
         }
         let mut c = self.conn(false).await?;
-        Ok(enqueue_pg(&mut c, batch, now).await?)
+        Ok(enqueue(&mut c, batch, now).await?)
     }
 
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING` over the
-    /// candidates locked with `SKIP LOCKED` ([`sql::CLAIM_PG`]).
+    /// candidates locked with `SKIP LOCKED` ([`sql::CLAIM`]).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
         let mut c = self.conn(false).await?;
         Ok(sql::JobRows(sql::PgClaim {
@@ -144,9 +144,9 @@ impl PgDriver {
     }
 
     /// [`Driver::claim_controlled`](super::driver::Driver::claim_controlled): `BEGIN`, a
-    /// bound on the wait for the queue row's lock, the lock ([`sql::LOCK_QUEUE_PG`]), the
-    /// claim within its global and per-partition limits ([`sql::CLAIM_CONTROLLED_PG`], or
-    /// [`sql::CLAIM_PARTITIONED_PG`] for a queue whose lock last reported a per-partition
+    /// bound on the wait for the queue row's lock, the lock ([`sql::LOCK_QUEUE`]), the
+    /// claim within its global and per-partition limits ([`sql::CLAIM_CONTROLLED`], or
+    /// [`sql::CLAIM_PARTITIONED`] for a queue whose lock last reported a per-partition
     /// limit) and `COMMIT`, sent together in one round trip. The server runs them in order, and the
     /// claim takes nothing unless it sees the row as its own transaction locked it, so no
     /// reordering could let it count without the lock. A row with a rate limit claims
@@ -240,7 +240,7 @@ impl PgDriver {
         })
     }
 
-    /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW_PG`]).
+    /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW`]).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
         let mut c = renew_conn(&self.renew_pool, a.fresh).await?;
         Ok(sql::PgRenew {
@@ -257,14 +257,14 @@ impl PgDriver {
     }
 
     /// [`Driver::finalize`](super::driver::Driver::finalize): one statement
-    /// ([`sql::FINALIZE_PG`]).
+    /// ([`sql::FINALIZE`]).
     pub(crate) async fn finalize(
         &self,
         items: &[Finalize],
         now: Option<i64>,
     ) -> Result<HashMap<i64, (JobState, bool)>> {
         let mut c = self.conn(false).await?;
-        Ok(finalize_pg(&mut c, items, now).await?)
+        Ok(finalize(&mut c, items, now).await?)
     }
 
     /// `VACUUM (SKIP_LOCKED)` of the live table, on a connection closed afterwards.
@@ -289,7 +289,7 @@ impl PgDriver {
     }
 }
 
-/// [`sql::LOCK_QUEUE_PG`]'s answer.
+/// [`sql::LOCK_QUEUE`]'s answer.
 #[derive(QueryableByName)]
 struct LockedQueue {
     /// The queue has a rate limit.
@@ -336,7 +336,7 @@ pub(crate) fn run_migrations(
 /// single row, not a batch of one, because diesel never caches a batch insert's prepared
 /// statement (its length varies) and would parse and plan it on every call. `None`: another
 /// job holds the key.
-async fn insert_one_pg(
+async fn insert_one(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
@@ -355,19 +355,19 @@ async fn insert_one_pg(
 /// PostgreSQL, one job: inserted, or — when another job holds its key — that job as a
 /// duplicate, or inserted in its place if the holder's period has ended. `None` when the key
 /// kept changing hands (the caller tries again).
-async fn enqueue_one_pg(
+async fn enqueue_one(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<Enqueued>> {
     for _ in 0..KEYED_TRIES {
-        if let Some(id) = insert_one_pg(conn, job, now).await? {
+        if let Some(id) = insert_one(conn, job, now).await? {
             return Ok(Some(Enqueued {
                 id: JobId(id),
                 duplicate: false,
             }));
         }
-        if let Some(e) = resolve_conflict_pg(conn, job, now).await? {
+        if let Some(e) = resolve_conflict(conn, job, now).await? {
             return Ok(Some(e));
         }
     }
@@ -378,7 +378,7 @@ async fn enqueue_one_pg(
 /// ended — the hold taken over (a guarded, row-locking `UPDATE`) and this job inserted, in
 /// one transaction (a savepoint inside the caller's). `None`: nobody holds the key any more,
 /// or another enqueuer took it over first; the caller inserts again.
-async fn resolve_conflict_pg(
+async fn resolve_conflict(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
@@ -396,7 +396,7 @@ async fn resolve_conflict_pg(
                     if take_over!(c, id, now) == 0 {
                         return Ok::<_, diesel::result::Error>(None);
                     }
-                    insert_one_pg(c, job, now).await
+                    insert_one(c, job, now).await
                 })
                 .await?;
             Ok(got.map(|id| Enqueued {
@@ -449,14 +449,14 @@ fn match_inserted(
 /// PostgreSQL: one job through the query builder (a cached prepared statement); a batch as
 /// one `INSERT … SELECT FROM unnest(…)` — thirteen array binds whatever its size, so no bind
 /// limit, and rows inserted (and returned) in input order. Jobs whose key another job holds
-/// are then resolved one by one ([`resolve_conflict_pg`]).
-pub(crate) async fn enqueue_pg(
+/// are then resolved one by one ([`resolve_conflict`]).
+pub(crate) async fn enqueue(
     conn: &mut diesel_async::AsyncPgConnection,
     batch: &[&NewJob],
     now: Option<i64>,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     if let [job] = batch {
-        return Ok(vec![enqueue_one_pg(conn, job, now).await?]);
+        return Ok(vec![enqueue_one(conn, job, now).await?]);
     }
     let n = batch.len();
     let mut queue: Vec<&str> = Vec::with_capacity(n);
@@ -541,9 +541,9 @@ pub(crate) async fn enqueue_pg(
     let mut out = match_inserted(batch, inserted);
     for (i, slot) in out.iter_mut().enumerate() {
         if slot.is_none() {
-            *slot = match resolve_conflict_pg(conn, batch[i], now).await? {
+            *slot = match resolve_conflict(conn, batch[i], now).await? {
                 Some(e) => Some(e),
-                None => enqueue_one_pg(conn, batch[i], now).await?,
+                None => enqueue_one(conn, batch[i], now).await?,
             };
         }
     }
@@ -551,7 +551,7 @@ pub(crate) async fn enqueue_pg(
 }
 
 /// PostgreSQL: the whole batch in one statement, each row still guarded by its own token.
-async fn finalize_pg(
+async fn finalize(
     conn: &mut diesel_async::AsyncPgConnection,
     items: &[Finalize],
     now: Option<i64>,
@@ -600,7 +600,7 @@ async fn finalize_pg(
 
 /// Records an effect unless its key is recorded (see `driver.rs`): `INSERT … ON CONFLICT
 /// DO NOTHING`; true if it inserted.
-pub(crate) async fn insert_effect_pg(
+pub(crate) async fn insert_effect(
     conn: &mut AsyncPgConnection,
     e: &super::NewEffect,
 ) -> QueryResult<bool> {

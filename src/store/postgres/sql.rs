@@ -122,7 +122,7 @@ WHERE j.id = ANY(ARRAY("
 /// instead of 4 ms for 500 jobs (measured, 20,000-row table). A job whose key is held
 /// `while_active` releases it (`unique_hold = NULL`) in the same statement that ends it; a
 /// start no renewal recorded (a job shorter than a heartbeat) is recorded here (`ago`).
-pub(crate) const FINALIZE_PG: &str = concat!(
+pub(crate) const FINALIZE: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
     SELECT *, 'running'::text AS expect
@@ -165,7 +165,7 @@ SELECT id, state, has_children FROM upd"
 
 prepared_statement!(
     /// Finalizes a batch in one statement, each row guarded by its own token.
-    PgFinalize<'a>, FINALIZE_PG, {
+    PgFinalize<'a>, FINALIZE, {
         ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
         tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
         states: Vec<&'static str> => diesel::sql_types::Array<Text>,
@@ -187,7 +187,7 @@ prepared_statement!(
 /// planner believes: with `id IN (subquery)` a generic plan (statistics taken when the table
 /// was full, a `LIMIT` parameter it cannot see) hash-joined a sequential scan of the whole
 /// table.
-pub(crate) const CLAIM_PG: &str = concat!(
+pub(crate) const CLAIM: &str = concat!(
     claim_now!(),
     "
 ",
@@ -208,7 +208,7 @@ RETURNING ",
 
 prepared_statement!(
     /// Claims up to `limit` due jobs of `queue` with one token.
-    PgClaim, CLAIM_PG, {
+    PgClaim, CLAIM, {
         now: Option<i64> => Nullable<BigInt>,
         lease_us: i64 => BigInt,
         owner: String => Text,
@@ -259,11 +259,11 @@ fixed_statement!(
 
 /// Bounds this transaction's waits for locks (`lock_timeout`, transaction-local): a
 /// prepared `set_config`, since `SET` takes no parameters.
-pub(crate) const SET_LOCK_WAIT_PG: &str = "SELECT set_config('lock_timeout', $1, true)";
+pub(crate) const SET_LOCK_WAIT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
 prepared_statement!(
-    /// Sets `lock_timeout` for the transaction (see [`SET_LOCK_WAIT_PG`]).
-    PgSetLockWait, SET_LOCK_WAIT_PG, {
+    /// Sets `lock_timeout` for the transaction (see [`SET_LOCK_WAIT`]).
+    PgSetLockWait, SET_LOCK_WAIT, {
         wait: String => Text,
     }
 );
@@ -272,13 +272,13 @@ prepared_statement!(
 /// does, `claim/controlled.rs`), answering what the claim statement after it cannot
 /// decide: whether the row exists, and whether it has a setting only the portable claim
 /// handles (a rate limit).
-pub(crate) const LOCK_QUEUE_PG: &str = "\
+pub(crate) const LOCK_QUEUE: &str = "\
 UPDATE jobvisor_queues SET claims = claims + 1 WHERE name = $1
 RETURNING rate_limit IS NOT NULL AS involved, partition_limit IS NOT NULL AS partitioned";
 
 prepared_statement!(
-    /// Takes a queue row's write lock (see [`LOCK_QUEUE_PG`]).
-    PgLockQueue, LOCK_QUEUE_PG, {
+    /// Takes a queue row's write lock (see [`LOCK_QUEUE`]).
+    PgLockQueue, LOCK_QUEUE, {
         queue: String => Text,
     }
 );
@@ -287,7 +287,7 @@ prepared_statement!(
 /// claim's limit, the queue, the limit again, the queue): `budget`, what the claim may take
 /// (`min(limit, concurrency_limit − running)`), and `per`, the per-partition limit — or no
 /// row for a paused queue, one with a rate limit, and one this transaction did not lock
-/// (see [`CLAIM_CONTROLLED_PG`]).
+/// (see [`CLAIM_CONTROLLED`]).
 macro_rules! controlled_budget {
     () => {
         "
@@ -318,7 +318,7 @@ macro_rules! running_per_partition {
 }
 
 /// The claim of a queue under a pause, a global concurrency limit and a per-partition limit
-/// (any of them), run after [`LOCK_QUEUE_PG`] in its transaction. Under READ COMMITTED a
+/// (any of them), run after [`LOCK_QUEUE`] in its transaction. Under READ COMMITTED a
 /// statement's snapshot is taken when it starts — here, after the lock was granted — so it
 /// sees every claim of the queue committed before, and none can commit until this
 /// transaction does: the counts of running jobs are exact. The claim takes at most
@@ -327,7 +327,7 @@ macro_rules! running_per_partition {
 /// their limit out of its search, so a backlog of one never hides the others' due jobs,
 /// takes a window of candidates in claim order (`cand`: 4 × the budget, at most 4,000, as
 /// the portable claim does) and ranks each within its partition. A queue whose lock last
-/// reported a per-partition limit is claimed by [`CLAIM_PARTITIONED_PG`] instead, which does
+/// reported a per-partition limit is claimed by [`CLAIM_PARTITIONED`] instead, which does
 /// not step over a backlog of full partitions; each of the two is exact whatever the row
 /// says, so a stale choice costs speed, never a limit. The row is read again here,
 /// in the statement that claims: a paused queue, one without a row, and one with a rate
@@ -337,7 +337,7 @@ macro_rules! running_per_partition {
 /// every claim would take nothing), which is what makes sending the lock and this claim in
 /// one round trip safe: a claim executed before its lock, or outside its transaction, finds
 /// the row's `xmin` another transaction's and takes nothing.
-pub(crate) const CLAIM_CONTROLLED_PG: &str = concat!(
+pub(crate) const CLAIM_CONTROLLED: &str = concat!(
     claim_now!(),
     ", q AS (",
     controlled_budget!(),
@@ -376,8 +376,8 @@ RETURNING ",
 
 prepared_statement!(
     /// Claims up to `limit` due jobs of a controlled queue within its limits (see
-    /// [`CLAIM_CONTROLLED_PG`]).
-    PgClaimControlled, CLAIM_CONTROLLED_PG, {
+    /// [`CLAIM_CONTROLLED`]).
+    PgClaimControlled, CLAIM_CONTROLLED, {
         now: Option<i64> => Nullable<BigInt>,
         lease_us: i64 => BigInt,
         limit: i64 => BigInt,
@@ -393,8 +393,8 @@ prepared_statement!(
     }
 );
 
-/// [`CLAIM_CONTROLLED_PG`] for a queue with a per-partition limit, as exact for any
-/// settings: run after [`LOCK_QUEUE_PG`] in its transaction, so its snapshot sees every claim
+/// [`CLAIM_CONTROLLED`] for a queue with a per-partition limit, as exact for any
+/// settings: run after [`LOCK_QUEUE`] in its transaction, so its snapshot sees every claim
 /// of the queue committed before and none can commit until this transaction does. The claim
 /// takes at most `concurrency_limit − running` jobs (`q.budget`) and, per partition, at most
 /// `partition_limit − running in it` (`p` counts the running jobs per partition, as one
@@ -431,7 +431,7 @@ prepared_statement!(
 /// `xmin` alone and every claim would take nothing), which is what makes sending the lock
 /// and this claim in one round trip safe: a claim executed before its lock, or outside its
 /// transaction, finds the row's `xmin` another transaction's and takes nothing.
-pub(crate) const CLAIM_PARTITIONED_PG: &str = concat!(
+pub(crate) const CLAIM_PARTITIONED: &str = concat!(
     "WITH RECURSIVE ",
     claim_now_entry!(),
     ", q AS (
@@ -541,7 +541,7 @@ RETURNING ",
     job_columns!()
 );
 
-/// [`PgClaimControlled`]'s binds for [`CLAIM_PARTITIONED_PG`], the claim of a queue with a
+/// [`PgClaimControlled`]'s binds for [`CLAIM_PARTITIONED`], the claim of a queue with a
 /// per-partition limit: the same binds in the same order.
 #[derive(Debug, Clone, diesel::query_builder::QueryId)]
 pub(crate) struct PgClaimPartitioned(pub(crate) PgClaimControlled);
@@ -554,7 +554,7 @@ impl std::ops::Deref for PgClaimPartitioned {
     }
 }
 
-prepared_statement!(@impl PgClaimPartitioned, Pg, crate::store::expr::segments(CLAIM_PARTITIONED_PG), {
+prepared_statement!(@impl PgClaimPartitioned, Pg, crate::store::expr::segments(CLAIM_PARTITIONED), {
     now => Nullable<BigInt>,
     lease_us => BigInt,
     limit => BigInt,
@@ -573,8 +573,8 @@ prepared_statement!(@impl PgClaimPartitioned, Pg, crate::store::expr::segments(C
 /// carries: `started_at = now - ago` for a lease whose handler started (`ago` not NULL) and
 /// whose start is not recorded yet, and from it `first_started_at` and the timeout deadline
 /// (`timeout_at`, the sweeper's backstop). Found through the primary key, as in
-/// [`FINALIZE_PG`].
-pub(crate) const RENEW_PG: &str = concat!(
+/// [`FINALIZE`].
+pub(crate) const RENEW: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[])
@@ -603,8 +603,8 @@ RETURNING j.id, j.lease_token, j.lease_expires_at, j.cancel_requested_at"
 );
 
 prepared_statement!(
-    /// Renews leases and records starts (see [`RENEW_PG`]).
-    PgRenew<'a>, RENEW_PG, {
+    /// Renews leases and records starts (see [`RENEW`]).
+    PgRenew<'a>, RENEW, {
         ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
         tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
         agos: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
@@ -615,7 +615,7 @@ prepared_statement!(
     }
 );
 
-pub(crate) const ENQUEUE_BATCH_PG: &str = concat!(
+pub(crate) const ENQUEUE_BATCH: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, unique_key, state, priority, payload, max_attempts,
                            run_at, timeout_ms, created_at, updated_at, partition_key,
@@ -638,7 +638,7 @@ RETURNING id, kind, unique_key"
 
 prepared_statement!(
     /// Inserts a batch from arrays, in input order, skipping jobs whose key is held.
-    PgEnqueueBatch<'a>, ENQUEUE_BATCH_PG, {
+    PgEnqueueBatch<'a>, ENQUEUE_BATCH, {
         queue: Vec<&'a str> => diesel::sql_types::Array<Text>,
         kind: Vec<&'a str> => diesel::sql_types::Array<Text>,
         unique_key: Vec<Option<&'a str>> => diesel::sql_types::Array<Nullable<Text>>,
@@ -687,12 +687,12 @@ mod tests {
     #[test]
     fn statements_split_at_their_placeholders_in_order() {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
-        assert_eq!(segments(FINALIZE_PG).len(), 10);
-        assert_eq!(segments(CLAIM_PG).len(), 10);
-        assert_eq!(segments(LOCK_QUEUE_PG).len(), 2);
-        assert_eq!(segments(CLAIM_CONTROLLED_PG).len(), 13);
-        assert_eq!(segments(CLAIM_PARTITIONED_PG).len(), 13);
-        assert_eq!(segments(RENEW_PG).len(), 8);
-        assert_eq!(segments(ENQUEUE_BATCH_PG).len(), 14);
+        assert_eq!(segments(FINALIZE).len(), 10);
+        assert_eq!(segments(CLAIM).len(), 10);
+        assert_eq!(segments(LOCK_QUEUE).len(), 2);
+        assert_eq!(segments(CLAIM_CONTROLLED).len(), 13);
+        assert_eq!(segments(CLAIM_PARTITIONED).len(), 13);
+        assert_eq!(segments(RENEW).len(), 8);
+        assert_eq!(segments(ENQUEUE_BATCH).len(), 14);
     }
 }

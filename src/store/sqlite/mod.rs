@@ -113,7 +113,7 @@ impl SqliteDriver {
     ) -> std::result::Result<SqliteDriver, String> {
         check_sqlite_path(Path::new(path))?;
         let busy_ms = opts.busy_timeout.as_millis();
-        open_sqlite(path.to_string(), busy_ms)
+        open(path.to_string(), busy_ms)
             .await
             .map_err(|e| format!("{e}; expected a writable SQLite file"))?;
         let size = opts.pool_size.unwrap_or(DEFAULT_SQLITE_POOL_SIZE);
@@ -154,7 +154,7 @@ impl SqliteDriver {
         Ok(Writer { conn, _lock: lock })
     }
 
-    /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue_sqlite`], in one
+    /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue`], in one
     /// `BEGIN IMMEDIATE` transaction.
     pub(crate) async fn enqueue(
         &self,
@@ -162,11 +162,11 @@ impl SqliteDriver {
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         let mut c = self.writer(false).await?;
-        Ok(immediate(&mut c, async |c| enqueue_sqlite(c, batch, now).await).await?)
+        Ok(immediate(&mut c, async |c| enqueue(c, batch, now).await).await?)
     }
 
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING`
-    /// ([`sql::CLAIM_SQLITE`]) in `BEGIN IMMEDIATE`.
+    /// ([`sql::CLAIM`]) in `BEGIN IMMEDIATE`.
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
         let mut c = self.writer(false).await?;
         Ok(immediate(&mut c, async |c| {
@@ -187,7 +187,7 @@ impl SqliteDriver {
     }
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement
-    /// ([`sql::RENEW_SQLITE`]), the batch as one JSON array.
+    /// ([`sql::RENEW`]), the batch as one JSON array.
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
         let batch: Vec<(i64, &str, Option<i64>, Option<&str>)> = a
             .leases
@@ -214,14 +214,14 @@ impl SqliteDriver {
         .await?)
     }
 
-    /// [`Driver::finalize`](super::driver::Driver::finalize): see [`finalize_sqlite`].
+    /// [`Driver::finalize`](super::driver::Driver::finalize): see [`finalize`].
     pub(crate) async fn finalize(
         &self,
         items: &[Finalize],
         now: Option<i64>,
     ) -> Result<HashMap<i64, (JobState, bool)>> {
         let mut c = self.writer(false).await?;
-        Ok(finalize_sqlite(&mut c, items, now).await?)
+        Ok(finalize(&mut c, items, now).await?)
     }
 }
 
@@ -261,14 +261,14 @@ fn check_sqlite_path(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// A pool of the store's SQLite connections to `path` (see [`open_sqlite`]).
+/// A pool of the store's SQLite connections to `path` (see [`open`]).
 fn sqlite_pool(opts: &StoreOptions, size: u32, path: &str) -> ConnPool<SqliteConn> {
     let busy_ms = opts.busy_timeout.as_millis();
     let path = path.to_string();
     let connector: Connector<SqliteConn> = Box::new(move || {
         let path = path.clone();
         Box::pin(async move {
-            open_sqlite(path, busy_ms)
+            open(path, busy_ms)
                 .await
                 .map_err(diesel_async::pooled_connection::PoolError::ConnectionError)
         })
@@ -290,7 +290,7 @@ fn sqlite_pool(opts: &StoreOptions, size: u32, path: &str) -> ConnPool<SqliteCon
 
 /// Opens one of the store's connections to `path` (WAL mode, the busy timeout set), with the
 /// count of its calls still running.
-async fn open_sqlite(
+async fn open(
     path: String,
     busy_ms: u128,
 ) -> diesel::ConnectionResult<(SqliteConn, Arc<AtomicUsize>)> {
@@ -325,7 +325,7 @@ async fn open_sqlite(
 
 /// SQLite: jobs without unique keys in one cached `INSERT … SELECT FROM json_each(?)`
 /// (a `VALUES` list compiles in time quadratic in its binds). Ids ascend in array order.
-async fn insert_many_sqlite<C: SqliteAsync>(
+async fn insert_many<C: SqliteAsync>(
     conn: &mut C,
     jobs: &[&NewJob],
     now: Option<i64>,
@@ -341,7 +341,7 @@ async fn insert_many_sqlite<C: SqliteAsync>(
 /// one multi-row insert; a keyed job (or a lone one, whose insert is a cached prepared
 /// statement) is one `INSERT … ON CONFLICT DO NOTHING RETURNING` — statements are in-process
 /// calls, but each still costs its preparation and step.
-pub(crate) async fn enqueue_sqlite<C: SqliteAsync>(
+pub(crate) async fn enqueue<C: SqliteAsync>(
     conn: &mut C,
     batch: &[&NewJob],
     now: Option<i64>,
@@ -351,13 +351,11 @@ pub(crate) async fn enqueue_sqlite<C: SqliteAsync>(
     while i < batch.len() {
         let run = keyless_run(&batch[i..]);
         if run > 1 {
-            out.extend(new_ids(
-                insert_many_sqlite(conn, &batch[i..i + run], now).await?,
-            ));
+            out.extend(new_ids(insert_many(conn, &batch[i..i + run], now).await?));
             i += run;
             continue;
         }
-        out.push(enqueue_one_sqlite(conn, batch[i], now).await?);
+        out.push(enqueue_one(conn, batch[i], now).await?);
         i += 1;
     }
     Ok(out)
@@ -365,7 +363,7 @@ pub(crate) async fn enqueue_sqlite<C: SqliteAsync>(
 
 /// SQLite, one row: `INSERT … ON CONFLICT DO NOTHING RETURNING id`; `None`: another job
 /// holds the key.
-async fn insert_one_sqlite<C: SqliteAsync>(
+async fn insert_one<C: SqliteAsync>(
     conn: &mut C,
     j: &NewJob,
     now: Option<i64>,
@@ -384,13 +382,13 @@ async fn insert_one_sqlite<C: SqliteAsync>(
 /// duplicate, or inserted in its place if the holder's period has ended (its hold released
 /// by a guarded `UPDATE`; the caller's transaction — the writer's `BEGIN IMMEDIATE` — makes
 /// the two one step, and the only one). `None` when the key kept changing hands.
-async fn enqueue_one_sqlite<C: SqliteAsync>(
+async fn enqueue_one<C: SqliteAsync>(
     conn: &mut C,
     j: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<Enqueued>> {
     for _ in 0..KEYED_TRIES {
-        if let Some(id) = insert_one_sqlite(conn, j, now).await? {
+        if let Some(id) = insert_one(conn, j, now).await? {
             return Ok(Some(Enqueued {
                 id: JobId(id),
                 duplicate: false,
@@ -406,7 +404,7 @@ async fn enqueue_one_sqlite<C: SqliteAsync>(
             }
             Some((id, true)) => {
                 if take_over!(conn, id, now) == 1 {
-                    if let Some(id) = insert_one_sqlite(conn, j, now).await? {
+                    if let Some(id) = insert_one(conn, j, now).await? {
                         return Ok(Some(Enqueued {
                             id: JobId(id),
                             duplicate: false,
@@ -423,7 +421,7 @@ async fn enqueue_one_sqlite<C: SqliteAsync>(
 /// into the database thread, each row still guarded by its own token. The batch travels as
 /// one JSON bind: a `VALUES` list of 8 binds per job made SQLite compile a new, long statement
 /// per batch, in time quadratic in its binds (a third of a drain's CPU).
-async fn finalize_sqlite(
+async fn finalize(
     conn: &mut SqliteConn,
     items: &[Finalize],
     now: Option<i64>,
@@ -469,7 +467,7 @@ async fn finalize_sqlite(
 
 /// Records an effect unless its key is recorded (see `driver.rs`): `INSERT … ON CONFLICT
 /// DO NOTHING`; true if it inserted.
-pub(crate) async fn insert_effect_sqlite(
+pub(crate) async fn insert_effect(
     conn: &mut SqliteConn,
     e: &super::NewEffect,
 ) -> QueryResult<bool> {

@@ -71,7 +71,7 @@ impl<Q: QueryFragment<Sqlite>> QueryFragment<Sqlite> for SkipLocked<Q> {
 /// of the index lookup, so the index is walked in claim order and stops at `LIMIT`: with
 /// `sqlite_stat4` samples SQLite otherwise skip-scanned every due job by `run_at` and sorted
 /// them all (110 ms instead of 4 ms per claim with 1,000,000 jobs waiting).
-pub(crate) const CLAIM_SQLITE: &str = concat!(
+pub(crate) const CLAIM: &str = concat!(
     "WITH n(now) AS (SELECT COALESCE(?, ",
     now_us!(),
     ")) \
@@ -101,8 +101,8 @@ RETURNING ",
 );
 
 prepared_statement!(Sqlite
-    /// Claims up to `limit` due jobs of `queue` with one token (see [`CLAIM_SQLITE`]).
-    SqliteClaim, CLAIM_SQLITE, {
+    /// Claims up to `limit` due jobs of `queue` with one token (see [`CLAIM`]).
+    SqliteClaim, CLAIM, {
         now: Option<i64> => Nullable<BigInt>,
         owner: String => Text,
         token: String => Text,
@@ -114,8 +114,8 @@ prepared_statement!(Sqlite
     }
 );
 
-/// SQLite: [`RENEW_PG`] with the batch as one JSON array of `[id, token, ago or null]`.
-pub(crate) const RENEW_SQLITE: &str = concat!(
+/// SQLite: PostgreSQL's `RENEW` with the batch as one JSON array of `[id, token, ago or null]`.
+pub(crate) const RENEW: &str = concat!(
     "\
 WITH n(now) AS (SELECT COALESCE(?, ",
     now_us!(),
@@ -142,8 +142,8 @@ RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.lease_token AS lease_token, \
 );
 
 prepared_statement!(Sqlite
-    /// Renews leases and records starts (see [`RENEW_SQLITE`]).
-    SqliteRenew, RENEW_SQLITE, {
+    /// Renews leases and records starts (see [`RENEW`]).
+    SqliteRenew, RENEW, {
         now: Option<i64> => Nullable<BigInt>,
         batch: String => Text,
         lease_us: i64 => BigInt,
@@ -155,7 +155,7 @@ prepared_statement!(Sqlite
 /// `[id, token, state, result, error, delay_us, refund, ago]`, each row guarded by its token; a
 /// job whose key is held `while_active` releases it in the same statement that ends it, and a
 /// start no renewal recorded (`ago`: a job shorter than a heartbeat) is recorded.
-pub(crate) const FINALIZE_SQLITE: &str = concat!(
+pub(crate) const FINALIZE: &str = concat!(
     "\
 WITH n(now) AS (SELECT COALESCE(?, ", now_us!(), ")), \
 v(id, token, state, result, error, delay_us, refund, ago) AS ( \
@@ -192,8 +192,8 @@ RETURNING jobvisor_jobs.id AS id, jobvisor_jobs.state AS state, \
 );
 
 prepared_statement!(Sqlite
-    /// Finalizes a batch (see [`FINALIZE_SQLITE`]).
-    SqliteFinalize, FINALIZE_SQLITE, {
+    /// Finalizes a batch (see [`FINALIZE`]).
+    SqliteFinalize, FINALIZE, {
         now: Option<i64> => Nullable<BigInt>,
         batch: String => Text,
     }
@@ -202,7 +202,7 @@ prepared_statement!(Sqlite
 /// SQLite: inserts jobs without unique keys given as one JSON array of
 /// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms,
 /// partition or null]`, in array order (so their ids ascend in it).
-pub(crate) const INSERT_MANY_SQLITE: &str = concat!(
+pub(crate) const INSERT_MANY: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, state, priority, payload, max_attempts, run_at,
                            timeout_ms, partition_key, created_at, updated_at)
@@ -217,8 +217,8 @@ RETURNING id"
 );
 
 prepared_statement!(Sqlite
-    /// Inserts a batch of jobs without unique keys (see [`INSERT_MANY_SQLITE`]).
-    SqliteInsertMany, INSERT_MANY_SQLITE, {
+    /// Inserts a batch of jobs without unique keys (see [`INSERT_MANY`]).
+    SqliteInsertMany, INSERT_MANY, {
         now: Option<i64> => Nullable<BigInt>,
         batch: String => Text,
     }
@@ -228,7 +228,7 @@ prepared_statement!(Sqlite
 mod tests {
     #[test]
     fn statements_have_their_placeholders() {
-        assert_eq!(super::RENEW_SQLITE.split('?').count(), 5);
-        assert_eq!(super::CLAIM_SQLITE.split('?').count(), 9);
+        assert_eq!(super::RENEW.split('?').count(), 5);
+        assert_eq!(super::CLAIM.split('?').count(), 9);
     }
 }
