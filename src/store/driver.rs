@@ -69,9 +69,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::batch::RenewedRow;
-use super::params::Claimed;
+pub(crate) use super::params::Notice;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use super::params::OpenError;
+use super::params::{ClaimArgs, Claimed, RenewArgs};
 use super::rows::JobRow;
-use super::{Backend, Enqueued, Finalize, LeaseRef, StoreOptions};
+use super::{Backend, Enqueued, Finalize, StoreOptions};
 use crate::error::{Error, Result};
 use crate::job::{JobState, NewJob};
 
@@ -95,33 +98,6 @@ pub(crate) enum Driver {
     /// SQLite.
     #[cfg(feature = "sqlite")]
     Sqlite(SqliteDriver),
-}
-
-/// What a claim needs (see the module doc).
-#[derive(Debug)]
-pub(crate) struct ClaimArgs {
-    pub(crate) queue: String,
-    pub(crate) owner: String,
-    pub(crate) token: String,
-    pub(crate) lease_us: i64,
-    pub(crate) limit: i64,
-    /// Only these kinds (the claiming node's handlers); `None`: any kind.
-    pub(crate) kinds: Option<Vec<String>>,
-    pub(crate) now: Option<i64>,
-}
-
-/// What a renewal needs (see the module doc).
-#[derive(Debug)]
-pub(crate) struct RenewArgs<'a> {
-    pub(crate) leases: &'a [LeaseRef],
-    pub(crate) lease_us: i64,
-    pub(crate) grace_us: i64,
-    pub(crate) now: Option<i64>,
-    /// A hedge: sent on a connection opened for it alone (closed afterwards), not one of the
-    /// renewal lane's, which may be the one an overdue renewal hangs on or one that sat
-    /// through the same cut. SQLite has no network and renews from its lane.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fresh: bool,
 }
 
 // Each backend's enqueue on a caller's connection (the outbox, `outbox.rs`, whose trait is
@@ -452,7 +428,7 @@ pub(crate) fn run_migrations(
     conn: MigrationConn,
     target: &str,
     busy_ms: u128,
-) -> std::result::Result<(), super::migrate::BoxError> {
+) -> std::result::Result<(), super::embedded::BoxError> {
     match conn {
         #[cfg(feature = "postgres")]
         MigrationConn::Postgres(c) => super::postgres::run_migrations(*c),
@@ -461,16 +437,6 @@ pub(crate) fn run_migrations(
         #[cfg(feature = "sqlite")]
         MigrationConn::File => super::sqlite::run_migrations(target, busy_ms),
     }
-}
-
-/// Why a backend could not be opened: a malformed URL, or a server that did not answer.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-#[derive(Debug)]
-pub(crate) enum OpenError {
-    /// The URL is malformed (reason, password scrubbed).
-    Url(String),
-    /// The server cannot be reached (reason, password scrubbed).
-    Connect(String),
 }
 
 /// The latest migration version this build embeds for `backend`.
@@ -493,16 +459,6 @@ pub(crate) fn latest_migration(backend: Backend) -> String {
 pub(crate) struct Listener {
     #[cfg(feature = "postgres")]
     pg: super::postgres::listen::PgListener,
-}
-
-/// What a [`Listener`] was told.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL notifies
-pub(crate) enum Notice {
-    /// Jobs became due in this queue (an insert, a resume, a loosened limit).
-    Due(String),
-    /// This queue's settings changed (a pause, a resume, new limits).
-    Settings(String),
 }
 
 impl Listener {

@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::batch::bound;
-use super::driver::RenewArgs;
+use super::params::RenewArgs;
 use super::rows::{dur_us, from_us};
 use super::timeout::{enqueue_bound, Op};
 use super::{EnqueueParams, Enqueued, FinalizeParams, Guarded, RenewParams, Renewed, Store};

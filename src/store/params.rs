@@ -504,3 +504,64 @@ pub struct StateCount {
     /// How many.
     pub count: u64,
 }
+
+/// An effect record to insert.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct NewEffect {
+    pub(crate) id: i64,
+    pub(crate) key: String,
+    pub(crate) detail: Option<Value>,
+    pub(crate) claim: String,
+    pub(crate) now: Option<i64>,
+}
+
+// The seam's arguments and answers that each backend takes or gives (`driver.rs` states
+// their contracts); they live here, below the backends, so a backend imports nothing above it.
+
+/// What a claim needs (the contract is `Driver::claim`'s, `driver.rs`).
+#[derive(Debug)]
+pub(crate) struct ClaimArgs {
+    pub(crate) queue: String,
+    pub(crate) owner: String,
+    pub(crate) token: String,
+    pub(crate) lease_us: i64,
+    pub(crate) limit: i64,
+    /// Only these kinds (the claiming node's handlers); `None`: any kind.
+    pub(crate) kinds: Option<Vec<String>>,
+    pub(crate) now: Option<i64>,
+}
+
+/// What a renewal needs (the contract is `Driver::renew`'s, `driver.rs`).
+#[derive(Debug)]
+pub(crate) struct RenewArgs<'a> {
+    pub(crate) leases: &'a [LeaseRef],
+    pub(crate) lease_us: i64,
+    pub(crate) grace_us: i64,
+    pub(crate) now: Option<i64>,
+    /// A hedge: sent on a connection opened for it alone (closed afterwards), not one of the
+    /// renewal lane's, which may be the one an overdue renewal hangs on or one that sat
+    /// through the same cut. SQLite has no network and renews from its lane.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fresh: bool,
+}
+
+/// Why a backend could not be opened: a malformed URL, or a server that did not answer.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// The URL is malformed (reason, password scrubbed).
+    Url(String),
+    /// The server cannot be reached (reason, password scrubbed).
+    Connect(String),
+}
+
+/// What a database's wake-up channel (`driver::Listener`) was told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL notifies
+pub(crate) enum Notice {
+    /// Jobs became due in this queue (an insert, a resume, a loosened limit).
+    Due(String),
+    /// This queue's settings changed (a pause, a resume, new limits).
+    Settings(String),
+}

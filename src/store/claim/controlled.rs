@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use diesel::result::QueryResult;
 
-use super::super::driver::{with_tx, ClaimArgs};
+use super::super::driver::with_tx;
+use super::super::params::ClaimArgs;
 use super::super::params::{Claimed, Route};
 use super::super::queues::{QueueRow, RateLimit, RATE_START_MARGIN};
 use super::super::rows::{dur_us, JobRow};

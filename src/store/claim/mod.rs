@@ -39,7 +39,7 @@ mod steps;
 pub(crate) use route::Routes;
 
 use super::batch::bound;
-use super::driver::ClaimArgs;
+use super::params::ClaimArgs;
 use super::params::{Claimed, Route};
 use super::rows::{dur_us, JobRow};
 use super::timeout::Op;

@@ -10,10 +10,10 @@ use diesel::prelude::*;
 use diesel::result::QueryResult;
 use diesel_async::RunQueryDsl;
 
-use super::super::driver::ClaimArgs;
 use super::super::expr::{
     in_list, ClaimableIn, DbClock, DbNow, ForUpdate, PartitionScanSql, ScanSql,
 };
+use super::super::params::ClaimArgs;
 use super::super::queues::QueueRow;
 use super::super::rows::JobRow;
 use super::super::schema::{

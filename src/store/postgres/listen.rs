@@ -9,7 +9,7 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 
 use crate::error::{Error, Result, StoreError};
-use crate::store::driver::Notice;
+use crate::store::params::Notice;
 
 /// The channel of newly due jobs.
 pub(crate) const CHANNEL: &str = "jobvisor_jobs";
