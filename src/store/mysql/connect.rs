@@ -9,8 +9,8 @@ use diesel::result::ConnectionError;
 use diesel::ConnectionResult;
 use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
 
-use crate::store::connect::{attempts, with_query};
 use crate::store::errors::{connect_failure, scrub};
+use crate::store::pool::{attempts, with_query};
 use crate::store::tls::{root_certs, split_url, TlsMode, TlsSettings};
 use crate::store::StoreOptions;
 

@@ -8,8 +8,8 @@ use diesel::result::ConnectionError;
 use diesel::ConnectionResult;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 
-use crate::store::connect::attempts;
 use crate::store::errors::{connect_failure, scrub};
+use crate::store::pool::attempts;
 use crate::store::tls::{split_url, TlsMode};
 use crate::store::StoreOptions;
 

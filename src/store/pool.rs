@@ -1,0 +1,90 @@
+//! What every backend's connection set-up shares, below the backends: bounded connection
+//! attempts, the pool builder and URL options. A backend opens its own pools with these
+//! (`Driver::open`); `connect.rs`, above the seam, only chooses the backend from the URL.
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::time::{Duration, Instant};
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use diesel_async::AsyncConnection;
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use super::timeout::{ConnPool, Manager};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use super::StoreOptions;
+
+/// Runs `attempt` (one try at opening a connection) with at most `each` per try, starting a
+/// fresh one after each timeout until `total` has passed; an error ends it at once. A try
+/// that hung in a network cut is thus replaced within `each` of the heal.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn attempts<T, F, Fut>(
+    each: Duration,
+    total: Duration,
+    mut attempt: F,
+) -> std::result::Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, String>>,
+{
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        let left = total.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(format!(
+                "no answer within {total:?} ({tries} attempts of at most {each:?}, \
+                 StoreOptions::connect_attempt_timeout)"
+            ));
+        }
+        tries += 1;
+        if let Ok(res) = tokio::time::timeout(each.min(left), attempt()).await {
+            return res;
+        }
+    }
+}
+
+/// One pool of `size` connections, each opened by `setup`. `verify`: ping each connection at
+/// checkout (a `SELECT 1`), for MySQL, where diesel-async cannot tell that the server closed a
+/// connection (it can for PostgreSQL, and SQLite has no server): after a server restart every
+/// pooled connection would otherwise stay dead forever. Elsewhere a ping would double the cost
+/// of every short statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn pool<C>(
+    opts: &StoreOptions,
+    size: u32,
+    verify: bool,
+    setup: diesel_async::pooled_connection::SetupCallback<C>,
+) -> ConnPool<C>
+where
+    C: AsyncConnection + 'static,
+    Manager<C>: bb8::ManageConnection,
+{
+    let mut cfg = ManagerConfig::<C>::default();
+    cfg.recycling_method = if verify {
+        RecyclingMethod::Verified
+    } else {
+        RecyclingMethod::Fast
+    };
+    cfg.custom_setup = setup;
+    // The URL is in `setup`; the manager's copy is unused.
+    let mgr = Manager::new(AsyncDieselConnectionManager::new_with_config("", cfg));
+    bb8::Pool::builder()
+        .max_size(size)
+        .connection_timeout(opts.connect_timeout)
+        .test_on_check_out(verify)
+        .build_unchecked(mgr)
+}
+
+/// `url` with `kv` appended to its query string.
+#[cfg(any(feature = "mysql", all(feature = "test-util", feature = "postgres")))]
+pub(crate) fn with_query(url: &str, kv: &str) -> String {
+    if url.contains('?') {
+        format!("{url}&{kv}")
+    } else {
+        format!("{url}?{kv}")
+    }
+}
