@@ -6,29 +6,10 @@
 //! exclusive transaction. Migrations run on a dedicated synchronous connection in a blocking
 //! thread (diesel's migration harness is synchronous and must not block an async runtime).
 
-use diesel::migration::MigrationSource;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use diesel::Connection;
-use diesel_migrations::EmbeddedMigrations;
-
 use super::connect::parse_url;
 use super::driver::{latest_migration, run_migrations};
 use super::Store;
 use crate::error::{Error, Result, StoreError};
-
-/// An error of the migration harness.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The latest version in `source`, read as backend `DB`'s migrations.
-pub(crate) fn latest_version<DB: diesel::backend::Backend>(source: &EmbeddedMigrations) -> String
-where
-    EmbeddedMigrations: MigrationSource<DB>,
-{
-    MigrationSource::<DB>::migrations(source)
-        .ok()
-        .and_then(|ms| ms.iter().map(|m| m.name().version().to_string()).max())
-        .unwrap_or_default()
-}
 
 impl Store {
     /// Applies every pending migration, safe when several processes do it at once.
@@ -130,15 +111,4 @@ impl Store {
 
 fn is_missing_table(msg: &str) -> bool {
     msg.contains("does not exist") || msg.contains("doesn't exist") || msg.contains("no such table")
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-/// Runs one statement on a synchronous connection (the migration connection).
-pub(crate) fn sync_exec<C>(conn: &mut C, sql: &str) -> diesel::QueryResult<usize>
-where
-    C: Connection,
-    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>
-        + diesel::query_dsl::methods::ExecuteDsl<C>,
-{
-    diesel::RunQueryDsl::execute(diesel::sql_query(sql), conn)
 }
