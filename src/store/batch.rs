@@ -303,3 +303,22 @@ impl From<&Finalize> for FinalRow {
 pub(crate) use holder;
 pub(crate) use new_row;
 pub(crate) use take_over;
+
+/// The values of an effect record's insert, once for every backend.
+macro_rules! effect_values {
+    ($e:expr) => {{
+        use diesel::prelude::*;
+        use $crate::store::expr::DbNow;
+        use $crate::store::schema::jobvisor_effects as effects;
+        let e: &$crate::store::params::NewEffect = $e;
+        (
+            effects::job_id.eq(e.id),
+            effects::effect_key.eq(e.key.clone()),
+            effects::detail.eq(e.detail.clone()),
+            effects::claim.eq(e.claim.clone()),
+            effects::recorded_at.eq(DbNow::new(e.now)),
+        )
+    }};
+}
+
+pub(crate) use effect_values;

@@ -29,6 +29,7 @@ use std::ops::DerefMut;
 use diesel::result::QueryResult;
 use serde_json::Value;
 
+use super::params::NewEffect;
 use super::{OutboxConnection, Store};
 use crate::error::{Error, Result};
 use crate::store::effects::Effect;
@@ -110,17 +111,6 @@ pub struct Completion {
     /// How long ago the handler started (µs), for a start no renewal recorded yet.
     pub(crate) started_ago_us: Option<i64>,
     /// The bound test-clock instant (µs), or `None` for the database's clock.
-    pub(crate) now: Option<i64>,
-}
-
-/// An effect record to insert.
-#[doc(hidden)]
-#[derive(Debug, Clone)]
-pub struct NewEffect {
-    pub(crate) id: i64,
-    pub(crate) key: String,
-    pub(crate) detail: Option<Value>,
-    pub(crate) claim: String,
     pub(crate) now: Option<i64>,
 }
 
@@ -212,25 +202,6 @@ macro_rules! read_effect {
         Ok(row.map($crate::store::effects::Effect::from_row))
     }};
 }
-
-/// The values of an effect record's insert, once for every backend.
-macro_rules! effect_values {
-    ($e:expr) => {{
-        use diesel::prelude::*;
-        use $crate::store::expr::DbNow;
-        use $crate::store::schema::jobvisor_effects as effects;
-        let e: &$crate::store::job_conn::NewEffect = $e;
-        (
-            effects::job_id.eq(e.id),
-            effects::effect_key.eq(e.key.clone()),
-            effects::detail.eq(e.detail.clone()),
-            effects::claim.eq(e.claim.clone()),
-            effects::recorded_at.eq(DbNow::new(e.now)),
-        )
-    }};
-}
-
-pub(crate) use effect_values;
 
 /// `JobConnection` for a network backend's connection, whose transactions are diesel-async's
 /// own; `$checkout` is the seam's accessor of the backend's driver, `$insert` the backend's

@@ -28,13 +28,15 @@
 //!    `UPDATE … RETURNING`; MariaDB's `INSERT … RETURNING`), `sqlite` (one writer, taken
 //!    structurally). Each owns its connection setup, its state and its statements (`sql.rs`).
 //!    No backend module imports another.
-//! 4. Shared below both: `batch` (helpers several backends' statements use), `expr`
-//!    (custom SQL expressions), `errors` (classification), `options`, `params`, `rows`,
-//!    `schema`, `timeout` (bounded operations, poisoned connections).
+//! 4. Shared below the backends: `batch` (helpers several backends' statements use), `expr`
+//!    (custom SQL expressions), `errors` (classification), `options`, `params` (the
+//!    vocabulary, and the seam's arguments and answers), `pool` (connection attempts, the pool
+//!    builder), `embedded` (the migration helpers: latest version, locked migrate), `rows`,
+//!    `schema`, `timeout` (bounded operations, poisoned connections), `tls`.
 //!
-//! The layers are the intended direction. Two imports still run upward and are the next to
-//! move below the backends: the backends use `connect` (pool set-up, connection attempts)
-//! and `migrate` (the embedded-migration helpers).
+//! A module imports its own layer or those below it, never one above, and no modules import
+//! each other in a circle: CI checks both from the imports (`.ci/store-layers`, where a new
+//! module is given its layer).
 //!
 //! # Operation → file
 //! | operation | entry point | SQL |
@@ -63,10 +65,12 @@ mod connect;
 pub(crate) mod dependencies;
 pub(crate) mod driver;
 mod effects;
+mod embedded;
 mod errors;
 mod expr;
 mod gauges;
 pub(crate) mod job_conn;
+mod keyed;
 mod leader;
 mod maintain;
 mod migrate;
@@ -87,6 +91,7 @@ pub(crate) mod statement_count;
 // only through `crate::testing` (feature `test-util`).
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod params;
+mod pool;
 mod queues;
 mod read;
 mod rows;
@@ -106,17 +111,15 @@ mod tls;
 pub mod conformance;
 
 pub(crate) use batch::bound as bound_us;
-#[cfg(all(feature = "test-util", feature = "postgres"))]
-pub(crate) use connect::with_query;
 pub(crate) use driver::{Listener, Notice};
 pub(crate) use effects::validate_key as validate_effect_key;
 pub use effects::{Effect, Recorded, MAX_EFFECT_KEY_LEN};
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
+#[doc(hidden)]
+pub use job_conn::Completion;
 pub use job_conn::JobConnection;
 #[cfg(feature = "sqlite")]
 pub use job_conn::SqliteJobConnection;
-#[doc(hidden)]
-pub use job_conn::{Completion, NewEffect};
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
 pub use nodes::{NodeInfo, Unserved, UnservedReason, NODE_GONE_AFTER};
@@ -127,6 +130,7 @@ pub use options::{
     DEFAULT_SQLITE_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TCP_USER_TIMEOUT,
 };
 pub use outbox::OutboxConnection;
+pub use params::NewEffect;
 pub(crate) use params::{
     ArchiveParams, CancelParams, ClaimParams, Claimed, ClaimedJob, EnqueueParams, Finalization,
     Finalize, FinalizeParams, LeaseRef, PruneParams, ReclaimParams, Reclaimed, RenewParams,
@@ -135,6 +139,8 @@ pub(crate) use params::{
 pub use params::{
     CancelOutcome, Enqueued, Guarded, ListParams, QueueLag, ReclaimReason, RetryOutcome, StateCount,
 };
+#[cfg(all(feature = "test-util", feature = "postgres"))]
+pub(crate) use pool::with_query;
 pub(crate) use queues::ChangeSignal;
 pub use queues::{
     QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,

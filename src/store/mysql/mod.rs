@@ -22,16 +22,17 @@ use std::collections::HashMap;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use super::batch::{
     batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, take_over, FinalRow,
-    LastId, RenewedRow, KEYED_TRIES,
+    LastId, RenewedRow,
 };
-use super::connect::pool;
-use super::driver::{ClaimArgs, OpenError, RenewArgs};
 use super::expr::{in_list, DbNow, RUNNING};
+use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::own_conn::{Held, OwnConn};
+use super::params::{ClaimArgs, OpenError, RenewArgs};
+use super::pool::pool;
 use super::rows::{dur_ms, dur_us, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
@@ -242,29 +243,23 @@ impl MysqlDriver {
 
 /// The latest migration version embedded.
 pub(crate) fn latest_migration() -> String {
-    super::migrate::latest_version::<diesel::mysql::Mysql>(&MIGRATIONS)
+    super::embedded::latest_version::<diesel::mysql::Mysql>(&MIGRATIONS)
 }
 
 /// Runs the pending migrations on a dedicated connection, holding `GET_LOCK` on the
 /// database's name.
 pub(crate) fn run_migrations(
     conn: AsyncMysqlConnection,
-) -> std::result::Result<(), super::migrate::BoxError> {
+) -> std::result::Result<(), super::embedded::BoxError> {
     use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
     // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
     let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::from(conn);
-    super::migrate::sync_exec(
+    super::embedded::migrate_locked(
         &mut conn,
         "SELECT GET_LOCK(CONCAT('jobvisor_migrate:', DATABASE()), 300)",
-    )?;
-    let res = conn.run_pending_migrations(MIGRATIONS).map(|_| ());
-    let unlock = super::migrate::sync_exec(
-        &mut conn,
         "SELECT RELEASE_LOCK(CONCAT('jobvisor_migrate:', DATABASE()))",
-    );
-    res?;
-    unlock?;
-    Ok(())
+        MIGRATIONS,
+    )
 }
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
@@ -370,15 +365,14 @@ async fn insert_one(
 
 /// The job holding a key, and whether its period has ended (1).
 #[derive(QueryableByName)]
-struct Holder {
+struct HolderRow {
     #[diesel(sql_type = BigInt)]
     id: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     expired: Option<i64>,
 }
 
-/// MySQL, one job: inserted, or — when another job holds its key — that job as a duplicate,
-/// or inserted in its place if the holder's period has ended: the hold is released by a
+/// MySQL's steps of the keyed enqueue (`keyed.rs`). The expired hold is released by a
 /// guarded, row-locking `UPDATE` and the job inserted in one transaction — the enclosing
 /// one when `in_tx`, else one of its own — so concurrent enqueuers serialize on the holder's
 /// row. (Not a savepoint inside the enclosing transaction: InnoDB rolls back a deadlock
@@ -386,53 +380,61 @@ struct Holder {
 /// then fail and hide the deadlock, which is transient, behind an error that is not.) The
 /// holder is read with a shared lock (compatible with the one the failed insert holds, unlike
 /// FOR UPDATE, which deadlocks concurrent losers), so the latest committed row is seen.
-/// `None` when the key kept changing hands (the caller tries again).
+struct MysqlKeyed<'c> {
+    conn: &'c mut diesel_async::AsyncMysqlConnection,
+    /// `conn` is inside a transaction (the batch's, or the caller's on the outbox path).
+    in_tx: bool,
+}
+
+impl KeyedSteps for MysqlKeyed<'_> {
+    async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
+        insert_one(self.conn, job, now).await
+    }
+
+    async fn holder(
+        &mut self,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<Option<Holder>> {
+        // `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
+        let row: Option<HolderRow> = diesel::sql_query(sql::HOLDER)
+            .bind::<Nullable<BigInt>, _>(now)
+            .bind::<Text, _>(&job.kind)
+            .bind::<Nullable<Text>, _>(&job.unique_key)
+            .get_result(&mut *self.conn)
+            .await
+            .optional()?;
+        Ok(row.map(|h| Holder {
+            id: h.id,
+            expired: h.expired == Some(1),
+        }))
+    }
+
+    async fn replace(
+        &mut self,
+        holder: i64,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<Option<i64>> {
+        if self.in_tx {
+            replace_expired_hold(self.conn, holder, job, now).await
+        } else {
+            diesel_async::AsyncConnection::transaction(&mut *self.conn, async |c| {
+                replace_expired_hold(c, holder, job, now).await
+            })
+            .await
+        }
+    }
+}
+
+/// MySQL, one keyed job (`keyed::enqueue_keyed`).
 async fn enqueue_one(
     conn: &mut diesel_async::AsyncMysqlConnection,
     j: &NewJob,
     now: Option<i64>,
     in_tx: bool,
 ) -> diesel::QueryResult<Option<Enqueued>> {
-    for _ in 0..KEYED_TRIES {
-        if let Some(id) = insert_one(conn, j, now).await? {
-            return Ok(Some(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }));
-        }
-        // `LOCK IN SHARE MODE` is understood by MySQL and MariaDB.
-        let holder: Option<Holder> = diesel::sql_query(sql::HOLDER)
-            .bind::<Nullable<BigInt>, _>(now)
-            .bind::<Text, _>(&j.kind)
-            .bind::<Nullable<Text>, _>(&j.unique_key)
-            .get_result(&mut *conn)
-            .await
-            .optional()?;
-        let Some(h) = holder else {
-            continue; // released meanwhile: insert again
-        };
-        if h.expired != Some(1) {
-            return Ok(Some(Enqueued {
-                id: JobId(h.id),
-                duplicate: true,
-            }));
-        }
-        let got = if in_tx {
-            replace_expired_hold(conn, h.id, j, now).await?
-        } else {
-            diesel_async::AsyncConnection::transaction(&mut *conn, async |c| {
-                replace_expired_hold(c, h.id, j, now).await
-            })
-            .await?
-        };
-        if let Some(id) = got {
-            return Ok(Some(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }));
-        }
-    }
-    Ok(None)
+    enqueue_keyed(&mut MysqlKeyed { conn, in_tx }, j, now).await
 }
 
 /// Releases the expired hold of job `holder` and inserts `j` in its place; `None` if another
@@ -607,11 +609,11 @@ async fn finalize(
 /// goes on; true if it inserted.
 pub(crate) async fn insert_effect(
     conn: &mut AsyncMysqlConnection,
-    e: &super::NewEffect,
+    e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
     use diesel::result::{DatabaseErrorKind, Error as DieselError};
     match diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::job_conn::effect_values!(e))
+        .values(super::batch::effect_values!(e))
         .execute(conn)
         .await
     {

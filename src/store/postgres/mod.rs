@@ -19,14 +19,13 @@ use diesel::prelude::*;
 use diesel::query_builder::DecoratableTarget;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
-    holder, new_row, take_over, unique_parts, FinalRow, Finalized, RenewedRow, KEYED_TRIES,
-};
-use super::connect::pool;
-use super::driver::{ClaimArgs, OpenError, RenewArgs};
+use super::batch::{holder, new_row, take_over, unique_parts, FinalRow, Finalized, RenewedRow};
+use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps};
+use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::params::{Claimed, Route};
+use super::pool::pool;
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
@@ -308,28 +307,22 @@ fn lock_wait(bound: std::time::Duration) -> String {
 
 /// The latest migration version embedded.
 pub(crate) fn latest_migration() -> String {
-    super::migrate::latest_version::<diesel::pg::Pg>(&MIGRATIONS)
+    super::embedded::latest_version::<diesel::pg::Pg>(&MIGRATIONS)
 }
 
 /// Runs the pending migrations on a dedicated connection, holding the advisory lock.
 pub(crate) fn run_migrations(
     conn: AsyncPgConnection,
-) -> std::result::Result<(), super::migrate::BoxError> {
+) -> std::result::Result<(), super::embedded::BoxError> {
     use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
     // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
     let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::from(conn);
-    super::migrate::sync_exec(
+    super::embedded::migrate_locked(
         &mut conn,
         &format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"),
-    )?;
-    let res = conn.run_pending_migrations(MIGRATIONS).map(|_| ());
-    let unlock = super::migrate::sync_exec(
-        &mut conn,
         &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
-    );
-    res?;
-    unlock?;
-    Ok(())
+        MIGRATIONS,
+    )
 }
 
 /// PostgreSQL, one row: a single-row `INSERT … ON CONFLICT DO NOTHING RETURNING id` — a
@@ -352,59 +345,49 @@ async fn insert_one(
         .optional()
 }
 
-/// PostgreSQL, one job: inserted, or — when another job holds its key — that job as a
-/// duplicate, or inserted in its place if the holder's period has ended. `None` when the key
-/// kept changing hands (the caller tries again).
+/// PostgreSQL's steps of the keyed enqueue (`keyed.rs`): the take-over and the insert in
+/// its place are one transaction (a savepoint inside the caller's).
+struct PgKeyed<'c>(&'c mut diesel_async::AsyncPgConnection);
+
+impl KeyedSteps for PgKeyed<'_> {
+    async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
+        insert_one(self.0, job, now).await
+    }
+
+    async fn holder(
+        &mut self,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<Option<Holder>> {
+        let conn = &mut *self.0;
+        Ok(holder!(conn, job, now).map(|(id, expired)| Holder { id, expired }))
+    }
+
+    async fn replace(
+        &mut self,
+        holder: i64,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<Option<i64>> {
+        use diesel_async::AsyncConnection;
+        self.0
+            .transaction(async |c| {
+                if take_over!(c, holder, now) == 0 {
+                    return Ok::<_, diesel::result::Error>(None);
+                }
+                insert_one(c, job, now).await
+            })
+            .await
+    }
+}
+
+/// PostgreSQL, one keyed job (`keyed::enqueue_keyed`).
 async fn enqueue_one(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<Enqueued>> {
-    for _ in 0..KEYED_TRIES {
-        if let Some(id) = insert_one(conn, job, now).await? {
-            return Ok(Some(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }));
-        }
-        if let Some(e) = resolve_conflict(conn, job, now).await? {
-            return Ok(Some(e));
-        }
-    }
-    Ok(None)
-}
-
-/// After a keyed insert met a holder: the holder as a duplicate, or — if its period has
-/// ended — the hold taken over (a guarded, row-locking `UPDATE`) and this job inserted, in
-/// one transaction (a savepoint inside the caller's). `None`: nobody holds the key any more,
-/// or another enqueuer took it over first; the caller inserts again.
-async fn resolve_conflict(
-    conn: &mut diesel_async::AsyncPgConnection,
-    job: &NewJob,
-    now: Option<i64>,
-) -> diesel::QueryResult<Option<Enqueued>> {
-    use diesel_async::AsyncConnection;
-    match holder!(conn, job, now) {
-        None => Ok(None),
-        Some((id, false)) => Ok(Some(Enqueued {
-            id: JobId(id),
-            duplicate: true,
-        })),
-        Some((id, true)) => {
-            let got = conn
-                .transaction(async |c| {
-                    if take_over!(c, id, now) == 0 {
-                        return Ok::<_, diesel::result::Error>(None);
-                    }
-                    insert_one(c, job, now).await
-                })
-                .await?;
-            Ok(got.map(|id| Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }))
-        }
-    }
+    enqueue_keyed(&mut PgKeyed(conn), job, now).await
 }
 
 /// Pairs RETURNING rows (a subsequence of the input, in input order) with the input jobs.
@@ -449,7 +432,7 @@ fn match_inserted(
 /// PostgreSQL: one job through the query builder (a cached prepared statement); a batch as
 /// one `INSERT … SELECT FROM unnest(…)` — thirteen array binds whatever its size, so no bind
 /// limit, and rows inserted (and returned) in input order. Jobs whose key another job holds
-/// are then resolved one by one ([`resolve_conflict`]).
+/// are then resolved one by one (`keyed::after_conflict`).
 pub(crate) async fn enqueue(
     conn: &mut diesel_async::AsyncPgConnection,
     batch: &[&NewJob],
@@ -541,10 +524,7 @@ pub(crate) async fn enqueue(
     let mut out = match_inserted(batch, inserted);
     for (i, slot) in out.iter_mut().enumerate() {
         if slot.is_none() {
-            *slot = match resolve_conflict(conn, batch[i], now).await? {
-                Some(e) => Some(e),
-                None => enqueue_one(conn, batch[i], now).await?,
-            };
+            *slot = after_conflict(&mut PgKeyed(&mut *conn), batch[i], now).await?;
         }
     }
     Ok(out)
@@ -602,10 +582,10 @@ async fn finalize(
 /// DO NOTHING`; true if it inserted.
 pub(crate) async fn insert_effect(
     conn: &mut AsyncPgConnection,
-    e: &super::NewEffect,
+    e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
     let n = diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::job_conn::effect_values!(e))
+        .values(super::batch::effect_values!(e))
         .on_conflict_do_nothing()
         .execute(conn)
         .await?;

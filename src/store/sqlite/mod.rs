@@ -32,9 +32,10 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::batch::{
     batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
-    LastId, RenewedRow, KEYED_TRIES,
+    LastId, RenewedRow,
 };
-use super::driver::{ClaimArgs, RenewArgs};
+use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
+use super::params::{ClaimArgs, RenewArgs};
 use super::rows::{dur_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{
@@ -42,7 +43,7 @@ use super::timeout::{
 };
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_SQLITE_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
-use crate::job::{JobId, JobState, NewJob};
+use crate::job::{JobState, NewJob};
 
 mod conn;
 pub(crate) mod sql;
@@ -227,20 +228,20 @@ impl SqliteDriver {
 
 /// The latest migration version embedded.
 pub(crate) fn latest_migration() -> String {
-    super::migrate::latest_version::<diesel::sqlite::Sqlite>(&MIGRATIONS)
+    super::embedded::latest_version::<diesel::sqlite::Sqlite>(&MIGRATIONS)
 }
 
 /// Runs the pending migrations on a dedicated connection, in an exclusive transaction.
 pub(crate) fn run_migrations(
     path: &str,
     busy_ms: u128,
-) -> std::result::Result<(), super::migrate::BoxError> {
+) -> std::result::Result<(), super::embedded::BoxError> {
     use diesel::connection::SimpleConnection;
     let mut conn = SqliteConnection::establish(path)?;
     conn.batch_execute(&format!(
         "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL;"
     ))?;
-    conn.exclusive_transaction(|c| -> std::result::Result<(), super::migrate::BoxError> {
+    conn.exclusive_transaction(|c| -> std::result::Result<(), super::embedded::BoxError> {
         c.run_pending_migrations(MIGRATIONS)?;
         Ok(())
     })
@@ -378,43 +379,46 @@ async fn insert_one<C: SqliteAsync>(
         .optional()
 }
 
-/// SQLite, one job: inserted, or — when another job holds its key — that job as a
-/// duplicate, or inserted in its place if the holder's period has ended (its hold released
-/// by a guarded `UPDATE`; the caller's transaction — the writer's `BEGIN IMMEDIATE` — makes
-/// the two one step, and the only one). `None` when the key kept changing hands.
+/// SQLite's steps of the keyed enqueue (`keyed.rs`): the hold is released by a guarded
+/// `UPDATE`; the caller's transaction — the writer's `BEGIN IMMEDIATE` — makes the take-over
+/// and the insert one step, and the only one.
+struct SqliteKeyed<'c, C>(&'c mut C);
+
+impl<C: SqliteAsync> KeyedSteps for SqliteKeyed<'_, C> {
+    async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
+        insert_one(self.0, job, now).await
+    }
+
+    async fn holder(
+        &mut self,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<Option<Holder>> {
+        let conn = &mut *self.0;
+        Ok(holder!(conn, job, now).map(|(id, expired)| Holder { id, expired }))
+    }
+
+    async fn replace(
+        &mut self,
+        holder: i64,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<Option<i64>> {
+        let conn = &mut *self.0;
+        if take_over!(conn, holder, now) == 0 {
+            return Ok(None);
+        }
+        insert_one(conn, job, now).await
+    }
+}
+
+/// SQLite, one keyed job (`keyed::enqueue_keyed`).
 async fn enqueue_one<C: SqliteAsync>(
     conn: &mut C,
     j: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<Enqueued>> {
-    for _ in 0..KEYED_TRIES {
-        if let Some(id) = insert_one(conn, j, now).await? {
-            return Ok(Some(Enqueued {
-                id: JobId(id),
-                duplicate: false,
-            }));
-        }
-        match holder!(conn, j, now) {
-            None => continue,
-            Some((id, false)) => {
-                return Ok(Some(Enqueued {
-                    id: JobId(id),
-                    duplicate: true,
-                }))
-            }
-            Some((id, true)) => {
-                if take_over!(conn, id, now) == 1 {
-                    if let Some(id) = insert_one(conn, j, now).await? {
-                        return Ok(Some(Enqueued {
-                            id: JobId(id),
-                            duplicate: false,
-                        }));
-                    }
-                }
-            }
-        }
-    }
-    Ok(None)
+    enqueue_keyed(&mut SqliteKeyed(conn), j, now).await
 }
 
 /// SQLite: the whole batch in one cached `UPDATE … FROM json_each(…)` statement — one call
@@ -469,10 +473,10 @@ async fn finalize(
 /// DO NOTHING`; true if it inserted.
 pub(crate) async fn insert_effect(
     conn: &mut SqliteConn,
-    e: &super::NewEffect,
+    e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
     let n = diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::job_conn::effect_values!(e))
+        .values(super::batch::effect_values!(e))
         .on_conflict_do_nothing()
         .execute(conn)
         .await?;
