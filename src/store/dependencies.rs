@@ -274,7 +274,7 @@ macro_rules! enqueue_dependent_on {
             ir: bool,
         ) -> Result<(Vec<Enqueued>, Vec<String>)>
         $(where
-            $conn_ty: OutboxConnection + super::sqlite::SqliteAsync,
+            $conn_ty: OutboxConnection + super::driver::SqliteAsync,
             $s: ,)?
         {
             // A savepoint inside the caller's transaction, or a transaction of its own without
