@@ -503,12 +503,17 @@ impl Client {
     /// # Errors
     /// [`Error::NotFound`]; [`Error::Database`].
     pub async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {
-        self.store
-            .job_cancel(CancelParams {
+        let (out, released) = self
+            .store
+            .job_cancel_settling(CancelParams {
                 id,
                 now: self.clock.bound_now(),
             })
-            .await
+            .await?;
+        // A `Run` child the cancel released is due now: this node's fetchers need not wait
+        // for a NOTIFY or their poll.
+        self.wake_queues(&released);
+        Ok(out)
     }
 
     /// Cancels a job and every descendant not yet ended (children, their children, …),

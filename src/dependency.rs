@@ -4,8 +4,8 @@
 //! does to it; [`Dependencies`] is the view of a job's parents and children
 //! (`Client::dependencies`); [`Batch`] is what `Client::enqueue_batch` returns.
 //!
-//! Parents must exist (in the live table) when the child is enqueued, so a cycle cannot be
-//! built. The design and its guarantees are in ARCHITECTURE.md (*Dependencies*).
+//! Parents must exist (live, or archived: ended) when the child is enqueued, so a cycle
+//! cannot be built. The design and its guarantees are in ARCHITECTURE.md (*Dependencies*).
 
 use serde::{Deserialize, Serialize};
 
@@ -58,15 +58,17 @@ impl ParentPolicy {
 impl NewJob {
     /// Runs this job only after `parents` have ended: it is stored `waiting` and becomes due
     /// when every parent has succeeded (a parent that ends dead or cancelled applies
-    /// [`NewJob::on_parent_failure`]). Each parent must exist in the live table at enqueue;
-    /// otherwise the enqueue fails naming it, and nothing is stored. Calls add up.
+    /// [`NewJob::on_parent_failure`]). Each parent must exist at enqueue, in the live table
+    /// or the archive (an archived parent has ended: its final state counts at once, a
+    /// success as done, dead or cancelled by the child's policy); otherwise the enqueue fails
+    /// naming it, and nothing is stored. Calls add up.
     pub fn after(mut self, parents: &[JobId]) -> Self {
         self.after.extend_from_slice(parents);
         self
     }
 
     /// Like [`after`](Self::after), naming the parent by the job that holds `unique_key` for
-    /// `kind` at enqueue.
+    /// `kind` at enqueue (or, if none does, the newest archived job of `kind` with that key).
     pub fn after_key(mut self, kind: impl Into<String>, unique_key: impl Into<String>) -> Self {
         self.after_keys.push((kind.into(), unique_key.into()));
         self

@@ -12,8 +12,8 @@ use jobvisor::clock::Clock as _;
 use jobvisor::scheduler::Event;
 use jobvisor::testing::{Simulation, StoreEngine as _, TestDb, TokenOf};
 use jobvisor::{
-    handler_fn, Backend, CancelOutcome, JobError, JobId, JobOutcome, JobState, NewJob, QueueConfig,
-    RetryPolicy,
+    handler_fn, Backend, CancelOutcome, JobError, JobId, JobOutcome, JobState, NewJob,
+    ParentPolicy, QueueConfig, RetryPolicy,
 };
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -2116,4 +2116,35 @@ async fn a_released_child_is_picked_up_without_waiting_for_the_poll() {
     assert_eq!(sim.finished(child).await, JobState::Succeeded);
     let deps = sim.client.dependencies(child).await.unwrap();
     assert_eq!(deps.outcomes().succeeded, 1);
+}
+
+/// A `Run` child released by a plain cancel of its parent (no cascade) is claimed at once:
+/// `Client::cancel` wakes the child's fetcher in the node (nothing here ever polls queue `b`).
+#[actix::test]
+async fn a_run_child_released_by_a_plain_cancel_is_picked_up_without_waiting_for_the_poll() {
+    let mut sim = Simulation::sqlite(|b| {
+        b.queue("a", QueueConfig::default())
+            .queue("b", QueueConfig::default())
+            .handler("step", quick("done"))
+    })
+    .await;
+    let parent = enqueue(&sim, NewJob::new("step", json!(1)).queue("a")).await;
+    let child = enqueue(
+        &sim,
+        NewJob::new("step", json!(2))
+            .queue("b")
+            .after(&[parent])
+            .on_parent_failure(ParentPolicy::Run),
+    )
+    .await;
+    // The parent never runs: a plain cancel (no cascade) through the node's own client
+    // ends it, and the `Run` child is released by that cancel's settle.
+    assert!(matches!(
+        sim.handle.client().cancel(parent).await.unwrap(),
+        CancelOutcome::Cancelled(_)
+    ));
+    // No fetch of `b`, no clock advance: only the wake can start it.
+    assert_eq!(sim.finished(child).await, JobState::Succeeded);
+    let deps = sim.client.dependencies(child).await.unwrap();
+    assert_eq!(deps.outcomes().cancelled, 1);
 }

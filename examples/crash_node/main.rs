@@ -10,7 +10,10 @@
 //! handler, registered for every `--kind` (by default `crashy`), that records each execution
 //! in the side table `crash_executions` (created if missing): its start before doing
 //! anything, then works (stopping early when told to), then records its end and returns
-//! `{"node": <name>, "attempt": <n>}`. Both records are written before the handler returns,
+//! `{"node": <name>, "attempt": <n>, "claim": <claim id>}` — with `"effect": true` in the
+//! payload, it returns that by completing the job in its own transaction
+//! (`JobContext::complete_in_transaction`) that also inserts one business row into
+//! `crash_effects` (created with the side tables). Both records are written before the handler returns,
 //! so an execution whose finalization is later refused (its lease was lost) is still visible.
 //! The handler cannot see its lease token; the attempt it was given, together with the node,
 //! identifies the claim.
@@ -47,10 +50,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
 use jobvisor::scheduler::Event;
 use jobvisor::{
-    JobContext, JobError, JobHandler, JobOutcome, JobResult, MissedFires, NewJob, NodeId,
-    QueueConfig, RetryPolicy, Schedule, Scheduler, SchedulerConfig, Store, StoreOptions,
+    Backend, JobContext, JobError, JobHandler, JobOutcome, JobResult, JobTx, MissedFires, NewJob,
+    NodeId, QueueConfig, RetryPolicy, Schedule, Scheduler, SchedulerConfig, SqliteJobConnection,
+    Store, StoreOptions, TxError,
 };
 use serde_json::{json, Value};
 
@@ -268,6 +273,23 @@ struct Crashy {
     max_work_ms: u64,
     /// State of the work-time generator (splitmix64).
     rng: AtomicU64,
+    /// The store's backend: the connection type of a job's own transaction.
+    backend: Backend,
+}
+
+/// Completes the job in a transaction on its store (`$conn` is the backend's connection
+/// type) that also inserts the business row `$sql`, answering the outcome.
+macro_rules! complete_with_row {
+    ($ctx:expr, $conn:ty, $sql:expr, $result:expr) => {
+        $ctx.complete_in_transaction(async |mut tx: JobTx<'_, $conn>| {
+            // Spelled out: the trait in scope would shadow the atomics' `load`.
+            diesel_async::RunQueryDsl::execute(diesel::sql_query($sql.as_str()), tx.conn())
+                .await
+                .map_err(|e| JobError::retry(format!("writing the business row: {e}")))?;
+            Ok::<_, JobError>($result.clone())
+        })
+        .await
+    };
 }
 
 impl Crashy {
@@ -445,8 +467,43 @@ impl JobHandler for Crashy {
             ))
             .with_code("record"));
         }
+        let result = json!({ "node": self.node, "attempt": attempt, "claim": claim });
+        if payload["effect"].as_bool() == Some(true) {
+            // The business row and the job's success commit together, or neither does.
+            let sql = format!(
+                "INSERT INTO crash_effects (job_id, attempt, claim, node) \
+                 VALUES ({job_id}, {attempt}, '{claim}', '{}')",
+                self.node
+            );
+            // Tried again while the database does not answer (a restart), as the side-table
+            // writes are; a lost lease ends the attempt.
+            let give_up = Instant::now() + RECORD_FOR;
+            loop {
+                let err = match match self.backend {
+                    Backend::Postgres => complete_with_row!(ctx, AsyncPgConnection, sql, result),
+                    Backend::Mysql => complete_with_row!(ctx, AsyncMysqlConnection, sql, result),
+                    Backend::Sqlite => complete_with_row!(ctx, SqliteJobConnection, sql, result),
+                } {
+                    Ok(outcome) => {
+                        guard.returned = true;
+                        return Ok(outcome);
+                    }
+                    Err(e @ TxError::LeaseLost) => return Err(e.into_job_error()),
+                    Err(e) => e,
+                };
+                if Instant::now() >= give_up {
+                    return Err(err.into_job_error());
+                }
+                tokio::select! {
+                    () = ctx.cancelled() => {
+                        return Err(JobError::retry("stopped while completing in a transaction"));
+                    }
+                    () = tokio::time::sleep(RECORD_RETRY) => {}
+                }
+            }
+        }
         guard.returned = true;
-        JobOutcome::success(json!({ "node": self.node, "attempt": attempt, "claim": claim }))
+        JobOutcome::success(result)
     }
 }
 
@@ -553,6 +610,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         None => None,
     };
     let store = connect(&a.url).await?;
+    let backend = store.backend();
     let workers: u32 = a.queues.iter().map(|q| q.concurrency).sum();
     let side = SideDb::open(&a.url, workers + 2)?;
     let until = Instant::now() + CONNECT_FOR;
@@ -571,6 +629,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         live: live.clone(),
         max_work_ms: a.max_work_ms,
         rng: AtomicU64::new(seed),
+        backend,
     };
     let mut config = SchedulerConfig::default();
     if !a.defaults {

@@ -27,7 +27,8 @@ use super::batch::bound;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
 use super::schema::{
-    jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_links as links,
+    jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+    jobvisor_jobs_links as links,
 };
 use super::{Enqueued, OutboxConnection, Store};
 use crate::dependency::{Batch, Dependencies, Link, ParentPolicy};
@@ -111,6 +112,18 @@ macro_rules! enqueue_child {
                     .first($conn)
                     .await
                     .optional()?;
+                // An archived job holds no key: the newest archived job with it stands in.
+                let holder = match holder {
+                    Some(id) => Some(id),
+                    None => archive::table
+                        .filter(archive::kind.eq(kind))
+                        .filter(archive::unique_key.eq(key))
+                        .order(archive::id.desc())
+                        .select(archive::id)
+                        .first($conn)
+                        .await
+                        .optional()?,
+                };
                 match holder {
                     Some(id) => {
                         parents.insert(id);
@@ -119,9 +132,9 @@ macro_rules! enqueue_child {
                         return Err(Error::invalid(
                             "after_key",
                             format!(
-                                "no job of kind {kind:?} holds the unique key {key:?}; expected \
-                                 the key of an existing job (a parent must exist when its \
-                                 child is enqueued)"
+                                "no job of kind {kind:?} holds the unique key {key:?}, live or \
+                                 archived; expected the key of an existing job (a parent must \
+                                 exist when its child is enqueued)"
                             ),
                         ));
                     }
@@ -142,12 +155,31 @@ macro_rules! enqueue_child {
                     .await?;
                 states.extend(rows);
             }
+            // Parents not in the live table may be archived: ended, so their final state
+            // counts as it would have at their end. An archived job never changes again (it
+            // only moves live → archive, in one transaction), so reading it after the live
+            // table misses nothing.
+            let gone: Vec<i64> = parents
+                .iter()
+                .filter(|p| !states.contains_key(p))
+                .copied()
+                .collect();
+            let mut archived: Vec<i64> = Vec::new();
+            for chunk in gone.chunks(CHUNK) {
+                let rows: Vec<(i64, String)> = archive::table
+                    .filter(archive::id.eq_any(chunk))
+                    .select((archive::id, archive::state))
+                    .load($conn)
+                    .await?;
+                archived.extend(rows.iter().map(|r| r.0));
+                states.extend(rows);
+            }
             if let Some(missing) = parents.iter().find(|p| !states.contains_key(p)) {
                 return Err(Error::invalid(
                     "after",
                     format!(
-                        "parent job {missing} does not exist (or is archived); expected the id \
-                         of a live job: a parent must exist when its child is enqueued"
+                        "parent job {missing} does not exist, live or archived; expected the \
+                         id of an existing job: a parent must exist when its child is enqueued"
                     ),
                 ));
             }
@@ -175,6 +207,19 @@ macro_rules! enqueue_child {
                         false.into_sql::<diesel::sql_types::Bool>(),
                     )))
                     .into_columns((deps::child_id, deps::parent_id, deps::policy, deps::done))
+                    .execute($conn)
+                    .await?;
+            }
+            // The archived parents' edges (not in the live table the `SELECT` reads): few, one
+            // row each; counted below like any parent that already ended.
+            for &p in &archived {
+                diesel::insert_into(deps::table)
+                    .values((
+                        deps::child_id.eq(got.id.0),
+                        deps::parent_id.eq(p),
+                        deps::policy.eq(policy.as_str()),
+                        deps::done.eq(false),
+                    ))
                     .execute($conn)
                     .await?;
             }
@@ -214,6 +259,76 @@ macro_rules! enqueue_child {
         }
     }};
 }
+
+/// Enqueues `jobs` (some naming parents) on `conn`, in whatever transaction it has open
+/// (the caller's, for `Client::enqueue_in`; in a savepoint of it, or a transaction of its
+/// own if none is open): ids in input order, and the queues of the jobs due at once. One
+/// function per connection type, all from [`enqueue_child!`].
+macro_rules! enqueue_dependent_on {
+    ($(#[$attr:meta])* $name:ident, $conn_ty:ty $(, $s:ident)?) => {
+        $(#[$attr])*
+        pub(crate) async fn $name$(<$s>)?(
+            conn: &mut $conn_ty,
+            jobs: &[NewJob],
+            now: Option<i64>,
+            ir: bool,
+        ) -> Result<(Vec<Enqueued>, Vec<String>)>
+        $(where
+            $conn_ty: OutboxConnection + super::driver::SqliteAsync,
+            $s: ,)?
+        {
+            // A savepoint inside the caller's transaction, or a transaction of its own without
+            // one: a child is inserted `pending` and set `waiting` by a later statement, which
+            // must never commit apart.
+            // (The transaction manager's steps, not `AsyncConnection::transaction`: its
+            // closure's future cannot be shown `Send` for every connection lifetime here.)
+            <<$conn_ty as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<$conn_ty>>::begin_transaction(conn).await?;
+            let res = async {
+                let mut due = Vec::new();
+                let mut out = Vec::with_capacity(jobs.len());
+                for job in jobs {
+                    out.push(enqueue_child!(conn, job, &[], now, ir, due));
+                }
+                Ok::<_, Error>((out, due))
+            }
+            .await;
+            match res {
+                Ok(v) => {
+                    <<$conn_ty as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<$conn_ty>>::commit_transaction(conn)
+                        .await?;
+                    Ok(v)
+                }
+                Err(e) => {
+                    // The error says what went wrong; a failed rollback leaves the caller's
+                    // transaction to be rolled back by the caller, as the error asks anyway.
+                    let _ =
+                        <<$conn_ty as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<$conn_ty>>::rollback_transaction(
+                            conn,
+                        )
+                        .await;
+                    Err(e)
+                }
+            }
+        }
+    };
+}
+
+enqueue_dependent_on!(
+    #[cfg(feature = "postgres")]
+    enqueue_dependent_pg,
+    diesel_async::AsyncPgConnection
+);
+enqueue_dependent_on!(
+    #[cfg(feature = "mysql")]
+    enqueue_dependent_mysql,
+    diesel_async::AsyncMysqlConnection
+);
+enqueue_dependent_on!(
+    #[cfg(feature = "sqlite")]
+    enqueue_dependent_sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::sqlite::SqliteConnection, S>,
+    S
+);
 
 impl Store {
     /// Enqueues jobs of which some name parents, in one transaction, ids in input order.
@@ -473,9 +588,13 @@ impl Store {
             JobState::Dead.as_str(),
             JobState::Cancelled.as_str(),
         ];
+        // `NOT done`, not `done = ?`: the open edges' index (`jobvisor_job_deps_open_parent_idx`,
+        // partial `WHERE NOT done` on PostgreSQL and SQLite) can serve only a predicate the
+        // planner sees — a bind would hide it from a cached generic plan — and it reads the
+        // open edges only, never every edge ever written.
         let parents: Vec<i64> = with_conn!(self, |conn| deps::table
             .inner_join(jobs::table.on(jobs::id.eq(deps::parent_id)))
-            .filter(deps::done.eq(false))
+            .filter(diesel::dsl::not(deps::done))
             .filter(jobs::state.eq_any(terminal))
             .filter(
                 jobs::state
@@ -573,7 +692,6 @@ impl Store {
 
     /// The states of `ids`, from the live table or else the archive.
     async fn states_of(&self, ids: &[i64]) -> Result<HashMap<i64, JobState>> {
-        use super::schema::jobvisor_jobs_archive as archive;
         let mut out = HashMap::with_capacity(ids.len());
         for chunk in ids.chunks(CHUNK) {
             let live: Vec<(i64, String)> = with_conn!(self, |conn| jobs::table

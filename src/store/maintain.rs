@@ -250,13 +250,25 @@ impl Store {
     /// # Errors
     /// [`Error::NotFound`] for an unknown id; [`Error::Database`].
     pub(crate) async fn job_cancel(&self, p: CancelParams) -> Result<CancelOutcome> {
+        Ok(self.job_cancel_settling(p).await?.0)
+    }
+
+    /// [`job_cancel`](Self::job_cancel), also answering the queues of the waiting children
+    /// its settle released (one entry per child), for the caller to wake its fetchers of.
+    ///
+    /// # Errors
+    /// As [`job_cancel`](Self::job_cancel).
+    pub(crate) async fn job_cancel_settling(
+        &self,
+        p: CancelParams,
+    ) -> Result<(CancelOutcome, Vec<String>)> {
         let now = DbNow::new(bound(p.now));
         for _ in 0..RACE_TRIES {
             let Some(job) = self.job_get(p.id).await? else {
                 return Err(Error::NotFound { id: p.id });
             };
             if job.archived_at.is_some() || job.state.is_terminal() {
-                return Ok(CancelOutcome::AlreadyFinished(job));
+                return Ok((CancelOutcome::AlreadyFinished(job), Vec::new()));
             }
             let id = p.id.0;
             let version = job.version;
@@ -294,7 +306,7 @@ impl Store {
                 })
             };
             if job.state == JobState::Running && job.cancel_requested_at.is_some() {
-                return Ok(CancelOutcome::Requested(job));
+                return Ok((CancelOutcome::Requested(job), Vec::new()));
             }
             if n == 1 {
                 let job = self
@@ -302,7 +314,7 @@ impl Store {
                     .await?
                     .ok_or(Error::NotFound { id: p.id })?;
                 if job.state == JobState::Running {
-                    return Ok(CancelOutcome::Requested(job));
+                    return Ok((CancelOutcome::Requested(job), Vec::new()));
                 }
                 // Its own parents no longer count for it; its children follow their policy.
                 with_write!(self, |conn| diesel::update(
@@ -311,8 +323,8 @@ impl Store {
                 .set(deps::done.eq(true))
                 .execute(conn)
                 .await?);
-                self.job_settle_children(&[id], p.now).await?;
-                return Ok(CancelOutcome::Cancelled(job));
+                let settled = self.job_settle_children(&[id], p.now).await?;
+                return Ok((CancelOutcome::Cancelled(job), settled.released));
             }
             // Lost a race (claimed, finalized or reclaimed meanwhile): look again.
         }

@@ -63,6 +63,16 @@ pub trait OutboxConnection: sealed::Sealed + Send {
         now: Option<i64>,
         insert_returning: bool,
     ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send;
+
+    /// Enqueues jobs of which some name parents (see `enqueue_dependent_on` in
+    /// `dependencies.rs`): ids in input order, and the queues due at once.
+    #[doc(hidden)]
+    fn enqueue_dependent_on(
+        &mut self,
+        jobs: &[NewJob],
+        now: Option<i64>,
+        insert_returning: bool,
+    ) -> impl std::future::Future<Output = Result<(Vec<Enqueued>, Vec<String>)>> + Send;
 }
 
 #[cfg(feature = "postgres")]
@@ -87,6 +97,15 @@ impl OutboxConnection for AsyncPgConnection {
         let jobs: Vec<&NewJob> = jobs.iter().collect();
         Ok(enqueue_pg(self, &jobs, now).await?)
     }
+
+    async fn enqueue_dependent_on(
+        &mut self,
+        jobs: &[NewJob],
+        now: Option<i64>,
+        insert_returning: bool,
+    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
+        super::dependencies::enqueue_dependent_pg(self, jobs, now, insert_returning).await
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -105,6 +124,15 @@ impl OutboxConnection for AsyncMysqlConnection {
         // The caller's transaction (outside one, each statement commits by itself: a
         // take-over's release and insert then commit one after the other, still one holder).
         Ok(enqueue_mysql(self, &jobs, now, insert_returning, true).await?)
+    }
+
+    async fn enqueue_dependent_on(
+        &mut self,
+        jobs: &[NewJob],
+        now: Option<i64>,
+        insert_returning: bool,
+    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
+        super::dependencies::enqueue_dependent_mysql(self, jobs, now, insert_returning).await
     }
 }
 
@@ -126,6 +154,15 @@ where
     ) -> Result<Vec<Option<Enqueued>>> {
         let jobs: Vec<&NewJob> = jobs.iter().collect();
         Ok(enqueue_sqlite(self, &jobs, now).await?)
+    }
+
+    async fn enqueue_dependent_on(
+        &mut self,
+        jobs: &[NewJob],
+        now: Option<i64>,
+        insert_returning: bool,
+    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
+        super::dependencies::enqueue_dependent_sqlite(self, jobs, now, insert_returning).await
     }
 }
 
@@ -152,6 +189,16 @@ macro_rules! pooled_outbox {
             ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send {
                 (**self).enqueue_on(jobs, now, insert_returning)
             }
+
+            fn enqueue_dependent_on(
+                &mut self,
+                jobs: &[NewJob],
+                now: Option<i64>,
+                insert_returning: bool,
+            ) -> impl std::future::Future<Output = Result<(Vec<Enqueued>, Vec<String>)>> + Send
+            {
+                (**self).enqueue_dependent_on(jobs, now, insert_returning)
+            }
         }
 
         #[cfg(all(feature = $feature, feature = "deadpool"))]
@@ -170,6 +217,16 @@ macro_rules! pooled_outbox {
                 insert_returning: bool,
             ) -> impl std::future::Future<Output = Result<Vec<Option<Enqueued>>>> + Send {
                 (**self).enqueue_on(jobs, now, insert_returning)
+            }
+
+            fn enqueue_dependent_on(
+                &mut self,
+                jobs: &[NewJob],
+                now: Option<i64>,
+                insert_returning: bool,
+            ) -> impl std::future::Future<Output = Result<(Vec<Enqueued>, Vec<String>)>> + Send
+            {
+                (**self).enqueue_dependent_on(jobs, now, insert_returning)
             }
         }
     };
@@ -209,19 +266,19 @@ impl Store {
             ));
         }
         self.validate_jobs(&p.jobs)?;
-        if let Some(j) = p.jobs.iter().find(|j| j.has_parents()) {
-            return Err(Error::invalid(
-                "after",
-                format!(
-                    "job of kind {:?} names parents, which an enqueue in the caller's \
-                     transaction does not support yet; expected jobs without parents here \
-                     (enqueue it with Client::enqueue)",
-                    j.kind
-                ),
-            ));
-        }
         if p.jobs.is_empty() {
             return Ok(Vec::new());
+        }
+        if p.jobs.iter().any(NewJob::has_parents) {
+            // As `Client::enqueue` does it, in the caller's transaction: the parents locked
+            // and flagged, the edges written, the child's state set from theirs — committed
+            // or rolled back with the caller's rows. The jobs due at once are not woken: they
+            // become visible only at the caller's commit, when the insert's notice (or the
+            // poll) does it.
+            let (out, _due) = conn
+                .enqueue_dependent_on(&p.jobs, bound(p.now), self.insert_returning())
+                .await?;
+            return Ok(out);
         }
         let got = conn
             .enqueue_on(&p.jobs, bound(p.now), self.insert_returning())

@@ -61,6 +61,8 @@ pub(crate) struct Stats {
 pub(crate) struct Verdict {
     pub(crate) violations: Vec<String>,
     pub(crate) stats: Stats,
+    /// The dependency rules' counts (`deps.rs`).
+    pub(crate) deps: DepStats,
 }
 
 /// `(job, attempt, node)` → when the node received each of its claims of that attempt
@@ -216,7 +218,10 @@ pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &
         ));
     }
     let a = i64::from(job.attempts);
-    if job.version < 1 || (job.version - 1) % 2 != 0 || (job.version - 1) / 2 < a || a < 1 {
+    // A child's settles add to its version (see `JobFacts::waited`): no parity for it, and
+    // `claims` below is an upper bound.
+    let paired = job.waited || (job.version - 1) % 2 == 0;
+    if job.version < 1 || !paired || (job.version - 1) / 2 < a || a < 1 {
         bad.push(format!(
             "job {id}: version {} does not pair every claim with one end for {a} attempts",
             job.version

@@ -33,6 +33,7 @@ fn job(attempts: u32, reclaims: &[i64], finished: i64, node: &str) -> JobFacts {
         result: Some(json!({"node": node, "attempt": attempts})),
         lease_held: false,
         finished_at_us: Some(finished),
+        waited: false,
     }
 }
 
@@ -295,6 +296,7 @@ fn mix_job(
         result: succeeded.then(|| json!({"node": node, "attempt": attempts})),
         lease_held: false,
         finished_at_us: Some(finished),
+        waited: false,
     }
 }
 

@@ -72,11 +72,13 @@ mod harness;
 mod check;
 #[cfg(test)]
 mod checker;
+mod deps;
 mod fleet;
 mod periodic;
 mod report;
 
 use check::*;
+use deps::*;
 use fleet::*;
 use periodic::*;
 use report::*;
@@ -397,6 +399,10 @@ struct Run {
     /// Draws the mix's work times: a stream of its own, so that they do not shift with the
     /// number of kills and freezes.
     work_rng: Rng,
+    /// Draws the dependent jobs' work times (a stream of its own too).
+    dep_rng: Rng,
+    /// The chains, batches and joins enqueued with the mix's waves.
+    deps: Vec<DepJob>,
     enqueued: usize,
     nodes_started_us: i64,
     /// Business rows added for the reconciler.
@@ -426,6 +432,8 @@ struct Collected {
     nodes: Vec<NodeRow>,
     freezes: Vec<FreezeRow>,
     facts: Vec<JobFacts>,
+    /// `crash_effects`: `(job_id, claim)`, one per committed completion in a transaction.
+    effects: Vec<(i64, String)>,
     stop_lag_max_us: i64,
     starts_in_stop_lag: usize,
 }
@@ -463,6 +471,7 @@ async fn start(backend: Backend) -> Run {
     // The mix's work times come from a stream of their own, so that they do not shift with
     // the number of kills and freezes.
     let work_rng = Rng(s.seed ^ 0x6D69_7800);
+    let dep_rng = Rng(s.seed ^ 0x6465_7073);
     eprintln!(
         "crash test [{backend:?}]: seed {} ({}), journals and logs in {}",
         s.seed,
@@ -495,6 +504,8 @@ async fn start(backend: Backend) -> Run {
         db,
         rng,
         work_rng,
+        dep_rng,
+        deps: Vec::new(),
         enqueued,
         nodes_started_us,
         wanted: 0,
@@ -560,6 +571,8 @@ async fn drive(run: &mut Run) {
                 waves += 1;
                 run.mix_jobs += n;
                 run.enqueued += n;
+                run.enqueued +=
+                    enqueue_deps(&run.store, &mut run.dep_rng, waves, &mut run.deps).await;
                 next_wave = Instant::now() + MIX_EVERY;
             }
         }
@@ -676,7 +689,20 @@ async fn collect(run: &mut Run) -> Collected {
     let execs = retry("reading executions", || run.side.executions()).await;
     let nodes = retry("reading nodes", || run.side.nodes()).await;
     let freezes = retry("reading freezes", || run.side.freezes()).await;
-    let facts: Vec<JobFacts> = jobs.iter().map(JobFacts::from).collect();
+    let effects = retry("reading business rows", || run.side.effects()).await;
+    let waited: std::collections::HashSet<i64> = run
+        .deps
+        .iter()
+        .filter(|d| !d.parents.is_empty())
+        .map(|d| d.id)
+        .collect();
+    let facts: Vec<JobFacts> = jobs
+        .iter()
+        .map(|j| JobFacts {
+            waited: waited.contains(&j.id.0),
+            ..JobFacts::from(j)
+        })
+        .collect();
     let (stop_lag_max_us, starts_in_stop_lag) = stop_lags(&freezes, &execs);
     Collected {
         run_took,
@@ -691,6 +717,7 @@ async fn collect(run: &mut Run) -> Collected {
         nodes,
         freezes,
         facts,
+        effects,
         stop_lag_max_us,
         starts_in_stop_lag,
     }
@@ -707,9 +734,13 @@ fn judge(run: &mut Run, c: &Collected) -> Verdict {
         freezes,
         facts,
         journals,
+        effects,
         ..
     } = c;
     let mut verdict = check(facts, execs, nodes, freezes, &journals.claims);
+    let (dep_faults, dep_stats) = check_deps(&run.deps, facts, execs, effects);
+    verdict.violations.extend(dep_faults);
+    verdict.deps = dep_stats;
     verdict
         .violations
         .splice(0..0, std::mem::take(&mut run.problems));
@@ -749,6 +780,7 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         ref all_killed_at,
         mix_jobs,
         wanted,
+        ref deps,
         ..
     } = run;
     let Collected {
@@ -814,6 +846,17 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         run_took.as_secs_f64(),
         began.elapsed().as_secs_f64(),
         s.seed,
+    );
+    let d = &verdict.deps;
+    println!(
+        "crash test [{backend:?}] dependencies: chains={} callbacks={} dependent_jobs={} \
+         edges={} business_rows={} (one per dependent job) min_release_gap_us={:?}",
+        d.chains,
+        d.callbacks,
+        deps.len(),
+        d.edges,
+        d.effects,
+        d.min_release_gap_us
     );
     println!(
         "crash test [{backend:?}] periodic: fires={fires} (one job each, none missing, \

@@ -293,6 +293,10 @@ pub(crate) struct JobFacts {
     pub(crate) result: Option<serde_json::Value>,
     pub(crate) lease_held: bool,
     pub(crate) finished_at_us: Option<i64>,
+    /// It was enqueued waiting for parents: each settle of it locked its row with a version
+    /// bump before its first claim (`src/store/dependencies.rs`), so its version is
+    /// `1 + settles + 2 × claims` and `(version − 1) / 2` only bounds its claims.
+    pub(crate) waited: bool,
 }
 
 impl From<&Job> for JobFacts {
@@ -310,6 +314,7 @@ impl From<&Job> for JobFacts {
             result: j.result.clone(),
             lease_held: j.lease.is_some(),
             finished_at_us: j.finished_at.map(|t| t.timestamp_micros()),
+            waited: false,
         }
     }
 }

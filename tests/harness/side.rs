@@ -178,6 +178,14 @@ pub(crate) struct NodeRow {
 
 /// A row of `crash_wanted`.
 #[derive(Debug, QueryableByName)]
+struct EffectRow {
+    #[diesel(sql_type = BigInt)]
+    job_id: i64,
+    #[diesel(sql_type = Text)]
+    claim: String,
+}
+
+#[derive(Debug, QueryableByName)]
 struct WantedRow {
     #[diesel(sql_type = Text)]
     wanted_key: String,
@@ -209,6 +217,17 @@ const CREATE_FREEZES: &str = "CREATE TABLE IF NOT EXISTS crash_freezes (
 const CREATE_WANTED: &str = "CREATE TABLE IF NOT EXISTS crash_wanted (
     wanted_key       VARCHAR(64) NOT NULL PRIMARY KEY,
     missing_since_us BIGINT      NOT NULL
+)";
+
+/// The business rows of the jobs that complete in their own transaction (`crash_node`:
+/// payload `"effect": true`): one row per committed completion, written in the job's
+/// transaction through the store's connection, with no key, so a second commit would show
+/// as a second row.
+pub(crate) const CREATE_EFFECTS: &str = "CREATE TABLE IF NOT EXISTS crash_effects (
+    job_id        BIGINT      NOT NULL,
+    attempt       INTEGER     NOT NULL,
+    claim         VARCHAR(32) NOT NULL,
+    node          VARCHAR(64) NOT NULL
 )";
 
 const CREATE_NODES: &str = "CREATE TABLE IF NOT EXISTS crash_nodes (
@@ -338,6 +357,7 @@ impl SideDb {
             CREATE_NODES,
             CREATE_FREEZES,
             CREATE_WANTED,
+            CREATE_EFFECTS,
         ] {
             on_side!(self, ddl.to_string(), execute)?;
         }
@@ -528,6 +548,17 @@ impl SideDb {
             .into_iter()
             .map(|r| (r.wanted_key, r.missing_since_us))
             .collect())
+    }
+
+    /// Every business row of `crash_effects`: `(job_id, claim)`, one per committed
+    /// completion.
+    ///
+    /// # Errors
+    /// The database's error, as text.
+    pub(crate) async fn effects(&self) -> SideResult<Vec<(i64, String)>> {
+        let sql = "SELECT job_id, claim FROM crash_effects ORDER BY job_id".to_string();
+        let rows: Vec<EffectRow> = on_side!(self, sql, load::<EffectRow>)?;
+        Ok(rows.into_iter().map(|r| (r.job_id, r.claim)).collect())
     }
 
     /// Every recorded node.

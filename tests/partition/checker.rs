@@ -30,6 +30,7 @@ fn job(attempts: u32, reclaims: &[i64], result: (&str, i64), finished: i64) -> J
         result: Some(json!({ "node": result.0, "attempt": result.1 })),
         lease_held: false,
         finished_at_us: Some(finished),
+        waited: false,
     }
 }
 

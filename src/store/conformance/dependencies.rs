@@ -219,8 +219,15 @@ pub async fn a_missing_parent_is_a_clear_error_and_nothing_is_stored(b: Backend)
 }
 
 pub async fn the_batch_callback_is_released_once_when_the_last_members_race(b: Backend) {
+    batch_callback_race(b, RACE_REPS).await;
+}
+
+/// The race of [`the_batch_callback_is_released_once_when_the_last_members_race`], `reps`
+/// times on one database: each repetition a fresh batch of 8 members whose 8 finalizers run
+/// at once on their own connections (`tests/fanin.rs` runs it 1,000 times per backend).
+pub async fn batch_callback_race(b: Backend, reps: usize) {
     let t = Bundle::new(b).await;
-    for rep in 0..RACE_REPS {
+    for rep in 0..reps {
         let members: Vec<NewJob> = (0..8).map(|i| job(i).queue("batch")).collect();
         let (batch, _) = t
             .store
@@ -425,4 +432,176 @@ pub async fn the_archiver_keeps_a_parent_until_its_children_end(b: Backend) {
         .parents
         .iter()
         .any(|l| l.id == p && l.state == Some(JobState::Succeeded)));
+}
+
+pub async fn an_archived_parent_counts_with_its_final_state(b: Backend) {
+    let t = Bundle::new(b).await;
+    let ok = t.enqueue(job(1).unique_key("ok"), 0).await;
+    let bad = t.enqueue(job(2).unique_key("bad"), 0).await;
+    let live = t.enqueue(job(3), 0).await;
+    assert_eq!(
+        run(&t, ok, 1, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    assert_eq!(
+        run(&t, bad, 2, JobState::Dead).await,
+        Guarded::Applied(JobState::Dead)
+    );
+    let moved = t
+        .store
+        .job_archive(ArchiveParams {
+            older_than: Duration::ZERO,
+            dead_older_than: Duration::ZERO,
+            limit: 100,
+            now: t.at(5),
+        })
+        .await
+        .unwrap();
+    assert_eq!(moved, 2);
+    for p in [ok, bad] {
+        assert!(t.get(p).await.archived_at.is_some(), "job {p} archived");
+    }
+    // A succeeded archived parent is done: by id and by key.
+    let c1 = t.enqueue(job(10).after(&[ok]), 6).await;
+    let c2 = t.enqueue(job(11).after_key("d", "ok"), 6).await;
+    assert_eq!(state(&t, c1).await, JobState::Pending);
+    assert_eq!(state(&t, c2).await, JobState::Pending);
+    let d = t.store.job_dependencies(c1).await.unwrap();
+    assert_eq!(d.parents.len(), 1);
+    assert_eq!(
+        (d.parents[0].id, d.parents[0].state, d.parents[0].settled),
+        (ok, Some(JobState::Succeeded), true)
+    );
+    // A dead archived parent applies the child's policy.
+    let cancel = t.enqueue(job(12).after_key("d", "bad"), 6).await;
+    let run_anyway = t
+        .enqueue(
+            job(13).after(&[bad]).on_parent_failure(ParentPolicy::Run),
+            6,
+        )
+        .await;
+    let wait = t
+        .enqueue(
+            job(14).after(&[bad]).on_parent_failure(ParentPolicy::Wait),
+            6,
+        )
+        .await;
+    assert_eq!(state(&t, cancel).await, JobState::Cancelled);
+    assert_eq!(state(&t, run_anyway).await, JobState::Pending);
+    assert_eq!(state(&t, wait).await, JobState::Waiting);
+    // An archived parent beside a live one: the child waits for the live one only.
+    let both = t.enqueue(job(15).after(&[ok, live]), 6).await;
+    assert_eq!(state(&t, both).await, JobState::Waiting);
+    assert_eq!(
+        run(&t, live, 7, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    assert_eq!(state(&t, both).await, JobState::Pending);
+    // Neither live nor archived: still refused, naming it.
+    let missing = JobId(ok.0 + 1_000_000);
+    let e = t
+        .store
+        .job_enqueue(job(16).after(&[ok, missing]), t.at(8))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidInput { field: "after", reason }
+            if reason.contains(&missing.to_string()) && reason.contains("archived")),
+        "{e:?}"
+    );
+}
+
+pub async fn an_enqueue_in_the_callers_transaction_names_parents(b: Backend) {
+    let t = Bundle::new(b).await;
+    let p = t.enqueue(job(1), 0).await;
+    let one = |j: NewJob| EnqueueParams::one(j).at(t.at(1));
+    macro_rules! on {
+        ($conn:expr) => {{
+            let conn = $conn;
+            let store = t.store.clone();
+            // Rolled back with the caller's rows: no child, no edge.
+            let rolled: Result<(), Error> = conn
+                .transaction(async |c| {
+                    store.job_enqueue_in(c, one(job(2).after(&[p]))).await?;
+                    Err(Error::invalid("test", "roll back"))
+                })
+                .await;
+            assert!(rolled.is_err());
+            // Committed: a parent enqueued earlier in the same transaction counts, and a
+            // refused child (a missing parent) leaves the caller's transaction usable.
+            let (q, child, other): (JobId, JobId, JobId) = conn
+                .transaction(async |c| {
+                    let q = store.job_enqueue_in(c, one(job(3))).await?[0].id;
+                    let missing = JobId(p.0 + 1_000_000);
+                    let e = store
+                        .job_enqueue_in(c, one(job(4).after(&[missing])))
+                        .await
+                        .unwrap_err();
+                    assert!(
+                        matches!(&e, Error::InvalidInput { field: "after", .. }),
+                        "{e:?}"
+                    );
+                    let child = store.job_enqueue_in(c, one(job(5).after(&[p, q]))).await?[0].id;
+                    let other = store.job_enqueue_in(c, one(job(6))).await?[0].id;
+                    Ok::<_, Error>((q, child, other))
+                })
+                .await
+                .unwrap();
+            // Outside any transaction: a transaction of its own.
+            let lone = store
+                .job_enqueue_in(conn, one(job(7).after(&[child])))
+                .await
+                .unwrap()[0]
+                .id;
+            (q, child, other, lone)
+        }};
+    }
+    let (q, child, other, lone) = match b {
+        Backend::Postgres => on!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Mysql => on!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Sqlite => {
+            let path = t.db.url.trim_start_matches("sqlite://").to_string();
+            on!(&mut SqliteConn::establish(&path).await.unwrap())
+        }
+    };
+    let all: Vec<JobId> = t
+        .store
+        .job_list(ListParams::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(
+        all.len(),
+        5,
+        "p, q, the child, the other job and the lone child: {all:?}"
+    );
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    assert_eq!(state(&t, lone).await, JobState::Waiting);
+    assert_eq!(state(&t, other).await, JobState::Pending);
+    let d = t.store.job_dependencies(child).await.unwrap();
+    let mut parents: Vec<JobId> = d.parents.iter().map(|l| l.id).collect();
+    parents.sort();
+    assert_eq!(parents, vec![p, q]);
+    // The edges work as the Client's do: the child is released by its parents' ends.
+    assert_eq!(
+        run(&t, p, 2, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    assert_eq!(state(&t, child).await, JobState::Waiting);
+    assert_eq!(
+        run(&t, q, 3, JobState::Succeeded).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+    assert_eq!(state(&t, child).await, JobState::Pending);
+    assert_eq!(
+        run(&t, child, 4, JobState::Dead).await,
+        Guarded::Applied(JobState::Dead)
+    );
+    assert_eq!(
+        state(&t, lone).await,
+        JobState::Cancelled,
+        "its policy: cancel"
+    );
 }

@@ -284,6 +284,8 @@ macro_rules! conformance_tests {
             a_cascading_cancel_reaches_every_descendant,
             retrying_a_dead_parent_releases_its_waiting_children,
             the_archiver_keeps_a_parent_until_its_children_end,
+            an_archived_parent_counts_with_its_final_state,
+            an_enqueue_in_the_callers_transaction_names_parents,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

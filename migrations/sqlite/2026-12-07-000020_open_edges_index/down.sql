@@ -1,0 +1,1 @@
+DROP INDEX jobvisor_job_deps_open_parent_idx;
