@@ -4,12 +4,15 @@
 //!
 //! 1. No job lost: every job an enqueue answered is in the database.
 //! 2. Never two executions of one job overlapping in (manual) time — except a frozen
-//!    node's handler, stopped on waking (its node's deadline check at the instant it
-//!    resumes) without completing: it did nothing while frozen, as the crash tests excuse
-//!    "a frozen handler's last step on waking".
+//!    node's handler that ended at the instant its node resumed (its last step on waking,
+//!    or stopped by the deadline check that runs then): it did nothing while frozen, and a
+//!    paused process cannot be fenced while paused — what the crash tests excuse as "a
+//!    frozen handler's last step on waking". A handler the zombie *starts* is never
+//!    excused.
 //! 3. No write of an attempt accepted after its lease was lost: a result is its final
 //!    attempt's, written by an execution that completed, and none started after it.
-//! 4. Attempts counted as documented: no execution ran an attempt the job does not count
+//! 4. Attempts counted as documented: an attempt counts only when its handler started (no
+//!    more attempts than executions), no execution ran an attempt the job does not count
 //!    (`attempts` ≥ every execution's attempt), `attempts` ≤ `max_attempts`, and a dead job
 //!    (our handlers only retry) used every attempt and kept an error for each.
 //! 5. Liveness (in the run): every job terminal once faults stop.
@@ -50,10 +53,9 @@ pub(crate) fn check(
         };
         let (ends, _) = execution_ends(list, &HashMap::new(), &mut bad);
         let stopped_on_waking = |e: &Execution, end: i64, later_start: i64| {
-            e.completed == 0
-                && freezes.iter().any(|(node, from, to)| {
-                    *node == e.node && *to == end && (*from..=*to).contains(&later_start)
-                })
+            freezes.iter().any(|(node, from, to)| {
+                *node == e.node && *to == end && (*from..=*to).contains(&later_start)
+            })
         };
         for o in overlaps(list, &ends, stopped_on_waking) {
             bad.push(format!(
@@ -64,6 +66,21 @@ pub(crate) fn check(
         let facts = JobFacts::from(*job);
         for f in outcome(&facts, list).faults {
             bad.push(format!("late write: {}", f.message()));
+        }
+        // An attempt counts only when its handler started: every counted attempt ran. (A
+        // job given back unstarted past its refund bound counts anyway, as documented: not
+        // checked for such a job.)
+        let refunds = job
+            .errors
+            .iter()
+            .filter(|e| e.code == "not_started")
+            .count();
+        if refunds < job.max_attempts as usize && job.attempts as usize > list.len() {
+            bad.push(format!(
+                "attempts: job {id} counts {} attempts but only {} executions started",
+                job.attempts,
+                list.len()
+            ));
         }
         let top = list.iter().map(|e| e.attempt).max().unwrap_or(0);
         if i64::from(top) > i64::from(job.attempts) {

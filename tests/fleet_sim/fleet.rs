@@ -20,7 +20,7 @@ use jobvisor::{QueueConfig, Store, StoreOptions};
 use tokio::sync::broadcast;
 
 use crate::faults::{Book, NodeFaults};
-use crate::journal::Journal;
+use crate::journal::{Journal, Release};
 use crate::log::EventLog;
 
 /// Real time a settle may take before the run is declared stuck.
@@ -143,10 +143,17 @@ impl Fleet {
         self.nodes[i].status = Status::Frozen { until, since_us };
     }
 
-    /// Resumes node `i` (frozen) as a zombie: its overdue timers fire first — the deadline
-    /// check, which stops the handlers whose fence point passed while it slept. Logs it and
-    /// settles.
-    pub(crate) async fn resume(&mut self, i: usize, log: &mut EventLog, at: &str) {
+    /// Resumes node `i` (frozen) as a zombie. With `handler_first`, one of its waiting
+    /// handlers takes its last step on waking (it returns success) before anything else;
+    /// then its overdue timers fire — the deadline check, which stops the handlers whose
+    /// fence point passed while it slept. Logs it and settles.
+    pub(crate) async fn resume(
+        &mut self,
+        i: usize,
+        handler_first: bool,
+        log: &mut EventLog,
+        at: &str,
+    ) {
         let Status::Frozen { since_us, .. } = self.nodes[i].status else {
             return;
         };
@@ -154,6 +161,16 @@ impl Fleet {
         self.freezes
             .push((self.nodes[i].name.clone(), since_us, now));
         self.nodes[i].status = Status::Live;
+        let name = self.nodes[i].name.clone();
+        if let Some((idx, job, attempt)) = self.journal.waiting(&name).first().copied() {
+            if handler_first {
+                self.journal.release(idx, Release::Success);
+                log.line(format!(
+                    "{at}: {name} wakes; its handler of job {job} attempt {attempt} returns"
+                ));
+                self.settle(log).await;
+            }
+        }
         let stopped = self.nodes[i].sim.check_deadlines().await;
         log.line(format!(
             "{at}: resume {} (a zombie now): deadlines → {stopped}",

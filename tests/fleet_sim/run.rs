@@ -51,7 +51,10 @@ async fn run(seed: u64) -> RunReport {
     for step in 0..steps {
         for i in 0..fleet.nodes.len() {
             if matches!(fleet.nodes[i].status, Status::Frozen { until, .. } if until <= step) {
-                fleet.resume(i, &mut log, &step.to_string()).await;
+                let handler_first = rng.chance(500);
+                fleet
+                    .resume(i, handler_first, &mut log, &step.to_string())
+                    .await;
             }
         }
         let live = fleet.drivable();
@@ -146,7 +149,7 @@ async fn run(seed: u64) -> RunReport {
         .on
         .store(false, std::sync::atomic::Ordering::SeqCst);
     for i in 0..fleet.nodes.len() {
-        fleet.resume(i, &mut log, "heal").await;
+        fleet.resume(i, false, &mut log, "heal").await;
     }
     if fleet.drivable().is_empty() {
         fleet.add_node("last").await;
