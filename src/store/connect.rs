@@ -131,7 +131,7 @@ impl Store {
     pub(crate) async fn bounded_for<T>(
         &self,
         op: super::timeout::Op,
-        limit: Duration,
+        limit: std::time::Duration,
         fut: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
         #[cfg(feature = "test-util")]

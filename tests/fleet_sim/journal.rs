@@ -78,7 +78,7 @@ impl Journal {
                 };
                 let _end = EndOnDrop(journal.clone(), idx);
                 let key = format!("{node}/{}/{}", ctx.id, ctx.attempt);
-                let hangs = fnv(key.as_bytes(), FNV_START ^ journal.seed) % 4 == 0;
+                let hangs = fnv(key.as_bytes(), FNV_START ^ journal.seed).is_multiple_of(4);
                 let release = if hangs {
                     gate.await.ok()
                 } else {
