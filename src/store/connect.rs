@@ -83,6 +83,8 @@ impl Store {
                 url_redacted: redact_url(url),
                 opts,
                 routes: super::claim::Routes::default(),
+                #[cfg(feature = "test-util")]
+                faults: super::faults::FaultSlot::default(),
             }),
         };
         if store.inner.opts.migrate {
@@ -108,7 +110,30 @@ impl Store {
         op: super::timeout::Op,
         fut: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        super::timeout::bounded(op, self.inner.statement_bound(), fut).await
+        self.bounded_for(op, self.inner.statement_bound(), fut)
+            .await
+    }
+
+    /// Runs a hot-path operation for at most `limit`; under a test's fault plan (feature
+    /// `test-util`), as the plan decides.
+    pub(crate) async fn bounded_for<T>(
+        &self,
+        op: super::timeout::Op,
+        limit: std::time::Duration,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        #[cfg(feature = "test-util")]
+        if let Some(plan) = self.inner.faults.get() {
+            return super::faults::run(plan, op, limit, fut).await;
+        }
+        super::timeout::bounded(op, limit, fut).await
+    }
+
+    /// Installs a fault plan: from now on every hot-path operation of this store and its
+    /// clones asks it what happens (see `testing::FaultPlan`).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn inject_faults(&self, plan: std::sync::Arc<dyn super::faults::FaultPlan>) {
+        self.inner.faults.set(plan);
     }
 }
 

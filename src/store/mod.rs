@@ -68,6 +68,9 @@ mod effects;
 mod embedded;
 mod errors;
 mod expr;
+// Store faults for simulation: a plan asked by each hot-path operation.
+#[cfg(feature = "test-util")]
+pub(crate) mod faults;
 mod gauges;
 pub(crate) mod job_conn;
 mod keyed;
@@ -224,6 +227,9 @@ pub(crate) struct Inner {
     pub(crate) opts: StoreOptions,
     /// The route each queue's claims take, as last seen (see `claim`).
     pub(crate) routes: claim::Routes,
+    /// The fault plan a simulation installed, if any (feature `test-util` only).
+    #[cfg(feature = "test-util")]
+    pub(crate) faults: faults::FaultSlot,
 }
 
 impl Inner {

@@ -67,11 +67,10 @@ impl Store {
         let limit = enqueue_bound(self.inner.statement_bound(), jobs.len(), bytes);
         if jobs.iter().any(NewJob::has_parents) {
             let enqueue = self.enqueue_dependent(jobs, now);
-            return Ok(super::timeout::bounded(Op::Enqueue, limit, enqueue)
-                .await?
-                .0);
+            return Ok(self.bounded_for(Op::Enqueue, limit, enqueue).await?.0);
         }
-        super::timeout::bounded(Op::Enqueue, limit, self.enqueue_valid(jobs, now)).await
+        self.bounded_for(Op::Enqueue, limit, self.enqueue_valid(jobs, now))
+            .await
     }
 
     async fn enqueue_valid(

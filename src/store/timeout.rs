@@ -135,7 +135,7 @@ where
     }
 }
 
-fn timeout_error(op: Op, limit: Duration, phase: Phase) -> Error {
+pub(crate) fn timeout_error(op: Op, limit: Duration, phase: Phase) -> Error {
     Error::Database(StoreError::Transient(format!(
         "{} timed out after {limit:?} {} (StoreOptions::statement_timeout); any connection \
          it held is closed, not reused",

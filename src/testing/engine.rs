@@ -9,6 +9,7 @@
 //! what an application must never do.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use actix::Addr;
 use chrono::{DateTime, Utc};
@@ -16,6 +17,7 @@ use chrono::{DateTime, Utc};
 use crate::error::Result;
 use crate::job::{Job, JobId, JobState, NewJob};
 use crate::scheduler::{Archiver, Fetcher, LeaseManager, Scheduler, SchedulerHandle, Sweeper};
+use crate::store::faults::FaultPlan;
 use crate::store::{
     ArchiveParams, CancelOutcome, CancelParams, ClaimParams, ClaimedJob, EnqueueParams, Enqueued,
     FinalizeParams, Guarded, ListParams, OutboxConnection, PruneParams, ReclaimParams, Reclaimed,
@@ -75,6 +77,9 @@ pub trait StoreEngine {
     fn job_list(&self, p: ListParams) -> impl Future<Output = Result<Vec<Job>>> + Send;
     /// Live jobs per queue and state.
     fn job_counts(&self) -> impl Future<Output = Result<Vec<StateCount>>> + Send;
+    /// Installs a fault plan asked by each hot-path operation of this store and its clones
+    /// (claim, renew, finalize, enqueue, reclaim); see [`FaultPlan`].
+    fn inject_faults(&self, plan: Arc<dyn FaultPlan>);
 }
 
 impl StoreEngine for Store {
@@ -142,6 +147,9 @@ impl StoreEngine for Store {
     }
     fn job_counts(&self) -> impl Future<Output = Result<Vec<StateCount>>> + Send {
         Store::job_counts(self)
+    }
+    fn inject_faults(&self, plan: Arc<dyn FaultPlan>) {
+        Store::inject_faults(self, plan);
     }
 }
 

@@ -60,6 +60,7 @@ pub mod internal {
         base_url, exec_sql, unique_name, TestDb, DEFAULT_MYSQL_URL, DEFAULT_PG_URL,
     };
     pub use super::engine::{NodeActors, StoreEngine};
+    pub use crate::store::faults::{Fault, FaultPlan, StoreOp};
     pub use crate::store::statement_count::{count_statements, sent, Sent, KIND_CHARS};
 
     pub use crate::lease::LeaseToken;

@@ -158,6 +158,29 @@ impl Simulation {
         self.lease_manager().do_send(crate::scheduler::StopActor);
     }
 
+    #[doc(hidden)]
+    /// The runtime the node's handlers run on (a simulation waits for it to be idle).
+    pub fn handler_runtime(&self) -> tokio::runtime::Handle {
+        self.handle.shared.handler_rt.clone()
+    }
+
+    #[doc(hidden)]
+    /// Stops every actor of the node at once, with no shutdown: nothing is given back or
+    /// flushed (a crashed process's node, as far as its actors go; its store and handlers
+    /// are the caller's to silence).
+    pub fn crash(&self) {
+        use crate::scheduler::StopActor;
+        for f in self.handle.fetchers.values() {
+            f.do_send(StopActor);
+        }
+        self.handle.lease_manager.do_send(StopActor);
+        self.handle.sweeper.do_send(StopActor);
+        self.handle.archiver.do_send(StopActor);
+        self.handle.registrar.do_send(StopActor);
+        self.handle.elector.do_send(StopActor);
+        self.handle.watch.do_send(StopActor);
+    }
+
     /// Sends the heartbeat.
     pub async fn renew(&self) -> RenewReport {
         self.lease_manager()

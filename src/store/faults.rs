@@ -1,0 +1,133 @@
+//! Store faults for simulation (feature `test-util` only): a [`FaultPlan`] installed on a
+//! [`Store`](super::Store) is asked before each operation of the hot path and the
+//! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
+//! under the store's statement bound) what happens to it: nothing, a failure before it
+//! applies, an answer lost after it applied (commit-unknown), or an answer that arrives
+//! past the operation's bound (the caller sees the bound's timeout error while the write
+//! stood). The plan also sees each operation end, so a test can tell when none is in flight.
+//!
+//! Without the feature this file is not compiled and the store carries no field for it.
+
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::timeout::{bounded, timeout_error, Op, Phase};
+use crate::error::{Error, Result, StoreError};
+
+/// An operation a [`FaultPlan`] is asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreOp {
+    /// A fetcher's claim.
+    Claim,
+    /// The lease manager's renewal (the heartbeat of held leases).
+    Renew,
+    /// The lease manager's finalization batch.
+    Finalize,
+    /// An enqueue.
+    Enqueue,
+    /// The sweeper's reclaim of expired leases and passed timeouts.
+    Reclaim,
+}
+
+impl StoreOp {
+    pub(crate) fn of(op: Op) -> StoreOp {
+        match op {
+            Op::Claim => StoreOp::Claim,
+            Op::Renew => StoreOp::Renew,
+            Op::Finalize => StoreOp::Finalize,
+            Op::Enqueue => StoreOp::Enqueue,
+            Op::Reclaim => StoreOp::Reclaim,
+        }
+    }
+
+    /// Its short name (`claim`, `renew`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::Renew => "renew",
+            StoreOp::Finalize => "finalize",
+            StoreOp::Enqueue => "enqueue",
+            StoreOp::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// What happens to one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// It runs as usual.
+    None,
+    /// It fails with a transient error before reaching the database: nothing is written.
+    FailBefore,
+    /// It applies, then its answer is lost: the caller sees a transient error although the
+    /// write committed (commit-unknown).
+    LoseAnswer,
+    /// It applies, but its answer comes after the operation's bound: the caller sees the
+    /// bound's timeout error although the write committed.
+    PastDeadline,
+}
+
+/// Decides each operation's [`Fault`]; installed with `Store::inject_faults`.
+pub trait FaultPlan: Send + Sync {
+    /// Called as `op` begins: what happens to it.
+    fn begin(&self, op: StoreOp) -> Fault;
+    /// Called as `op` ends (whatever its fault), after `begin`.
+    fn end(&self, op: StoreOp);
+}
+
+/// The plan a store holds, if any (shared by its clones).
+#[derive(Default)]
+pub(crate) struct FaultSlot(RwLock<Option<Arc<dyn FaultPlan>>>);
+
+impl FaultSlot {
+    pub(crate) fn set(&self, plan: Arc<dyn FaultPlan>) {
+        if let Ok(mut slot) = self.0.write() {
+            *slot = Some(plan);
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<Arc<dyn FaultPlan>> {
+        self.0.read().ok().and_then(|s| s.clone())
+    }
+}
+
+/// Ends the operation in its plan when dropped (also when the operation's future is).
+pub(crate) struct Ending(pub(crate) Arc<dyn FaultPlan>, pub(crate) StoreOp);
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.0.end(self.1);
+    }
+}
+
+/// Runs `fut` (operation `op`, bound `limit`) as `plan` decides.
+pub(crate) async fn run<T>(
+    plan: Arc<dyn FaultPlan>,
+    op: Op,
+    limit: Duration,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let which = StoreOp::of(op);
+    let fault = plan.begin(which);
+    let _ending = Ending(plan, which);
+    match fault {
+        Fault::None => bounded(op, limit, fut).await,
+        Fault::FailBefore => Err(Error::Database(StoreError::Transient(format!(
+            "{}: injected failure before it reached the database",
+            which.name()
+        )))),
+        Fault::LoseAnswer => {
+            let _ = bounded(op, limit, fut).await;
+            Err(Error::Database(StoreError::Transient(format!(
+                "{}: connection lost before the answer arrived (injected; the write may \
+                 have committed)",
+                which.name()
+            ))))
+        }
+        Fault::PastDeadline => {
+            let _ = bounded(op, limit, fut).await;
+            Err(timeout_error(op, limit, Phase::Answer))
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The invariants checked after every run, on the jobs' final rows and the journal of
+//! executions. Overlaps and the outcome's writer are the shared checker's
+//! (`tests/harness/invariants.rs`, also the crash and partition tests'); the rest:
+//!
+//! 1. No job lost: every job an enqueue answered is in the database.
+//! 2. Never two executions of one job overlapping in (manual) time — except a frozen
+//!    node's handler that ended at the instant its node resumed (its last step on waking,
+//!    or stopped by the deadline check that runs then): it did nothing while frozen, and a
+//!    paused process cannot be fenced while paused — what the crash tests excuse as "a
+//!    frozen handler's last step on waking". A handler the zombie *starts* is never
+//!    excused.
+//! 3. No write of an attempt accepted after its lease was lost: a result is its final
+//!    attempt's, written by an execution that completed, and none started after it.
+//! 4. Attempts counted as documented: an attempt counts only when its handler started (no
+//!    more attempts than executions), no execution ran an attempt the job does not count
+//!    (`attempts` ≥ every execution's attempt), `attempts` ≤ `max_attempts`, and a dead job
+//!    (our handlers only retry) used every attempt and kept an error for each.
+//! 5. Liveness (in the run): every job terminal once faults stop.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use jobvisor::{Job, JobState};
+
+use crate::harness::invariants::{execution_ends, outcome, overlaps};
+use crate::harness::journal::JobFacts;
+use crate::harness::side::Execution;
+
+/// Every rule broken, one line each.
+pub(crate) fn check(
+    jobs: &[Job],
+    answered: &BTreeSet<i64>,
+    execs: &[Execution],
+    freezes: &[(String, i64, i64)],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    let by_id: BTreeMap<i64, &Job> = jobs.iter().map(|j| (j.id.0, j)).collect();
+    for id in answered {
+        if !by_id.contains_key(id) {
+            bad.push(format!(
+                "lost: job {id} was enqueued and is not in the database"
+            ));
+        }
+    }
+    let mut runs: BTreeMap<i64, Vec<&Execution>> = BTreeMap::new();
+    for e in execs {
+        runs.entry(e.job_id).or_default().push(e);
+    }
+    for (id, list) in &mut runs {
+        list.sort_by_key(|e| (e.started_at_us, e.ended_at_us));
+        let Some(job) = by_id.get(id) else {
+            bad.push(format!("job {id} ran but is not in the database"));
+            continue;
+        };
+        let (ends, _) = execution_ends(list, &HashMap::new(), &mut bad);
+        let stopped_on_waking = |e: &Execution, end: i64, later_start: i64| {
+            freezes.iter().any(|(node, from, to)| {
+                *node == e.node && *to == end && (*from..=*to).contains(&later_start)
+            })
+        };
+        for o in overlaps(list, &ends, stopped_on_waking) {
+            bad.push(format!(
+                "overlap: job {id}: {:?} started {} µs before {:?} ended",
+                list[o.later], o.by_us, list[o.earlier]
+            ));
+        }
+        let facts = JobFacts::from(*job);
+        for f in outcome(&facts, list).faults {
+            bad.push(format!("late write: {}", f.message()));
+        }
+        // An attempt counts only when its handler started: every counted attempt ran. (A
+        // job given back unstarted past its refund bound counts anyway, as documented: not
+        // checked for such a job.)
+        let refunds = job
+            .errors
+            .iter()
+            .filter(|e| e.code == "not_started")
+            .count();
+        if refunds < job.max_attempts as usize && job.attempts as usize > list.len() {
+            bad.push(format!(
+                "attempts: job {id} counts {} attempts but only {} executions started",
+                job.attempts,
+                list.len()
+            ));
+        }
+        let top = list.iter().map(|e| e.attempt).max().unwrap_or(0);
+        if i64::from(top) > i64::from(job.attempts) {
+            bad.push(format!(
+                "attempts: job {id} counts {} attempts but attempt {top} ran",
+                job.attempts
+            ));
+        }
+    }
+    for j in jobs {
+        if j.attempts > j.max_attempts {
+            bad.push(format!(
+                "attempts: job {} used {} of {} attempts",
+                j.id.0, j.attempts, j.max_attempts
+            ));
+        }
+        if j.state == JobState::Dead {
+            if j.attempts != j.max_attempts {
+                bad.push(format!(
+                    "attempts: job {} is dead after {} of {} attempts",
+                    j.id.0, j.attempts, j.max_attempts
+                ));
+            }
+            if j.errors.len() < j.attempts as usize {
+                bad.push(format!(
+                    "errors: dead job {} kept {} errors for {} attempts",
+                    j.id.0,
+                    j.errors.len(),
+                    j.attempts
+                ));
+            }
+        }
+    }
+    bad
+}

@@ -1,0 +1,294 @@
+//! The fleet: N real nodes (`Scheduler` actors under `testing::Simulation`, timers off) on
+//! one private SQLite database in memory (a file on tmpfs, `/dev/shm` where there is one),
+//! each on a store of its own (as a process would be) under its own fault plan, all on one
+//! manual clock. The driver acts on one node at a time and then [`Fleet::settle`]s: waits
+//! until no store operation is in flight, every live node's mailboxes are drained and its
+//! finalizations written, and every released handler has ended — so what happens next
+//! depends on the seed alone.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobvisor::clock::ManualClock;
+use jobvisor::scheduler::Event;
+use jobvisor::testing::{
+    sim_config, FlushFinalizations, GetFetcherStatus, GetLeaseManagerStatus, Simulation,
+    StoreEngine as _,
+};
+use jobvisor::{QueueConfig, Store, StoreOptions};
+use tokio::sync::broadcast;
+
+use crate::faults::{Book, NodeFaults};
+use crate::journal::{Journal, Release};
+use crate::log::EventLog;
+
+/// Real time a settle may take before the run is declared stuck.
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
+
+/// Polls in a row (1 ms apart) that must see a quiet fleet unchanged.
+const STABLE_POLLS: usize = 3;
+
+/// Where a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Driven.
+    Live,
+    /// Not driven (its process paused) since `since_us` on the manual clock until step
+    /// `until`; then a zombie.
+    Frozen { until: usize, since_us: i64 },
+    /// Gone, with no goodbye.
+    Crashed,
+}
+
+/// One node.
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) sim: Simulation,
+    faults: Arc<NodeFaults>,
+    events: broadcast::Receiver<Event>,
+    pub(crate) status: Status,
+}
+
+/// The nodes, their database, clock, journal and fault book.
+pub(crate) struct Fleet {
+    url: String,
+    pub(crate) seed: u64,
+    pub(crate) clock: ManualClock,
+    pub(crate) journal: Arc<Journal>,
+    pub(crate) book: Arc<Book>,
+    pub(crate) nodes: Vec<Node>,
+    /// Each freeze: the node, from and to on the manual clock.
+    pub(crate) freezes: Vec<(String, i64, i64)>,
+    per_mille: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// A migrated database and `n` nodes.
+    pub(crate) async fn new(seed: u64, n: usize, per_mille: u64) -> Fleet {
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::Builder::new().prefix("jv-sim").tempdir_in(shm)
+        } else {
+            tempfile::tempdir()
+        }
+        .unwrap();
+        let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
+        Store::connect_with(&url, StoreOptions::default().migrate(true))
+            .await
+            .unwrap();
+        let clock = ManualClock::at_fixed_start();
+        let mut fleet = Fleet {
+            url,
+            seed,
+            journal: Journal::new(clock.clone(), seed),
+            clock,
+            book: Arc::default(),
+            nodes: Vec::new(),
+            freezes: Vec::new(),
+            per_mille,
+            _dir: dir,
+        };
+        fleet.book.on.store(true, Ordering::SeqCst);
+        for i in 0..n {
+            fleet.add_node(&format!("n{i}")).await;
+        }
+        fleet
+    }
+
+    /// Starts node `name` (a fresh process: its own store, its own fault plan).
+    pub(crate) async fn add_node(&mut self, name: &str) {
+        let store = Store::connect_with(&self.url, StoreOptions::default().pool_size(1))
+            .await
+            .unwrap();
+        let faults = Arc::new(NodeFaults::new(
+            self.book.clone(),
+            self.seed,
+            name,
+            self.per_mille,
+        ));
+        store.inject_faults(faults.clone());
+        let handler = self.journal.handler(name);
+        // One handler thread: the supervisors waiting for a worker take it in the order they
+        // were started (two threads would race for it).
+        let mut config = sim_config();
+        config.handler_threads = 1;
+        let sim = Simulation::on_store(store, self.clock.clone(), name, |b| {
+            b.config(config)
+                .queue("default", QueueConfig::default().concurrency(1).prefetch(1))
+                .handler("work", handler)
+        });
+        faults.set_handlers(sim.handler_runtime());
+        let events = sim.handle.events();
+        self.nodes.push(Node {
+            name: name.to_string(),
+            sim,
+            faults,
+            events,
+            status: Status::Live,
+        });
+    }
+
+    /// The nodes the driver may act on, in order.
+    pub(crate) fn drivable(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].status == Status::Live)
+            .collect()
+    }
+
+    /// Freezes node `i` until step `until`.
+    pub(crate) fn freeze(&mut self, i: usize, until: usize) {
+        let since_us = self.now_us();
+        self.nodes[i].status = Status::Frozen { until, since_us };
+    }
+
+    /// Resumes node `i` (frozen) as a zombie. With `handler_first`, one of its waiting
+    /// handlers takes its last step on waking (it returns success) before anything else;
+    /// then its overdue timers fire — the deadline check, which stops the handlers whose
+    /// fence point passed while it slept. Logs it and settles.
+    pub(crate) async fn resume(
+        &mut self,
+        i: usize,
+        handler_first: bool,
+        log: &mut EventLog,
+        at: &str,
+    ) {
+        let Status::Frozen { since_us, .. } = self.nodes[i].status else {
+            return;
+        };
+        let now = self.now_us();
+        self.freezes
+            .push((self.nodes[i].name.clone(), since_us, now));
+        self.nodes[i].status = Status::Live;
+        let name = self.nodes[i].name.clone();
+        if let Some((idx, job, attempt)) = self.journal.waiting(&name).first().copied() {
+            if handler_first {
+                self.journal.release(idx, Release::Success);
+                log.line(format!(
+                    "{at}: {name} wakes; its handler of job {job} attempt {attempt} returns"
+                ));
+                self.settle(log).await;
+            }
+        }
+        let stopped = self.nodes[i].sim.check_deadlines().await;
+        log.line(format!(
+            "{at}: resume {} (a zombie now): deadlines → {stopped}",
+            self.nodes[i].name
+        ));
+        self.settle(log).await;
+    }
+
+    /// Moves the clock by `d`; every live node's deadline check fires, as its timer would in
+    /// that time (a node frozen meanwhile misses it: that is its freeze), one node at a
+    /// time, each settled before the next. Logs it.
+    pub(crate) async fn advance(&mut self, d: Duration, log: &mut EventLog, at: &str) {
+        self.clock.advance(d);
+        log.line(format!("{at}: advance {} ms", d.as_millis()));
+        // One node at a time, each settled before the next.
+        for i in self.drivable() {
+            let stopped = self.nodes[i].sim.check_deadlines().await;
+            log.line(format!("  {}: deadlines → {stopped}", self.nodes[i].name));
+            self.settle(log).await;
+        }
+    }
+
+    pub(crate) fn now_us(&self) -> i64 {
+        use jobvisor::clock::Clock as _;
+        self.clock.now().timestamp_micros()
+    }
+
+    /// Crashes node `i`: its store refuses everything from now on, its actors stop without
+    /// a goodbye, its handlers' executions end now.
+    pub(crate) fn crash(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        node.faults.kill();
+        node.sim.crash();
+        node.status = Status::Crashed;
+        self.journal.crashed(&node.name);
+    }
+
+    /// Waits until the fleet is quiescent, then logs what the live nodes reported.
+    pub(crate) async fn settle(&mut self, log: &mut EventLog) {
+        let started = Instant::now();
+        let mut last = None;
+        let mut stable = 0;
+        loop {
+            let mut fp = Vec::new();
+            let mut pending = 0;
+            for i in self.drivable() {
+                self.nodes[i].faults.drain_handlers();
+                let sim = &self.nodes[i].sim;
+                let lm = sim.lease_manager();
+                let s = lm.send(GetLeaseManagerStatus).await.unwrap_or_default();
+                if s.pending > 0 {
+                    pending += s.pending;
+                    let _ = lm.send(FlushFinalizations).await;
+                }
+                let f = sim.fetcher("default").send(GetFetcherStatus).await;
+                fp.push((s.tracked, s.pending, f.map(|f| f.busy).unwrap_or(0)));
+            }
+            let (released, changes) = self.journal.progress();
+            let queued: usize = self.nodes.iter().map(|n| n.events.len()).sum();
+            let in_flight = self.book.in_flight.load(Ordering::SeqCst);
+            let begun = self.book.begun.load(Ordering::SeqCst);
+            let now = (fp, released, changes, queued, in_flight, begun);
+            let quiet = in_flight == 0 && released == 0 && pending == 0;
+            // Quiet, and nothing moved over the last polls (a handler thread of a loaded
+            // machine may take a moment to start the next handler when one ends).
+            if quiet && last.as_ref() == Some(&now) {
+                stable += 1;
+                if stable >= STABLE_POLLS {
+                    break;
+                }
+            } else {
+                stable = 0;
+            }
+            last = Some(now);
+            assert!(
+                started.elapsed() < SETTLE_LIMIT,
+                "seed {}: the fleet did not settle within {SETTLE_LIMIT:?} (in flight {in_flight}, \
+                 released handlers running {released}, finalizations pending {pending})",
+                self.seed
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Within one settle, a node's events are logged in a stable order: supervisors
+        // started together may report in either order, and what they did is what counts.
+        for node in &mut self.nodes {
+            let mut lines = Vec::new();
+            while let Ok(e) = node.events.try_recv() {
+                // What a crashed node's leftover actors report is no process's doing.
+                if node.status == Status::Crashed {
+                    continue;
+                }
+                if let Some(line) = describe(&e) {
+                    lines.push(format!("  {}: {line}", node.name));
+                }
+            }
+            lines.sort();
+            for l in lines {
+                log.line(l);
+            }
+        }
+    }
+}
+
+/// An event as a log line, without what a run draws at random (claim ids, durations).
+fn describe(e: &Event) -> Option<String> {
+    Some(match e {
+        Event::Claimed { id, attempt, .. } => format!("claimed job {} attempt {attempt}", id.0),
+        Event::Started { id, attempt, .. } => format!("started job {} attempt {attempt}", id.0),
+        Event::Finished {
+            id,
+            attempt,
+            state,
+            code,
+            ..
+        } => format!("finished job {} attempt {attempt}: {state} {code:?}", id.0),
+        Event::LeaseLost { id, .. } => format!("lease lost job {}", id.0),
+        Event::SelfFenced { id, .. } => format!("self-fenced job {}", id.0),
+        Event::Dropped { id, .. } => format!("dropped job {}", id.0),
+        _ => return None,
+    })
+}

@@ -1,0 +1,211 @@
+//! What the handlers did, on the manual clock: each execution's start and end (the shared
+//! checker's [`Execution`] rows), and the gate each running handler waits on until the
+//! driver releases it with the outcome the seed chose. A handler journals its start before
+//! it waits and its end when its future returns or is dropped (stopped from outside), so
+//! an execution without an end is still running — or its node crashed, which ends it then.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use jobvisor::clock::{Clock as _, ManualClock};
+use jobvisor::{handler_fn, JobContext, JobError, JobHandler, JobOutcome};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::harness::side::Execution;
+use crate::rng::{fnv, FNV_START};
+
+/// How the driver lets a waiting handler go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// It returns success (its result names its node, claim and attempt).
+    Success,
+    /// It returns a failure to retry.
+    Retry,
+    /// It panics.
+    Panic,
+}
+
+/// The executions of one run and the gates of those still waiting.
+pub(crate) struct Journal {
+    clock: ManualClock,
+    seed: u64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    execs: Vec<Execution>,
+    /// Waiting handlers: execution index → its gate.
+    gates: BTreeMap<usize, oneshot::Sender<Release>>,
+    /// Executions released and not yet ended.
+    released: usize,
+    /// Starts and ends journaled (a cheap fingerprint of progress).
+    changes: usize,
+    /// Nodes that crashed: a dead process runs nothing more.
+    crashed: Vec<String>,
+}
+
+impl Journal {
+    pub(crate) fn new(clock: ManualClock, seed: u64) -> Arc<Journal> {
+        Arc::new(Journal {
+            clock,
+            seed,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    fn now_us(&self) -> i64 {
+        self.clock.now().timestamp_micros()
+    }
+
+    /// The journaling handler of node `node`. A handler either honours cancellation (it
+    /// returns a failure when stopped) or ignores it (a hang: only its gate or its
+    /// abandonment ends it), as a hash of the seed and the execution decides — not a draw
+    /// of the driver's generator, since handlers start on their own threads.
+    pub(crate) fn handler(self: &Arc<Self>, node: &str) -> impl JobHandler {
+        let journal = self.clone();
+        let node = node.to_string();
+        handler_fn(move |_: Value, ctx: JobContext| {
+            let journal = journal.clone();
+            let node = node.clone();
+            async move {
+                let claim = ctx.claim_id().to_string();
+                // A crashed node's actors that outlived it (a supervisor that got its worker
+                // as the crash ended another handler) run nothing: its process is gone.
+                let Some((idx, gate)) = journal.start(&node, &ctx, &claim) else {
+                    return std::future::pending().await;
+                };
+                let _end = EndOnDrop(journal.clone(), idx);
+                let key = format!("{node}/{}/{}", ctx.id, ctx.attempt);
+                let hangs = fnv(key.as_bytes(), FNV_START ^ journal.seed).is_multiple_of(4);
+                let release = if hangs {
+                    gate.await.ok()
+                } else {
+                    tokio::select! {
+                        r = gate => r.ok(),
+                        () = ctx.cancelled() => None,
+                    }
+                };
+                match release {
+                    Some(Release::Success) => {
+                        journal.complete(idx);
+                        JobOutcome::success(json!({
+                            "node": node, "claim": claim, "attempt": ctx.attempt,
+                        }))
+                    }
+                    Some(Release::Retry) => Err(JobError::retry("the seed chose a retry")),
+                    Some(Release::Panic) => panic!("the seed chose a panic"),
+                    None => Err(JobError::retry("stopped")),
+                }
+            }
+        })
+    }
+
+    fn start(
+        &self,
+        node: &str,
+        ctx: &JobContext,
+        claim: &str,
+    ) -> Option<(usize, oneshot::Receiver<Release>)> {
+        let now = self.now_us();
+        let (tx, rx) = oneshot::channel();
+        let mut inner = self.inner.lock().unwrap();
+        if inner.crashed.iter().any(|c| c == node) {
+            return None;
+        }
+        let idx = inner.execs.len();
+        inner.execs.push(Execution {
+            job_id: ctx.id.0,
+            attempt: i32::try_from(ctx.attempt).unwrap_or(i32::MAX),
+            claim: claim.to_string(),
+            node: node.to_string(),
+            started_at_us: now,
+            runtime_started_at_us: None,
+            ended_at_us: None,
+            completed: 0,
+            held: None,
+        });
+        inner.gates.insert(idx, tx);
+        inner.changes += 1;
+        Some((idx, rx))
+    }
+
+    fn complete(&self, idx: usize) {
+        self.inner.lock().unwrap().execs[idx].completed = 1;
+    }
+
+    fn end(&self, idx: usize) {
+        let now = self.now_us();
+        let mut inner = self.inner.lock().unwrap();
+        inner.changes += 1;
+        if inner.gates.remove(&idx).is_none() && inner.execs[idx].ended_at_us.is_none() {
+            inner.released = inner.released.saturating_sub(1);
+        }
+        // A crashed node's executions ended with it.
+        if inner.execs[idx].ended_at_us.is_none() {
+            inner.execs[idx].ended_at_us = Some(now);
+        }
+    }
+
+    /// The waiting handlers of `node`, oldest first: (execution index, job, attempt).
+    pub(crate) fn waiting(&self, node: &str) -> Vec<(usize, i64, i32)> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .gates
+            .keys()
+            .map(|i| (*i, &inner.execs[*i]))
+            .filter(|(_, e)| e.node == node)
+            .map(|(i, e)| (i, e.job_id, e.attempt))
+            .collect()
+    }
+
+    /// Lets execution `idx` go with `how`; false if it no longer waits.
+    pub(crate) fn release(&self, idx: usize, how: Release) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        let Some(tx) = inner.gates.remove(&idx) else {
+            return false;
+        };
+        inner.released += 1;
+        if tx.send(how).is_err() {
+            inner.released -= 1;
+        }
+        true
+    }
+
+    /// Node `node` crashed: its executions still running end now, and their gates close.
+    pub(crate) fn crashed(&self, node: &str) {
+        let now = self.now_us();
+        let mut inner = self.inner.lock().unwrap();
+        inner.crashed.push(node.to_string());
+        let idxs: Vec<usize> = (0..inner.execs.len())
+            .filter(|i| inner.execs[*i].node == node && inner.execs[*i].ended_at_us.is_none())
+            .collect();
+        for i in idxs {
+            if inner.gates.remove(&i).is_none() {
+                inner.released = inner.released.saturating_sub(1);
+            }
+            inner.execs[i].ended_at_us = Some(now);
+        }
+    }
+
+    /// (released executions not yet ended, starts and ends journaled).
+    pub(crate) fn progress(&self) -> (usize, usize) {
+        let inner = self.inner.lock().unwrap();
+        (inner.released, inner.changes)
+    }
+
+    /// Every execution so far.
+    pub(crate) fn executions(&self) -> Vec<Execution> {
+        self.inner.lock().unwrap().execs.clone()
+    }
+}
+
+/// Journals an execution's end when its handler's future is gone.
+struct EndOnDrop(Arc<Journal>, usize);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end(self.1);
+    }
+}

@@ -1,0 +1,269 @@
+//! One run of one seed: the seed picks the fleet's size and fault rate, then each step's
+//! action; after the steps, faults stop, frozen nodes resume, and the fleet is driven until
+//! every job is terminal (liveness); then the invariants are checked. Answers the event
+//! log's hash and what broke.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use jobvisor::{Job, ListParams, NewJob};
+use serde_json::json;
+
+use crate::fleet::{Fleet, Status};
+use crate::journal::Release;
+use crate::log::EventLog;
+use crate::rng::Rng;
+
+/// Steps of the faulty phase.
+const STEPS: std::ops::Range<u64> = 60..120;
+/// Rounds of the final phase before a run is declared not live.
+const HEAL_ROUNDS: usize = 150;
+
+/// What one run found.
+#[derive(Debug)]
+pub(crate) struct RunReport {
+    pub(crate) seed: u64,
+    pub(crate) hash: u64,
+    pub(crate) violations: Vec<String>,
+    pub(crate) log: Vec<String>,
+    pub(crate) steps: usize,
+    pub(crate) faults: usize,
+}
+
+/// Runs `seed` on an actix system of its own.
+pub(crate) fn run_seed(seed: u64) -> RunReport {
+    actix::System::new().block_on(run(seed))
+}
+
+async fn run(seed: u64) -> RunReport {
+    let mut rng = Rng::new(seed);
+    let nodes = 2 + rng.below(2) as usize;
+    let per_mille = *rng.pick(&[0, 30, 60, 100]);
+    let mut fleet = Fleet::new(seed, nodes, per_mille).await;
+    let mut log = EventLog::new();
+    log.line(format!(
+        "seed {seed}: {nodes} nodes, {per_mille}‰ store faults"
+    ));
+    let mut answered = BTreeSet::new();
+    let mut made = 0u64;
+    let mut restarts = 0usize;
+    let steps = (STEPS.start + rng.below(STEPS.end - STEPS.start)) as usize;
+    for step in 0..steps {
+        for i in 0..fleet.nodes.len() {
+            if matches!(fleet.nodes[i].status, Status::Frozen { until, .. } if until <= step) {
+                let handler_first = rng.chance(500);
+                fleet
+                    .resume(i, handler_first, &mut log, &step.to_string())
+                    .await;
+            }
+        }
+        let live = fleet.drivable();
+        let roll = rng.below(100);
+        let at = *rng.pick(&live);
+        let name = fleet.nodes[at].name.clone();
+        let sim = &fleet.nodes[at].sim;
+        let line = match roll {
+            0..=13 => {
+                let n = 1 + rng.below(3);
+                let mut ids = Vec::new();
+                for _ in 0..n {
+                    made += 1;
+                    let mut job = NewJob::new("work", json!({ "n": made }))
+                        .priority(i16::try_from(rng.below(4)).unwrap())
+                        .max_attempts(2 + u32::try_from(rng.below(3)).unwrap())
+                        .timeout(Duration::from_secs(5 + rng.below(50)));
+                    if rng.chance(250) {
+                        job = job.delay(Duration::from_secs(1 + rng.below(10)));
+                    }
+                    if rng.chance(200) {
+                        job = job.unique_key(format!("k{}", rng.below(4)));
+                    }
+                    match sim.client.enqueue(job).await {
+                        Ok(e) => {
+                            answered.insert(e.id.0);
+                            ids.push(format!("{}{}", e.id.0, if e.duplicate { "=" } else { "" }));
+                        }
+                        Err(_) => ids.push("error".into()),
+                    }
+                }
+                format!("{step}: {name} enqueue → {}", ids.join(" "))
+            }
+            14..=27 => format!("{step}: {name} fetch → {}", sim.fetch("default").await),
+            28..=39 => {
+                let r = sim.renew().await;
+                format!(
+                    "{step}: {name} renew → renewed {} lost {}",
+                    r.renewed, r.lost
+                )
+            }
+            40..=47 => format!("{step}: {name} deadlines → {}", sim.check_deadlines().await),
+            48..=55 => format!("{step}: {name} sweep → {}", sim.sweep().await),
+            56..=75 => {
+                let waiting = fleet.journal.waiting(&name);
+                if waiting.is_empty() {
+                    format!("{step}: {name} release → none waiting")
+                } else {
+                    let (idx, job, attempt) = *rng.pick(&waiting);
+                    let how = match rng.below(10) {
+                        0..=6 => Release::Success,
+                        7..=8 => Release::Retry,
+                        _ => Release::Panic,
+                    };
+                    fleet.journal.release(idx, how);
+                    format!("{step}: {name} release job {job} attempt {attempt} → {how:?}")
+                }
+            }
+            76..=89 => {
+                let d = if rng.chance(150) {
+                    Duration::from_secs(10 + rng.below(26))
+                } else {
+                    Duration::from_millis(200 + rng.below(5800))
+                };
+                fleet.advance(d, &mut log, &step.to_string()).await;
+                continue;
+            }
+            90..=93 if live.len() >= 2 => {
+                let until = step + 3 + rng.below(13) as usize;
+                fleet.freeze(at, until);
+                format!("{step}: freeze {name} until step {until}")
+            }
+            94..=96 if live.len() >= 2 => {
+                fleet.crash(at);
+                format!("{step}: crash {name}")
+            }
+            97..=99 if fleet.nodes.len() < 6 => {
+                restarts += 1;
+                let new = format!("r{restarts}");
+                fleet.add_node(&new).await;
+                format!("{step}: start {new}")
+            }
+            _ => format!("{step}: {name} idle"),
+        };
+        log.line(line);
+        fleet.settle(&mut log).await;
+    }
+
+    // Faults stop, everyone resumes: the fleet must finish every job.
+    fleet
+        .book
+        .on
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    for i in 0..fleet.nodes.len() {
+        fleet.resume(i, false, &mut log, "heal").await;
+    }
+    if fleet.drivable().is_empty() {
+        fleet.add_node("last").await;
+    }
+    log.line("heal: faults off, every node resumed".into());
+    let mut violations = Vec::new();
+    let mut done = false;
+    for round in 0..HEAL_ROUNDS {
+        let jobs = all_jobs(&fleet).await;
+        if jobs.iter().all(|j| j.state.is_terminal()) {
+            done = true;
+            break;
+        }
+        fleet
+            .advance(Duration::from_secs(3), &mut log, &format!("heal {round}"))
+            .await;
+        for i in fleet.drivable() {
+            let name = fleet.nodes[i].name.clone();
+            for (idx, job, attempt) in fleet.journal.waiting(&name) {
+                fleet.journal.release(idx, Release::Success);
+                log.line(format!(
+                    "heal {round}: {name} release job {job} attempt {attempt}"
+                ));
+                fleet.settle(&mut log).await;
+            }
+            let sim = &fleet.nodes[i].sim;
+            let line = format!(
+                "heal {round}: {name} fetch {} renew {} deadlines {} sweep {}",
+                sim.fetch("default").await,
+                sim.renew().await.renewed,
+                sim.check_deadlines().await,
+                sim.sweep().await
+            );
+            log.line(line);
+            fleet.settle(&mut log).await;
+        }
+    }
+    let jobs = all_jobs(&fleet).await;
+    if !done {
+        for j in jobs.iter().filter(|j| !j.state.is_terminal()) {
+            violations.push(format!(
+                "liveness: job {} is still {} after {HEAL_ROUNDS} rounds without faults",
+                j.id.0, j.state
+            ));
+        }
+    }
+    let execs = fleet.journal.executions();
+    violations.extend(crate::check::check(
+        &jobs,
+        &answered,
+        &execs,
+        &fleet.freezes,
+    ));
+    for j in &jobs {
+        log.line(format!(
+            "job {}: {} attempts {} result {:?}",
+            j.id.0,
+            j.state,
+            j.attempts,
+            j.result
+                .as_ref()
+                .map(|r| (r["node"].clone(), r["attempt"].clone()))
+        ));
+    }
+    let mut rows: Vec<String> = execs
+        .iter()
+        .map(|e| {
+            format!(
+                "exec job {} attempt {} on {} {}..{:?} completed {}",
+                e.job_id, e.attempt, e.node, e.started_at_us, e.ended_at_us, e.completed
+            )
+        })
+        .collect();
+    rows.sort();
+    for r in rows {
+        log.line(r);
+    }
+    let faults = fleet
+        .book
+        .injected
+        .load(std::sync::atomic::Ordering::SeqCst);
+    for n in &fleet.nodes {
+        if n.status != Status::Crashed {
+            n.sim.crash();
+        }
+    }
+    RunReport {
+        seed,
+        hash: log.hash(),
+        violations,
+        log: log.lines().to_vec(),
+        steps,
+        faults,
+    }
+}
+
+/// Every job in the database, read through a node that is not crashed.
+async fn all_jobs(fleet: &Fleet) -> Vec<Job> {
+    let i = fleet.drivable()[0];
+    let client = &fleet.nodes[i].sim.client;
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list(ListParams {
+                after,
+                limit: 1000,
+                ..ListParams::default()
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        out.extend(page);
+    }
+    out
+}
