@@ -58,6 +58,7 @@
 use std::sync::Arc;
 
 mod batch;
+mod browse;
 mod claim;
 mod connect;
 pub(crate) mod dependencies;
@@ -106,6 +107,8 @@ mod tls;
 pub mod conformance;
 
 pub(crate) use batch::bound as bound_us;
+#[cfg_attr(not(feature = "web"), allow(unused_imports))]
+pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use connect::with_query;
 pub(crate) use driver::{Listener, Notice};

@@ -14,7 +14,7 @@ use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
 
 use crate::store::expr::{
-    padded_len, prepared_statement, ClaimableSql, ClockSql, ForUpdate, JsonAppend,
+    padded_len, prepared_statement, ClaimableSql, ClockSql, ErrorCode, ForUpdate, JsonAppend,
     PartitionScanSql, ScanSql, SkipLocked,
 };
 use crate::store::schema::jobvisor_jobs;
@@ -374,5 +374,12 @@ mod tests {
     fn statements_have_their_placeholders() {
         assert_eq!(super::INSERT_ONE_MARIADB.split('?').count(), 11);
         assert_eq!(super::INSERT_MANY_MARIADB.split('?').count(), 3);
+    }
+}
+
+impl QueryFragment<Mysql> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("JSON_UNQUOTE(JSON_EXTRACT(last_error, '$.code'))");
+        Ok(())
     }
 }

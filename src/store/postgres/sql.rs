@@ -11,7 +11,7 @@ use diesel::sql_types::{BigInt, Json, Nullable, Text};
 
 use crate::store::expr::{job_columns, prepared_statement};
 use crate::store::expr::{
-    ClaimableSql, ClockSql, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
+    ClaimableSql, ClockSql, ErrorCode, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
 };
 
 /// "Now" in epoch microseconds. `now()` is the transaction's start: stable within a
@@ -694,5 +694,12 @@ mod tests {
         assert_eq!(segments(CLAIM_PARTITIONED).len(), 13);
         assert_eq!(segments(RENEW).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH).len(), 14);
+    }
+}
+
+impl QueryFragment<Pg> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("(last_error->>'code')");
+        Ok(())
     }
 }
