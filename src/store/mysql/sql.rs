@@ -368,18 +368,18 @@ pub(crate) const FINALIZE_TAIL: &str = concat!(
     j.updated_at = n.now"
 );
 
+impl QueryFragment<Mysql> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("JSON_UNQUOTE(JSON_EXTRACT(last_error, '$.code'))");
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn statements_have_their_placeholders() {
         assert_eq!(super::INSERT_ONE_MARIADB.split('?').count(), 11);
         assert_eq!(super::INSERT_MANY_MARIADB.split('?').count(), 3);
-    }
-}
-
-impl QueryFragment<Mysql> for ErrorCode {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-        out.push_sql("JSON_UNQUOTE(JSON_EXTRACT(last_error, '$.code'))");
-        Ok(())
     }
 }

@@ -679,6 +679,13 @@ impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for JobRows<Q> {
     }
 }
 
+impl QueryFragment<Pg> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("(last_error->>'code')");
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,12 +701,5 @@ mod tests {
         assert_eq!(segments(CLAIM_PARTITIONED).len(), 13);
         assert_eq!(segments(RENEW).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH).len(), 14);
-    }
-}
-
-impl QueryFragment<Pg> for ErrorCode {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("(last_error->>'code')");
-        Ok(())
     }
 }

@@ -224,18 +224,18 @@ prepared_statement!(Sqlite
     }
 );
 
+impl QueryFragment<Sqlite> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql("json_extract(last_error, '$.code')");
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn statements_have_their_placeholders() {
         assert_eq!(super::RENEW.split('?').count(), 5);
         assert_eq!(super::CLAIM.split('?').count(), 9);
-    }
-}
-
-impl QueryFragment<Sqlite> for ErrorCode {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-        out.push_sql("json_extract(last_error, '$.code')");
-        Ok(())
     }
 }
