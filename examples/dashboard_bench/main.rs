@@ -70,8 +70,8 @@ async fn explain(url: &str, n: i64) {
         "SELECT id FROM jobvisor_jobs WHERE state IN ('dead') LIMIT 1 OFFSET 100000".to_string(),
         "SELECT kind, (last_error->>'code'), count(*), max(id) FROM jobvisor_jobs WHERE state IN ('dead') AND id >= -9223372036854775808 GROUP BY kind, (last_error->>'code') LIMIT 1000".to_string(),
         // A schedule's recent fires (live; the archive's (kind, unique_key) index likewise).
-        format!("SELECT {cols} FROM jobvisor_jobs WHERE kind = 'kind_1' AND unique_key LIKE 'schedule:nightly@%' ESCAPE '\\' ORDER BY unique_key DESC LIMIT 5"),
-        format!("SELECT {cols} FROM jobvisor_jobs_archive WHERE kind = 'kind_1' AND unique_key LIKE 'schedule:nightly@%' ESCAPE '\\' ORDER BY unique_key DESC LIMIT 5"),
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE kind = 'kind_1' AND unique_key LIKE 'schedule:nightly@%' ESCAPE '\\' AND unique_key >= 'schedule:nightly@' ORDER BY unique_key DESC LIMIT 5"),
+        format!("SELECT {cols} FROM jobvisor_jobs_archive WHERE kind = 'kind_1' AND unique_key LIKE 'schedule:nightly@%' ESCAPE '\\' AND unique_key >= 'schedule:nightly@' ORDER BY unique_key DESC LIMIT 5"),
         "SELECT count(*) FROM jobvisor_jobs WHERE state IN ('succeeded', 'dead', 'cancelled') \
          AND finished_at >= (extract(epoch from now()) * 1000000)::bigint - 300000000 \
          AND finished_at < (extract(epoch from now()) * 1000000)::bigint"

@@ -263,6 +263,9 @@ impl Store {
             jobs::table
                 .filter(jobs::kind.eq(kind.clone()))
                 .filter(jobs::unique_key.like(pattern.clone()).escape('\\'))
+                // A lower bound the index can start from (keyless rows and keys below it
+                // are never read); the pattern checks the rest.
+                .filter(jobs::unique_key.ge(prefix.clone()))
                 .select(JobRow::as_select())
                 .order(jobs::unique_key.desc())
                 .limit(n)
@@ -273,6 +276,9 @@ impl Store {
             archive::table
                 .filter(archive::kind.eq(kind.clone()))
                 .filter(archive::unique_key.like(pattern.clone()).escape('\\'))
+                // A lower bound the index can start from (keyless rows and keys below it
+                // are never read); the pattern checks the rest.
+                .filter(archive::unique_key.ge(prefix.clone()))
                 .select(ArchiveRow::as_select())
                 .order(archive::unique_key.desc())
                 .limit(n)

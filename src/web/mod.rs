@@ -242,7 +242,7 @@ impl DashboardConfig {
         self
     }
 
-    /// Dead jobs the dead letters group exactly, at most (default **100,000**); past it
+    /// Dead jobs the dead letters group exactly, at most (default **10,000**); past it
     /// they group the newest [`sort_window`](DashboardConfig::sort_window) and say so.
     pub fn dead_exact_limit(mut self, jobs: u32) -> Self {
         self.dead_exact_limit = i64::from(jobs);

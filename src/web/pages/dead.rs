@@ -15,9 +15,10 @@ use super::super::{error_response, Data};
 use crate::error::Result;
 use crate::store::MAX_DEAD_GROUPS;
 
-/// Dead jobs grouped exactly, at most, by default: **100,000**
+/// Dead jobs grouped exactly, at most, by default: **10,000** (the grouping reads each dead
+/// job's error from the table: 50,000 took 290 ms on PostgreSQL)
 /// ([`DashboardConfig::dead_exact_limit`](crate::web::DashboardConfig::dead_exact_limit)).
-pub(crate) const DEAD_EXACT: i64 = 100_000;
+pub(crate) const DEAD_EXACT: i64 = 10_000;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
     let ctx = match authorize(&state, &req) {
