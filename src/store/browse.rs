@@ -174,7 +174,7 @@ impl Store {
 
     /// The dead jobs grouped by kind and error code (`id >= from`: only the newest), at
     /// most [`MAX_DEAD_GROUPS`] groups, most jobs first. On PostgreSQL and SQLite an
-    /// index-only walk of the dead index, already in group order.
+    /// walk of the dead index, already in group order (each row read for its code).
     ///
     /// # Errors
     /// [`Error::Database`](crate::Error::Database).

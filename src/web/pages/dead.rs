@@ -2,7 +2,7 @@
 //! most jobs first, with a retry of a whole group. Exact while at most [`DEAD_EXACT`] jobs
 //! are dead (one `LIMIT`ed probe tells); above, grouped from the newest
 //! [`sort_window`](crate::web::DashboardConfig::sort_window) dead jobs and labelled so. On PostgreSQL and SQLite the partial index on dead and
-//! cancelled jobs serves both the probe and the grouping (an index-only walk in group order).
+//! cancelled jobs serves both the probe and the grouping (a walk in group order, no sort).
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
