@@ -173,7 +173,7 @@ impl Store {
     }
 
     /// The dead jobs grouped by kind and error code (`id >= from`: only the newest), at
-    /// most [`MAX_DEAD_GROUPS`] groups, most jobs first. On PostgreSQL and SQLite an
+    /// most [`MAX_DEAD_GROUPS`] groups, most jobs first. On PostgreSQL and SQLite a
     /// walk of the dead index, already in group order (each row read for its code).
     ///
     /// # Errors
