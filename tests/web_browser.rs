@@ -4,7 +4,10 @@
 //! a wrong token, log in; the overview; find a dead job in the dead letters, open it, retry
 //! it and watch it succeed on the live page; bulk-cancel by a filter after its preview;
 //! pause a queue and see claims stop; a read-only dashboard hides and refuses actions; a
-//! hostile payload, kind and error render inert.
+//! hostile payload, kind and error render inert. A second walk watches a small, ordinary
+//! run (three queues, a schedule firing every second, a few failures): the dead letters
+//! grouped by kind and code, the schedule's recent fires linking to their jobs, a queue's
+//! pending jobs in run-time order — and takes the screenshots the README shows.
 //!
 //! Screenshots of each main view go to the directory in `JOBVISOR_SCREENSHOTS` when set
 //! (CI keeps them as artifacts). A missing chromedriver fails the tests; it never skips them.
@@ -22,7 +25,7 @@ use jobvisor::testing::TestDb;
 use jobvisor::web::{dashboard, DashboardConfig};
 use jobvisor::{
     handler_fn, Backend, Client, JobContext, JobError, JobId, JobOutcome, JobState, NewJob,
-    QueueConfig, Scheduler, SchedulerConfig,
+    QueueConfig, Schedule, Scheduler, SchedulerConfig,
 };
 use serde_json::{json, Value};
 
@@ -419,6 +422,170 @@ async fn operator_path(backend: Backend) {
     ro_server.stop(true).await;
     scheduler.shutdown().await;
     let _: JobId = dead;
+}
+
+/// A small, ordinary run: mail, billing and reports, a digest scheduled every second, a few
+/// cards declined and mails bounced; then the views an operator opens first.
+async fn small_run(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let mail = handler_fn(|p: Value, _ctx: JobContext| async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        if p["to"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("@invalid.example"))
+        {
+            return Err(JobError::fail("550 mailbox unavailable").with_code("smtp_550"));
+        }
+        JobOutcome::success(json!({ "message_id": format!("<{}@mail.example>", p["n"]) }))
+    });
+    let charge = handler_fn(|p: Value, _ctx: JobContext| async move {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        if p["cents"].as_i64().unwrap_or(0) > 50_000 {
+            return Err(
+                JobError::fail("card declined: insufficient funds").with_code("card_declined")
+            );
+        }
+        JobOutcome::success(json!({ "charged": p["cents"] }))
+    });
+    let report = handler_fn(|_: Value, _ctx: JobContext| async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        JobOutcome::success(json!({ "rows": 1240 }))
+    });
+    let fast = QueueConfig::default().poll_interval(Duration::from_millis(50));
+    let scheduler = Scheduler::builder(store.clone())
+        .queue("mail", fast.clone())
+        .queue("billing", fast.clone())
+        .queue("reports", fast)
+        .handler("send_email", mail)
+        .handler("charge_card", charge)
+        .handler("build_report", report)
+        .periodic(Schedule::every(
+            "digest",
+            Duration::from_secs(1),
+            NewJob::new("build_report", json!({ "report": "digest" })).queue("reports"),
+        ))
+        .start()
+        .unwrap();
+    let client = scheduler.client();
+    let mut ids = Vec::new();
+    for n in 0..24 {
+        let to = if n % 8 == 5 {
+            format!("user{n}@invalid.example")
+        } else {
+            format!("user{n}@example.com")
+        };
+        ids.push(
+            client
+                .enqueue(
+                    NewJob::new("send_email", json!({ "n": n, "to": to }))
+                        .queue("mail")
+                        .max_attempts(1),
+                )
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let mut declined = None;
+    for n in 0..12 {
+        let cents = if n % 5 == 3 { 72_000 } else { 1_990 + n * 100 };
+        let id = client
+            .enqueue(
+                NewJob::new("charge_card", json!({ "order": 1000 + n, "cents": cents }))
+                    .queue("billing")
+                    .max_attempts(1),
+            )
+            .await
+            .unwrap()
+            .id;
+        if cents > 50_000 && declined.is_none() {
+            declined = Some(id);
+        }
+        ids.push(id);
+    }
+    // Tomorrow's mail, waiting in run-time order (enqueued latest first).
+    let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
+    for n in 0..5 {
+        client
+            .enqueue(
+                NewJob::new(
+                    "send_email",
+                    json!({ "n": 100 + n, "to": "later@example.com" }),
+                )
+                .queue("mail")
+                .run_at(tomorrow - chrono::Duration::minutes(n * 10)),
+            )
+            .await
+            .unwrap();
+    }
+    for id in &ids {
+        assert!(client.wait(*id, WAIT).await.unwrap().state.is_terminal());
+    }
+    let declined = declined.unwrap();
+    // A few of the digest's fires.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+
+    let driver = start_driver();
+    let b = browser(&driver).await;
+    let (base, server) = serve(&client, DashboardConfig::with_token(TOKEN).unwrap());
+    login(&b, &base).await;
+    until_text(&b, "#queues", |t| {
+        t.contains("billing") && t.contains("reports")
+    })
+    .await;
+    shot(&b, backend, "run-overview").await;
+
+    b.goto(&format!("{base}/dead")).await.unwrap();
+    let groups = text(&b, "#dead-groups").await;
+    assert!(
+        groups.contains("smtp_550") && groups.contains("card_declined"),
+        "{groups}"
+    );
+    assert!(b.find(Locator::Css("#dead-exact")).await.is_ok());
+    shot(&b, backend, "run-dead-letters").await;
+
+    b.goto(&format!("{base}/schedules")).await.unwrap();
+    let fires = b.find_all(Locator::Css("ol.fires li a")).await.unwrap();
+    assert!(fires.len() >= 2, "{} fires listed", fires.len());
+    fires[0].click().await.unwrap();
+    assert_eq!(text(&b, "#job-kind").await, "build_report");
+    shot(&b, backend, "run-schedule-fire").await;
+
+    b.goto(&format!(
+        "{base}/jobs?queue=mail&state=pending&order=run_at_asc"
+    ))
+    .await
+    .unwrap();
+    assert!(b.find(Locator::Css("#run-at-exact")).await.is_ok());
+    let rows = text(&b, "#jobs tbody").await;
+    assert_eq!(rows.lines().count(), 5, "{rows}");
+
+    b.goto(&format!("{base}/jobs/{}", declined.0))
+        .await
+        .unwrap();
+    assert!(text(&b, "#errors").await.contains("card declined"));
+    shot(&b, backend, "run-job").await;
+
+    b.close().await.unwrap();
+    drop(driver);
+    server.stop(true).await;
+    scheduler.shutdown().await;
+}
+
+#[actix::test]
+async fn small_run_on_postgres() {
+    small_run(Backend::Postgres).await;
+}
+
+#[actix::test]
+async fn small_run_on_mysql() {
+    small_run(Backend::Mysql).await;
+}
+
+#[actix::test]
+async fn small_run_on_sqlite() {
+    small_run(Backend::Sqlite).await;
 }
 
 #[actix::test]

@@ -42,6 +42,10 @@ async fn explain(url: &str, n: i64) {
         .unwrap();
     tokio::spawn(conn);
     let cols = "id, queue, kind, state, payload, last_error, version";
+    let now = chrono::Utc::now().timestamp_micros();
+    let mid = n + n / 2;
+    let sort_edge = 2 * n - 10_000;
+    let scan_edge = 2 * n - 100_000;
     let statements = [
         format!("SELECT {cols} FROM jobvisor_jobs WHERE id < 9223372036854775807 ORDER BY id DESC LIMIT 51"),
         format!("SELECT {cols} FROM jobvisor_jobs WHERE id < 9223372036854775807 AND state = 'dead' ORDER BY id DESC LIMIT 1000"),
@@ -49,6 +53,25 @@ async fn explain(url: &str, n: i64) {
         format!("SELECT {cols} FROM jobvisor_jobs WHERE id < 9223372036854775807 AND kind = 'kind_7' ORDER BY id DESC LIMIT 51"),
         format!("SELECT {cols} FROM jobvisor_jobs_archive WHERE id < 9223372036854775807 ORDER BY id DESC LIMIT 51"),
         format!("SELECT {cols} FROM jobvisor_jobs WHERE id = {}", n + n / 2),
+        // The run-time order, exact: one queue's pending jobs of one priority (the claim
+        // index), first page and a keyset page; the priorities probe before it.
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE queue = 'q3' AND state IN ('pending') AND priority = 10 ORDER BY run_at ASC, id ASC LIMIT 51"),
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE queue = 'q3' AND state IN ('pending') AND priority = 10 AND run_at >= {now} AND (run_at > {now} OR id > {mid}) ORDER BY run_at ASC, id ASC LIMIT 51"),
+        "SELECT min(priority), max(priority) FROM jobvisor_jobs WHERE queue = 'q3' AND state IN ('pending')".to_string(),
+        // A window's far edge (scan window 100,000; sort window 10,000).
+        "SELECT id FROM jobvisor_jobs WHERE id < 9223372036854775807 ORDER BY id DESC LIMIT 1 OFFSET 99999".to_string(),
+        // The run-time order elsewhere: the newest 10,000 ids, sorted.
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE id >= {sort_edge} ORDER BY run_at DESC, id DESC LIMIT 51"),
+        // A rare kind (none at all): bounded by the scan window.
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE id < 9223372036854775807 AND id >= {scan_edge} AND kind = 'absent' ORDER BY id DESC LIMIT 51"),
+        // A rarer state with a kind: the dead index.
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE id < 9223372036854775807 AND id >= {scan_edge} AND state IN ('cancelled') AND kind = 'kind_3' ORDER BY id DESC LIMIT 51"),
+        // Dead letters: the exact-or-window probe, and the grouping.
+        "SELECT id FROM jobvisor_jobs WHERE state IN ('dead') LIMIT 1 OFFSET 100000".to_string(),
+        "SELECT kind, (last_error->>'code'), count(*), max(id) FROM jobvisor_jobs WHERE state IN ('dead') AND id >= -9223372036854775808 GROUP BY kind, (last_error->>'code') LIMIT 1000".to_string(),
+        // A schedule's recent fires (live; the archive's (kind, unique_key) index likewise).
+        format!("SELECT {cols} FROM jobvisor_jobs WHERE kind = 'kind_1' AND unique_key LIKE 'schedule:nightly@%' ESCAPE '\\' AND unique_key >= 'schedule:nightly@' ORDER BY unique_key DESC LIMIT 5"),
+        format!("SELECT {cols} FROM jobvisor_jobs_archive WHERE kind = 'kind_1' AND unique_key LIKE 'schedule:nightly@%' ESCAPE '\\' AND unique_key >= 'schedule:nightly@' ORDER BY unique_key DESC LIMIT 5"),
         "SELECT count(*) FROM jobvisor_jobs WHERE state IN ('succeeded', 'dead', 'cancelled') \
          AND finished_at >= (extract(epoch from now()) * 1000000)::bigint - 300000000 \
          AND finished_at < (extract(epoch from now()) * 1000000)::bigint"
@@ -156,6 +179,11 @@ async fn main() {
         "/ops/jobs?state=dead".to_string(),
         "/ops/jobs?queue=q3&state=pending".to_string(),
         "/ops/jobs?kind=kind_7".to_string(),
+        "/ops/jobs?kind=absent".to_string(),
+        "/ops/jobs?state=cancelled&kind=kind_3".to_string(),
+        "/ops/jobs?queue=q3&state=pending&order=run_at_asc".to_string(),
+        "/ops/jobs?order=run_at_desc".to_string(),
+        "/ops/jobs?archived=1&order=run_at_asc".to_string(),
         format!("/ops/jobs?after={job}"),
         "/ops/jobs?archived=1".to_string(),
         "/ops/jobs?text=%22order+1999%22".to_string(),

@@ -308,6 +308,19 @@ pub(crate) const TERMINAL: StateIn = StateIn(&[
     crate::job::JobState::Dead,
     crate::job::JobState::Cancelled,
 ]);
+/// `state IN ('<st>')` for one state, as a literal.
+pub(crate) const fn state_in(st: crate::job::JobState) -> StateIn {
+    use crate::job::JobState as S;
+    StateIn(match st {
+        S::Pending => &[S::Pending],
+        S::Waiting => &[S::Waiting],
+        S::Running => &[S::Running],
+        S::Retrying => &[S::Retrying],
+        S::Succeeded => &[S::Succeeded],
+        S::Dead => &[S::Dead],
+        S::Cancelled => &[S::Cancelled],
+    })
+}
 pub(crate) const RETRYABLE_BY_HAND: StateIn =
     StateIn(&[crate::job::JobState::Dead, crate::job::JobState::Cancelled]);
 
@@ -623,4 +636,30 @@ mod tests {
         assert!(empty.contains("1 = 0"), "{empty}");
         assert!(!empty.contains(" IN "), "{empty}");
     }
+}
+
+/// The code of a job's last error (`last_error`'s `code` member, `NULL` without one): the
+/// dead letters' grouping key. PostgreSQL and SQLite index it on dead jobs (migration
+/// `dead_index`), and each backend's text here is the one that index was written with.
+#[derive(Debug, Clone, Copy, QueryId)]
+#[cfg_attr(not(feature = "web"), allow(dead_code))]
+pub(crate) struct ErrorCode;
+
+impl Expression for ErrorCode {
+    type SqlType = Nullable<diesel::sql_types::Text>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for ErrorCode {}
+impl AppearsOnTable<diesel::query_builder::FromClause<jobvisor_jobs::table>> for ErrorCode {}
+impl SelectableExpression<jobvisor_jobs::table> for ErrorCode {}
+impl SelectableExpression<diesel::query_builder::FromClause<jobvisor_jobs::table>> for ErrorCode {}
+// Grouped beside the kind (the dead letters): diesel checks each group-by member against
+// the selected columns.
+impl diesel::expression::IsContainedInGroupBy<jobvisor_jobs::kind> for ErrorCode {
+    type Output = diesel::expression::is_contained_in_group_by::No;
+}
+impl diesel::expression::IsContainedInGroupBy<jobvisor_jobs::id> for ErrorCode {
+    type Output = diesel::expression::is_contained_in_group_by::No;
+}
+impl<GB> ValidGrouping<GB> for ErrorCode {
+    type IsAggregate = is_aggregate::Never;
 }

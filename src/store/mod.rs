@@ -60,6 +60,7 @@
 use std::sync::Arc;
 
 mod batch;
+mod browse;
 mod claim;
 mod connect;
 pub(crate) mod dependencies;
@@ -114,6 +115,8 @@ mod tls;
 pub mod conformance;
 
 pub(crate) use batch::bound as bound_us;
+#[cfg_attr(not(feature = "web"), allow(unused_imports))]
+pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};
 pub(crate) use driver::{Listener, Notice};
 pub(crate) use effects::validate_key as validate_effect_key;
 pub use effects::{Effect, Recorded, MAX_EFFECT_KEY_LEN};

@@ -5,10 +5,10 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::with_conn;
-use super::expr::{DbNow, TERMINAL};
+use super::expr::{state_in, DbNow, TERMINAL};
 use super::rows::{from_us, to_us, ArchiveRow, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
-use super::{ListParams, QueueLag, StateCount, Store};
+use super::{Browse, ListParams, QueueLag, StateCount, Store};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 
@@ -53,6 +53,14 @@ impl Store {
     /// [`Error::InvalidInput`] for a limit over [`MAX_LIST_LIMIT`]; [`Error::Corrupt`];
     /// [`Error::Database`].
     pub(crate) async fn job_list(&self, p: ListParams) -> Result<Vec<Job>> {
+        self.job_browse(p, Browse::default()).await
+    }
+
+    /// [`job_list`](Self::job_list) with the dashboard's orders and bounds (see [`Browse`]).
+    ///
+    /// # Errors
+    /// As [`job_list`](Self::job_list).
+    pub(crate) async fn job_browse(&self, p: ListParams, b: Browse) -> Result<Vec<Job>> {
         if p.limit > MAX_LIST_LIMIT {
             return Err(Error::invalid(
                 "limit",
@@ -78,13 +86,36 @@ impl Store {
                     .select(ArchiveRow::as_select())
                     .limit(limit)
                     .into_boxed();
-                q = if newest_first {
-                    q.filter(archive::id.lt(after.unwrap_or(i64::MAX)))
-                        .order(archive::id.desc())
-                } else {
-                    q.filter(archive::id.gt(after.unwrap_or(i64::MIN)))
-                        .order(archive::id.asc())
+                q = match (b.by_run_at, newest_first) {
+                    (false, true) => q
+                        .filter(archive::id.lt(after.unwrap_or(i64::MAX)))
+                        .order(archive::id.desc()),
+                    (false, false) => q
+                        .filter(archive::id.gt(after.unwrap_or(i64::MIN)))
+                        .order(archive::id.asc()),
+                    (true, true) => q.order((archive::run_at.desc(), archive::id.desc())),
+                    (true, false) => q.order((archive::run_at.asc(), archive::id.asc())),
                 };
+                // Keyset on (run_at, id): the first bound is an index range, the second
+                // only sorts out the rows of the same instant.
+                if let Some((r, i)) = b.run_at_after {
+                    q = if newest_first {
+                        q.filter(archive::run_at.le(r))
+                            .filter(archive::run_at.lt(r).or(archive::id.lt(i)))
+                    } else {
+                        q.filter(archive::run_at.ge(r))
+                            .filter(archive::run_at.gt(r).or(archive::id.gt(i)))
+                    };
+                }
+                if let Some(e) = b.id_floor {
+                    q = q.filter(archive::id.ge(e));
+                }
+                if let Some(e) = b.id_ceiling {
+                    q = q.filter(archive::id.le(e));
+                }
+                if let Some(pr) = b.priority {
+                    q = q.filter(archive::priority.eq(pr));
+                }
                 if let Some(queue) = &p.queue {
                     q = q.filter(archive::queue.eq(queue.clone()));
                 }
@@ -114,21 +145,46 @@ impl Store {
                     .select(JobRow::as_select())
                     .limit(limit)
                     .into_boxed();
-                q = if newest_first {
-                    q.filter(jobs::id.lt(after.unwrap_or(i64::MAX)))
-                        .order(jobs::id.desc())
-                } else {
-                    q.filter(jobs::id.gt(after.unwrap_or(i64::MIN)))
-                        .order(jobs::id.asc())
+                q = match (b.by_run_at, newest_first) {
+                    (false, true) => q
+                        .filter(jobs::id.lt(after.unwrap_or(i64::MAX)))
+                        .order(jobs::id.desc()),
+                    (false, false) => q
+                        .filter(jobs::id.gt(after.unwrap_or(i64::MIN)))
+                        .order(jobs::id.asc()),
+                    (true, true) => q.order((jobs::run_at.desc(), jobs::id.desc())),
+                    (true, false) => q.order((jobs::run_at.asc(), jobs::id.asc())),
                 };
+                // Keyset on (run_at, id): the first bound is an index range, the second
+                // only sorts out the rows of the same instant.
+                if let Some((r, i)) = b.run_at_after {
+                    q = if newest_first {
+                        q.filter(jobs::run_at.le(r))
+                            .filter(jobs::run_at.lt(r).or(jobs::id.lt(i)))
+                    } else {
+                        q.filter(jobs::run_at.ge(r))
+                            .filter(jobs::run_at.gt(r).or(jobs::id.gt(i)))
+                    };
+                }
+                if let Some(e) = b.id_floor {
+                    q = q.filter(jobs::id.ge(e));
+                }
+                if let Some(e) = b.id_ceiling {
+                    q = q.filter(jobs::id.le(e));
+                }
+                if let Some(pr) = b.priority {
+                    q = q.filter(jobs::priority.eq(pr));
+                }
                 if let Some(queue) = &p.queue {
                     q = q.filter(jobs::queue.eq(queue.clone()));
                 }
                 if let Some(kind) = &p.kind {
                     q = q.filter(jobs::kind.eq(kind.clone()));
                 }
-                if let Some(st) = state {
-                    q = q.filter(jobs::state.eq(st));
+                if let Some(st) = p.state {
+                    // A literal, so PostgreSQL matches the partial indexes (claim, running,
+                    // dead) under a generic plan too.
+                    q = q.filter(state_in(st));
                 }
                 if let Some(t) = created_after {
                     q = q.filter(jobs::created_at.gt(t));

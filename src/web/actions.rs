@@ -15,7 +15,6 @@ use serde::Deserialize;
 
 use super::auth::{authorize, authorize_action, csrf_field, Ctx};
 use super::layout::{flash, query, shell};
-use super::pages::dead::{code_of, dead_jobs};
 use super::pages::job::parse_id;
 use super::pages::{find, job_table, FilterForm};
 use super::{error_response, Data, BULK_LIMIT};
@@ -343,10 +342,13 @@ pub(crate) async fn dead_retry(
         Err(r) => return r,
     };
     let out = async {
-        let (jobs, _) = dead_jobs(&state, Some(&form.kind), BULK_LIMIT).await?;
+        // "none": the group of dead jobs without a recorded error.
+        let code = Some(form.code.as_str()).filter(|c| *c != "none");
+        let limit = i64::try_from(BULK_LIMIT).unwrap_or(i64::MAX);
+        let jobs = state.client.store().dead_of_group(&form.kind, code, limit).await?;
         let mut applied = 0u64;
         let mut changed = 0u64;
-        for j in jobs.iter().filter(|j| code_of(j) == form.code) {
+        for j in &jobs {
             let g = state
                 .client
                 .store()

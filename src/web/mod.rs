@@ -91,6 +91,9 @@ pub struct DashboardConfig {
     pub(crate) secure_cookies: Option<bool>,
     pub(crate) exact_count_limit: u64,
     pub(crate) search_window: u32,
+    pub(crate) scan_window: i64,
+    pub(crate) sort_window: i64,
+    pub(crate) dead_exact_limit: i64,
 }
 
 impl std::fmt::Debug for DashboardConfig {
@@ -107,6 +110,9 @@ impl std::fmt::Debug for DashboardConfig {
             .field("secure_cookies", &self.secure_cookies)
             .field("exact_count_limit", &self.exact_count_limit)
             .field("search_window", &self.search_window)
+            .field("scan_window", &self.scan_window)
+            .field("sort_window", &self.sort_window)
+            .field("dead_exact_limit", &self.dead_exact_limit)
             .finish()
     }
 }
@@ -135,6 +141,9 @@ impl DashboardConfig {
             secure_cookies: None,
             exact_count_limit: DEFAULT_EXACT_COUNT_LIMIT,
             search_window: DEFAULT_SEARCH_WINDOW,
+            scan_window: pages::jobs::SCAN_WINDOW,
+            sort_window: pages::jobs::SORT_WINDOW,
+            dead_exact_limit: pages::dead::DEAD_EXACT,
         }
     }
 
@@ -215,6 +224,28 @@ impl DashboardConfig {
     /// Jobs a payload text search looks at, at most (default [`DEFAULT_SEARCH_WINDOW`]).
     pub fn search_window(mut self, jobs: u32) -> Self {
         self.search_window = jobs.max(1);
+        self
+    }
+
+    /// Jobs (by id) a filtered jobs list looks at, at most, per page, when no index serves
+    /// the filter (default **100,000**); the page says when it stopped there and links past.
+    pub fn scan_window(mut self, jobs: u32) -> Self {
+        self.scan_window = i64::from(jobs.max(1));
+        self
+    }
+
+    /// Newest jobs a run-time order sorts when no index gives that order (default
+    /// **10,000**), labelled so in the page; also how many of the newest dead jobs the dead
+    /// letters group past [`dead_exact_limit`](DashboardConfig::dead_exact_limit).
+    pub fn sort_window(mut self, jobs: u32) -> Self {
+        self.sort_window = i64::from(jobs.max(1));
+        self
+    }
+
+    /// Dead jobs the dead letters group exactly, at most (default **10,000**); past it
+    /// they group the newest [`sort_window`](DashboardConfig::sort_window) and say so.
+    pub fn dead_exact_limit(mut self, jobs: u32) -> Self {
+        self.dead_exact_limit = i64::from(jobs);
         self
     }
 

@@ -690,7 +690,9 @@ fn url_escape(s: &str) -> String {
 }
 
 mod actions;
+mod lists;
 use actions::*;
+use lists::*;
 
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
@@ -711,4 +713,8 @@ on_every_backend!(
     queues_pause_and_limits,
     without_auth_only_loopback,
     big_tables_show_labelled_estimates,
+    run_at_order_exact_or_windowed,
+    rare_filters_stop_at_their_window,
+    dead_letters_group_in_sql,
+    schedules_show_recent_fires,
 );

@@ -14,7 +14,7 @@ use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Json, Nullable, Text};
 
 use crate::store::expr::{
-    padded_len, prepared_statement, ClaimableSql, ClockSql, ForUpdate, JsonAppend,
+    padded_len, prepared_statement, ClaimableSql, ClockSql, ErrorCode, ForUpdate, JsonAppend,
     PartitionScanSql, ScanSql, SkipLocked,
 };
 use crate::store::schema::jobvisor_jobs;
@@ -367,6 +367,13 @@ pub(crate) const FINALIZE_TAIL: &str = concat!(
                          ELSE j.unique_hold END, \
     j.updated_at = n.now"
 );
+
+impl QueryFragment<Mysql> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("JSON_UNQUOTE(JSON_EXTRACT(last_error, '$.code'))");
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@ use diesel::sql_types::{BigInt, Json, Nullable, Text};
 
 use crate::store::expr::{job_columns, prepared_statement};
 use crate::store::expr::{
-    ClaimableSql, ClockSql, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
+    ClaimableSql, ClockSql, ErrorCode, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
 };
 
 /// "Now" in epoch microseconds. `now()` is the transaction's start: stable within a
@@ -676,6 +676,13 @@ impl<Q> diesel::query_builder::Query for JobRows<Q> {
 impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for JobRows<Q> {
     fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         self.0.walk_ast(out)
+    }
+}
+
+impl QueryFragment<Pg> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("(last_error->>'code')");
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@ use diesel::sqlite::Sqlite;
 
 use crate::store::expr::{job_columns, prepared_statement};
 use crate::store::expr::{
-    ClaimableSql, ClockSql, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
+    ClaimableSql, ClockSql, ErrorCode, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
 };
 
 /// "Now" in epoch microseconds.
@@ -223,6 +223,13 @@ prepared_statement!(Sqlite
         batch: String => Text,
     }
 );
+
+impl QueryFragment<Sqlite> for ErrorCode {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql("json_extract(last_error, '$.code')");
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,7 @@ use super::layout::{age, ts};
 use super::State;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
-use crate::store::ListParams;
+use crate::store::{Browse, ListParams};
 
 /// Rows per page of the jobs list.
 pub(crate) const PAGE: u32 = 50;
@@ -48,15 +48,19 @@ pub(crate) struct FilterForm {
     /// Text in the payload's JSON.
     #[serde(default)]
     pub(crate) text: String,
-    /// `oldest` for ascending ids; newest first otherwise.
+    /// `oldest` for ascending ids, `run_at_desc` / `run_at_asc` for the run time; newest
+    /// (descending ids) otherwise.
     #[serde(default)]
     pub(crate) order: String,
     /// `1`: the archive.
     #[serde(default)]
     pub(crate) archived: String,
-    /// Keyset paging: ids past this one.
+    /// Keyset paging: ids past this one (`<run_at µs>.<id>` in a run-time order).
     #[serde(default)]
     pub(crate) after: String,
+    /// The far edge (an id) of the window a run-time order sorts, kept from page to page.
+    #[serde(default)]
+    pub(crate) win: String,
 }
 
 /// A validated filter.
@@ -65,6 +69,10 @@ pub(crate) struct Filter {
     pub(crate) params: ListParams,
     pub(crate) id: Option<JobId>,
     pub(crate) text: Option<String>,
+    /// The order and keyset of a run-time order (`params.after` is unused then).
+    pub(crate) browse: Browse,
+    /// A run-time order's window edge from an earlier page.
+    pub(crate) win: Option<i64>,
 }
 
 fn time(field: &'static str, v: &str) -> Result<Option<DateTime<Utc>>> {
@@ -125,16 +133,43 @@ impl FilterForm {
                 }),
             }
         };
-        let newest_first = match self.order.trim() {
-            "" | "newest" => true,
-            "oldest" => false,
+        let (newest_first, by_run_at) = match self.order.trim() {
+            "" | "newest" => (true, false),
+            "oldest" => (false, false),
+            "run_at_desc" => (true, true),
+            "run_at_asc" => (false, true),
             o => {
                 return Err(Error::invalid(
                     "order",
-                    format!("{o:?} is not an order; expected newest or oldest"),
+                    format!(
+                        "{o:?} is not an order; expected newest, oldest, run_at_desc or \
+                         run_at_asc"
+                    ),
                 ))
             }
         };
+        let (after, run_at_after) = match (by_run_at, self.after.trim()) {
+            (_, "") => (None, None),
+            (false, a) => (id_of("after", a)?, None),
+            (true, a) => {
+                let pair = a
+                    .split_once('.')
+                    .and_then(|(r, i)| Some((r.parse::<i64>().ok()?, i.parse::<i64>().ok()?)));
+                match pair {
+                    Some(p) => (None, Some(p)),
+                    None => {
+                        return Err(Error::invalid(
+                            "after",
+                            format!(
+                                "{a:?} is not a position in run-time order; expected \
+                                 <run_at µs>.<id>"
+                            ),
+                        ))
+                    }
+                }
+            }
+        };
+        let win = id_of("win", &self.win)?.map(|j| j.0);
         let archived = match self.archived.trim() {
             "" | "0" => false,
             "1" => true,
@@ -160,7 +195,7 @@ impl FilterForm {
                 queue: text(&self.queue),
                 kind: text(&self.kind),
                 state,
-                after: id_of("after", &self.after)?,
+                after,
                 newest_first,
                 limit: PAGE,
                 archived,
@@ -170,6 +205,12 @@ impl FilterForm {
             },
             id: id_of("id", &self.id)?,
             text: text(&self.text),
+            browse: Browse {
+                by_run_at,
+                run_at_after,
+                ..Browse::default()
+            },
+            win,
         })
     }
 

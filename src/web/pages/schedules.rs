@@ -1,5 +1,7 @@
-//! Schedules: each stored schedule's spec, zone, next and last fire (with a link to the
-//! last fire's job), missed-fire policy, paused or retired; pause, resume, trigger now.
+//! Schedules: each stored schedule's spec, zone, next fire, its [`RECENT_FIRES`] most recent
+//! fires (each linking to its job, live or archived — read from the unique-key indexes, the
+//! fires' jobs being keyed by schedule and instant), missed-fire policy, paused or retired;
+//! pause, resume, trigger now.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
@@ -7,9 +9,13 @@ use chrono::Utc;
 use maud::html;
 
 use super::super::auth::{authorize, csrf_field, Ctx};
-use super::super::layout::{age, query, shell, ts_opt};
+use super::super::layout::{age, shell, ts_opt};
 use super::super::{error_response, Data};
 use crate::error::Result;
+use crate::job::Job;
+
+/// Fires shown per schedule: the **5** most recent.
+pub(crate) const RECENT_FIRES: i64 = 5;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
     let ctx = match authorize(&state, &req) {
@@ -25,6 +31,16 @@ pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
 async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpResponse> {
     let now = Utc::now();
     let schedules = state.client.schedules().await?;
+    let mut fires: Vec<Vec<Job>> = Vec::with_capacity(schedules.len());
+    for s in &schedules {
+        fires.push(
+            state
+                .client
+                .store()
+                .schedule_fires(&s.kind, &s.name, RECENT_FIRES)
+                .await?,
+        );
+    }
     let button = |name: &str, action: &str, label: &str| {
         html! {
             form.inline method="post" action=(state.url(&format!("/schedules/{action}"))) {
@@ -37,19 +53,27 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
     let body = html! {
         @if schedules.is_empty() { p { "No schedules are stored (a node declares them at start)." } }
         table #schedule-table {
-            thead { tr { th { "name" } th { "spec" } th { "kind / queue" } th { "next fire" } th { "last fire" } th { "missed fires" } th { "status" } th {} } }
+            thead { tr { th { "name" } th { "spec" } th { "kind / queue" } th { "next fire" } th { "recent fires" } th { "missed fires" } th { "status" } th {} } }
             tbody {
-                @for s in &schedules {
+                @for (s, fs) in schedules.iter().zip(&fires) {
                     tr {
                         td { (s.name) }
                         td { code { (s.spec_text()) } " " span.muted { (s.time_zone) } }
                         td { (s.kind) " / " (s.queue) }
                         td { (ts_opt(s.next_fire_at)) @if let Some(t) = s.next_fire_at { " (" (age(now, t)) ")" } }
-                        td {
-                            @if let Some(t) = s.last_fire_at {
-                                @let key = crate::schedule::fire_key(&s.name, t.timestamp_micros());
-                                a href=(state.url(&format!("/jobs{}", query(&[("key", &key), ("kind", &s.kind)])))) { (ts_opt(Some(t))) }
-                            } @else { "—" }
+                        td.fires {
+                            @if fs.is_empty() {
+                                @if let Some(t) = s.last_fire_at { (ts_opt(Some(t))) " " span.muted { "(its job is gone)" } } @else { "—" }
+                            }
+                            ol.fires {
+                                @for j in fs {
+                                    li {
+                                        a href=(state.url(&format!("/jobs/{}", j.id.0))) { (ts_opt(Some(crate::store::fire_instant(j)))) }
+                                        " " span class=(super::state_class(j.state)) { (j.state) }
+                                        @if j.archived_at.is_some() { " " span.muted { "archived" } }
+                                    }
+                                }
+                            }
                         }
                         td { (format!("{:?}", s.missed)) }
                         td {

@@ -1,0 +1,1 @@
+DROP INDEX jobvisor_jobs_dead_idx;
