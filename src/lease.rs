@@ -67,7 +67,13 @@ impl fmt::Display for NodeId {
 /// [`ClaimId`]); jobvisor's own tests reach it through `testing::internal`.
 #[doc(hidden)]
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LeaseToken(String);
+pub struct LeaseToken {
+    /// The stored form, shared: a token is cloned several times per job (claim, supervisor,
+    /// handler context, outcome, finalize batch), and a clone must not allocate.
+    text: std::sync::Arc<str>,
+    /// Its claim id, read once (`None` for an older 32-digit token).
+    claim: Option<ClaimId>,
+}
 
 /// Hex digits of a token's public part, its [`ClaimId`].
 const CLAIM_ID_LEN: usize = 16;
@@ -78,7 +84,7 @@ impl LeaseToken {
     /// A fresh random token: a random claim id and 128 random bits.
     pub fn generate() -> Self {
         let (claim, _) = uuid::Uuid::new_v4().as_u64_pair();
-        LeaseToken(format!("{claim:016x}{}", uuid::Uuid::new_v4().simple()))
+        LeaseToken::of(format!("{claim:016x}{}", uuid::Uuid::new_v4().simple()))
     }
 
     /// Parses a stored token.
@@ -91,7 +97,7 @@ impl LeaseToken {
             && s.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         {
-            Ok(LeaseToken(s.to_string()))
+            Ok(LeaseToken::of(s.to_string()))
         } else {
             Err(Error::invalid(
                 "lease_token",
@@ -103,15 +109,23 @@ impl LeaseToken {
         }
     }
 
+    /// A token of `text`, its claim id read once.
+    fn of(text: String) -> Self {
+        LeaseToken {
+            claim: ClaimId::of_token(&text),
+            text: text.into(),
+        }
+    }
+
     /// The stored form; only the store and the holder should ever need it.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
     /// The claim this token belongs to (none for a token of an older build, whose digits are
     /// all secret).
     pub fn claim_id(&self) -> Option<ClaimId> {
-        ClaimId::of_token(&self.0)
+        self.claim
     }
 
     /// The claim id of a token this build generated (every claim this node makes); an older
@@ -197,7 +211,7 @@ impl fmt::Debug for LeaseToken {
         // the secret.
         match self.claim_id() {
             Some(c) => write!(f, "LeaseToken({c}…)"),
-            None => write!(f, "LeaseToken({}…)", &self.0[..4.min(self.0.len())]),
+            None => write!(f, "LeaseToken({}…)", &self.text[..4.min(self.text.len())]),
         }
     }
 }

@@ -333,7 +333,11 @@ impl LeaseManager {
                         // Only this attempt's lease: a newer claim of the same job stays.
                         // A lease already forgotten (lost, abandoned) freed its slot then.
                         if let Some(l) = act.leases.remove(&(id, p.item.token)) {
-                            let slot = freed.entry(p.queue.clone()).or_default();
+                            // The queue's name is copied once per batch, not once per job.
+                            let slot = match freed.get_mut(&p.queue) {
+                                Some(slot) => slot,
+                                None => freed.entry(p.queue.clone()).or_default(),
+                            };
                             slot.0 += 1;
                             slot.1 = slot.1.max(l.waited());
                         }
@@ -353,7 +357,7 @@ impl LeaseManager {
                                 act.shared.events.emit(Event::Finished {
                                     id,
                                     kind: p.kind,
-                                    queue: p.queue.clone(),
+                                    queue: p.queue,
                                     attempt: p.attempt,
                                     claim,
                                     state,
@@ -536,13 +540,14 @@ impl Handler<JobFinished> for LeaseManager {
             return;
         }
         let key = (m.id, m.token);
-        let created_at = self.leases.get(&key).map(|l| l.created_at);
-        let started_us = self.leases.get(&key).and_then(|l| {
-            l.attempt
-                .started_us()
-                .filter(|_| m.started && !l.start_recorded)
-        });
+        // One look-up: the key hashes a 48-digit token.
+        let (mut created_at, mut started_us) = (None, None);
         if let Some(l) = self.leases.get_mut(&key) {
+            created_at = Some(l.created_at);
+            started_us = l
+                .attempt
+                .started_us()
+                .filter(|_| m.started && !l.start_recorded);
             if l.finishing {
                 // Already given back by this manager (never started): nothing more to write.
                 return;

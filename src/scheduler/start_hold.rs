@@ -38,6 +38,11 @@ impl StartHold {
 
     /// Returns once starts are not held.
     pub(crate) async fn wait(&self) {
+        // Not held (every start but those racing a revalidation): no waiter is registered,
+        // which would lock the `Notify`'s list twice per job.
+        if !self.is_held() {
+            return;
+        }
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
