@@ -115,18 +115,38 @@ impl Store {
     }
 
     /// Runs a hot-path operation for at most `limit`; under a test's fault plan (feature
-    /// `test-util`), as the plan decides.
-    pub(crate) async fn bounded_for<T>(
+    /// `test-util`), as the plan decides. Not an `async fn`: it adds no layer (and no copy of
+    /// `fut`) to the operation's future, whose size debug builds' deep call stacks feel.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn bounded_for<T, F>(
         &self,
         op: super::timeout::Op,
         limit: std::time::Duration,
-        fut: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        #[cfg(feature = "test-util")]
-        if let Some(plan) = self.inner.faults.get() {
-            return super::faults::run(plan, op, limit, fut).await;
+        fut: F,
+    ) -> impl std::future::Future<Output = Result<T>>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
+        match self.inner.faults.get() {
+            Some(plan) => futures_util::future::Either::Left(Box::pin(super::faults::run(
+                plan, op, limit, fut,
+            ))),
+            None => futures_util::future::Either::Right(super::timeout::bounded(op, limit, fut)),
         }
-        super::timeout::bounded(op, limit, fut).await
+    }
+
+    /// Runs a hot-path operation for at most `limit`.
+    #[cfg(not(feature = "test-util"))]
+    pub(crate) fn bounded_for<T, F>(
+        &self,
+        op: super::timeout::Op,
+        limit: std::time::Duration,
+        fut: F,
+    ) -> impl std::future::Future<Output = Result<T>>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
+        super::timeout::bounded(op, limit, fut)
     }
 
     /// Installs a fault plan: from now on every hot-path operation of this store and its
