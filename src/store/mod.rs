@@ -18,7 +18,8 @@
 //!    transaction); `job_conn` (a handler's transaction on the store's connection: the lease
 //!    guard, the completion, effect records) and `effects` (the effect records' types and
 //!    reads); `migrate` (embedded migrations, the schema check); `connect` (URL → backend,
-//!    open).
+//!    open); `browse` (the dashboard's reads beyond `Client::list`), `dependencies`, `nodes`,
+//!    `leader`, `schedules`, `queues`.
 //! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
 //!    of each operation whose SQL differs (columns written, guard, result), and the only
 //!    dispatch on the backend: no other file of the layer above names a backend's variant
@@ -30,9 +31,11 @@
 //!    No backend module imports another.
 //! 4. Shared below the backends: `batch` (helpers several backends' statements use), `expr`
 //!    (custom SQL expressions), `errors` (classification), `options`, `params` (the
-//!    vocabulary, and the seam's arguments and answers), `pool` (connection attempts, the pool
-//!    builder), `embedded` (the migration helpers: latest version, locked migrate), `rows`,
-//!    `schema`, `timeout` (bounded operations, poisoned connections), `tls`.
+//!    vocabulary, and the seam's arguments and answers), `pool` (the two-lane pool, connection
+//!    attempts, the pool builder), `embedded` (the migration helpers: latest version, locked
+//!    migrate), `keyed` (the keyed-enqueue loop), `rows`, `schema`, `timeout` (bounded
+//!    operations, poisoned connections), `tls`, `own_conn`, `statement_count` and `faults`
+//!    (test builds only: counted statements, injected faults).
 //!
 //! A module imports its own layer or those below it, never one above, and no modules import
 //! each other in a circle: CI checks both from the imports (`.ci/store-layers`, where a new

@@ -1,5 +1,5 @@
-//! What every backend's connection set-up shares, below the backends: bounded connection
-//! attempts, the pool builder and URL options. A backend opens its own pools with these
+//! What every backend's connection set-up shares, below the backends: the two-lane pool
+//! ([`Lanes`]), bounded connection attempts, the pool builder and URL options. A backend opens its own pools with these
 //! (`Driver::open`); `connect.rs`, above the seam, only chooses the backend from the URL.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -12,10 +12,14 @@ use diesel_async::pooled_connection::{
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use diesel_async::AsyncConnection;
 
+use diesel_async::pooled_connection::PoolError;
+
+use super::timeout::{checkout, ConnPool, Manager, PooledConn, Tracked};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use super::timeout::{ConnPool, Manager};
+use super::timeout::{renew_conn, RenewConn};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::StoreOptions;
+use crate::error::Result;
 
 /// Runs `attempt` (one try at opening a connection) with at most `each` per try, starting a
 /// fresh one after each timeout until `total` has passed; an error ends it at once. A try
@@ -86,5 +90,44 @@ pub(crate) fn with_query(url: &str, kv: &str) -> String {
         format!("{url}&{kv}")
     } else {
         format!("{url}?{kv}")
+    }
+}
+
+/// A store's two pools on one database, for every backend: the main one, and the renewal lane
+/// of [`RENEW_LANE_SIZE`](super::RENEW_LANE_SIZE) (2) connections for lease renewals only, so
+/// a renewal never waits behind a hung claim or finalization, nor for a connection one of
+/// them holds.
+pub(crate) struct Lanes<C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>, Error = PoolError>,
+{
+    main: ConnPool<C>,
+    renew: ConnPool<C>,
+}
+
+impl<C> Lanes<C>
+where
+    Manager<C>: bb8::ManageConnection<Connection = Tracked<C>, Error = PoolError>,
+{
+    /// The lanes over the two pools.
+    pub(crate) fn new(main: ConnPool<C>, renew: ConnPool<C>) -> Self {
+        Lanes { main, renew }
+    }
+
+    /// The main pool's state.
+    pub(crate) fn state(&self) -> bb8::State {
+        self.main.state()
+    }
+
+    /// A connection from the main pool, or from the renewal lane if `renew`.
+    pub(crate) async fn checkout(&self, renew: bool) -> Result<PooledConn<'_, C>> {
+        checkout(if renew { &self.renew } else { &self.main }).await
+    }
+
+    /// A renewal's connection: from the lane, or one opened for it alone if `fresh` (a hedge,
+    /// see `timeout::renew_conn`).
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) async fn renewal(&self, fresh: bool) -> Result<RenewConn<'_, C>> {
+        renew_conn(&self.renew, fresh).await
     }
 }

@@ -32,10 +32,10 @@ use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::own_conn::{Held, OwnConn};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
-use super::pool::pool;
+use super::pool::{pool, Lanes};
 use super::rows::{dur_ms, dur_us, JobRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
-use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
+use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::Result;
 use crate::job::{JobId, JobState, NewJob};
@@ -55,9 +55,8 @@ const CHUNK: usize = 1000;
 
 /// A MySQL/MariaDB store's connections and what its server can do.
 pub(crate) struct MysqlDriver {
-    pool: ConnPool<AsyncMysqlConnection>,
-    /// Lease renewals only (see [`RENEW_LANE_SIZE`]).
-    renew_pool: ConnPool<AsyncMysqlConnection>,
+    /// The main pool and the renewal lane.
+    lanes: Lanes<AsyncMysqlConnection>,
     /// MariaDB 10.6+: `INSERT … RETURNING` (MySQL has none) and `JSON_TABLE`, so an enqueue
     /// is one statement and a batch one insert.
     pub(crate) insert_returning: bool,
@@ -70,7 +69,7 @@ pub(crate) struct MysqlDriver {
 impl MysqlDriver {
     /// The main pool's state (see [`Driver::pool_state`](super::driver::Driver::pool_state)).
     pub(crate) fn pool_state(&self) -> bb8::State {
-        self.pool.state()
+        self.lanes.state()
     }
 
     /// Reads the server's version on a first connection (which also reports the real reason
@@ -98,8 +97,10 @@ impl MysqlDriver {
         };
         let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
         Ok(MysqlDriver {
-            pool: pool(opts, size, true, setup(&connector)),
-            renew_pool: pool(opts, RENEW_LANE_SIZE, true, setup(&connector)),
+            lanes: Lanes::new(
+                pool(opts, size, true, setup(&connector)),
+                pool(opts, RENEW_LANE_SIZE, true, setup(&connector)),
+            ),
             connector,
             insert_returning: connect::supports_insert_returning(&version),
             signal: OwnConn::new(),
@@ -122,7 +123,7 @@ impl MysqlDriver {
 
     /// A pooled connection (renewals: `renew`, from their own lane).
     pub(crate) async fn conn(&self, renew: bool) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
-        checkout(if renew { &self.renew_pool } else { &self.pool }).await
+        self.lanes.checkout(renew).await
     }
 
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue`]; a batch in
@@ -216,7 +217,7 @@ impl MysqlDriver {
 
     /// [`Driver::renew`](super::driver::Driver::renew): see [`renew`].
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        let mut c = renew_conn(&self.renew_pool, a.fresh).await?;
+        let mut c = self.lanes.renewal(a.fresh).await?;
         Ok(
             diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
                 renew(c, a.leases, a.now, a.lease_us, a.grace_us).await

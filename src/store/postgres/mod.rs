@@ -25,10 +25,10 @@ use super::batch::{holder, new_row, take_over, unique_parts, FinalRow, Finalized
 use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::params::{Claimed, Route};
-use super::pool::pool;
+use super::pool::{pool, Lanes};
 use super::rows::{dur_ms, dur_us, to_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
-use super::timeout::{checkout, renew_conn, ConnPool, PooledConn};
+use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, RunAt};
@@ -50,9 +50,8 @@ const MIGRATION_LOCK_KEY: i64 = 0x6a6f_6276_6973_6f72;
 
 /// A PostgreSQL store's connections and state.
 pub(crate) struct PgDriver {
-    pool: ConnPool<AsyncPgConnection>,
-    /// Lease renewals only (see [`RENEW_LANE_SIZE`]).
-    renew_pool: ConnPool<AsyncPgConnection>,
+    /// The main pool and the renewal lane.
+    lanes: Lanes<AsyncPgConnection>,
     /// How the listening and `COPY` connections are opened.
     pub(crate) connector: PgConnector,
     /// The connection large batches are copied over.
@@ -69,7 +68,7 @@ pub(crate) struct PgDriver {
 impl PgDriver {
     /// The main pool's state (see [`Driver::pool_state`](super::driver::Driver::pool_state)).
     pub(crate) fn pool_state(&self) -> bb8::State {
-        self.pool.state()
+        self.lanes.state()
     }
 
     /// Opens the pools on `url`; a first connection reports the real reason a server cannot
@@ -95,8 +94,10 @@ impl PgDriver {
             };
         let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
         Ok(PgDriver {
-            pool: pool(opts, size, false, setup(&connector)),
-            renew_pool: pool(opts, RENEW_LANE_SIZE, false, setup(&connector)),
+            lanes: Lanes::new(
+                pool(opts, size, false, setup(&connector)),
+                pool(opts, RENEW_LANE_SIZE, false, setup(&connector)),
+            ),
             connector,
             copy: CopyConn::default(),
             claim_lock_wait: lock_wait(opts.statement_timeout),
@@ -106,7 +107,7 @@ impl PgDriver {
 
     /// A pooled connection (renewals: `renew`, from their own lane).
     pub(crate) async fn conn(&self, renew: bool) -> Result<PooledConn<'_, AsyncPgConnection>> {
-        checkout(if renew { &self.renew_pool } else { &self.pool }).await
+        self.lanes.checkout(renew).await
     }
 
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): one row by a cached single-row
@@ -241,7 +242,7 @@ impl PgDriver {
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement ([`sql::RENEW`]).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        let mut c = renew_conn(&self.renew_pool, a.fresh).await?;
+        let mut c = self.lanes.renewal(a.fresh).await?;
         Ok(sql::PgRenew {
             ids: a.leases.iter().map(|l| l.id.0).collect(),
             tokens: a.leases.iter().map(|l| l.token.as_str()).collect(),

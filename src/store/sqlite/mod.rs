@@ -36,11 +36,10 @@ use super::batch::{
 };
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::params::{ClaimArgs, RenewArgs};
+use super::pool::Lanes;
 use super::rows::{dur_us, JobRow};
 use super::schema::jobvisor_jobs as jobs;
-use super::timeout::{
-    checkout, in_bounded_op, set_phase, ConnPool, Connector, Manager, Phase, PooledConn,
-};
+use super::timeout::{in_bounded_op, set_phase, ConnPool, Connector, Manager, Phase, PooledConn};
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_SQLITE_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobState, NewJob};
@@ -69,9 +68,8 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
 /// A SQLite store's connections and its writer lock.
 pub(crate) struct SqliteDriver {
-    pool: ConnPool<SqliteConn>,
-    /// Lease renewals only (see [`RENEW_LANE_SIZE`]).
-    renew_pool: ConnPool<SqliteConn>,
+    /// The main pool and the renewal lane.
+    lanes: Lanes<SqliteConn>,
     /// This process's writes queue here (see the module doc). Taken only by
     /// [`SqliteDriver::writer`].
     writer: tokio::sync::Mutex<()>,
@@ -102,7 +100,7 @@ impl std::ops::DerefMut for Writer<'_> {
 impl SqliteDriver {
     /// The main pool's state (see [`Driver::pool_state`](super::driver::Driver::pool_state)).
     pub(crate) fn pool_state(&self) -> bb8::State {
-        self.pool.state()
+        self.lanes.state()
     }
 
     /// Opens the file (created if missing, WAL mode) and the pools; the first open reports a
@@ -119,8 +117,10 @@ impl SqliteDriver {
             .map_err(|e| format!("{e}; expected a writable SQLite file"))?;
         let size = opts.pool_size.unwrap_or(DEFAULT_SQLITE_POOL_SIZE);
         Ok(SqliteDriver {
-            pool: sqlite_pool(opts, size, path),
-            renew_pool: sqlite_pool(opts, RENEW_LANE_SIZE, path),
+            lanes: Lanes::new(
+                sqlite_pool(opts, size, path),
+                sqlite_pool(opts, RENEW_LANE_SIZE, path),
+            ),
             writer: tokio::sync::Mutex::new(()),
             lock_bound,
         })
@@ -128,7 +128,7 @@ impl SqliteDriver {
 
     /// A connection for reads (no writer lock).
     pub(crate) async fn reader(&self) -> Result<PooledConn<'_, SqliteConn>> {
-        checkout(&self.pool).await
+        self.lanes.checkout(false).await
     }
 
     /// A connection that may write, from the renewal lane if `renew`: takes this process's
@@ -151,7 +151,7 @@ impl SqliteDriver {
                     )))
                 })?
         };
-        let conn = checkout(if renew { &self.renew_pool } else { &self.pool }).await?;
+        let conn = self.lanes.checkout(renew).await?;
         Ok(Writer { conn, _lock: lock })
     }
 
