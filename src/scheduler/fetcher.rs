@@ -80,6 +80,9 @@ pub struct Fetcher {
     share_backoff: Option<(Duration, Duration)>,
     /// A fair-share wake-up is scheduled (one at a time).
     share_timer: bool,
+    /// A claim was controlled by the queue's settings at least once: the prefetch window
+    /// was emptied then (see [`PrefetchWindow::on_first_controlled`]).
+    controlled_seen: bool,
     /// The queue's claim instruments.
     metrics: Arc<QueueMetrics>,
     /// Handler instruments per kind, registered at first use, shared with the supervisors.
@@ -123,6 +126,7 @@ impl Fetcher {
             last_error: None,
             share_backoff: None,
             share_timer: false,
+            controlled_seen: false,
             kind_metrics: HashMap::new(),
         }
     }
@@ -177,6 +181,16 @@ impl PrefetchWindow {
     /// workers run; full claims open it again.
     fn on_held_back(&mut self) {
         self.window /= 2;
+    }
+
+    /// The first claim the queue's settings controlled came back. A node starts with a
+    /// window of `min(concurrency, prefetch)` for a quick ramp; under a global limit that
+    /// full window is slots of the limit taken from the nodes that start a moment later, and
+    /// each node keeps its slots by reclaiming them as they free (three nodes starting
+    /// together once split a drain 29 % off even). So a controlled queue's window starts
+    /// again from 0 and opens only as full claims meet idle workers.
+    fn on_first_controlled(&mut self) {
+        self.window = 0;
     }
 
     /// Jobs were written; one of them waited `longest_wait` in the prefetch for a worker.
@@ -325,10 +339,14 @@ impl Handler<FetchNow> for Fetcher {
                     // Checked before this claim's supervisors start taking permits.
                     act.window
                         .on_claim(full, act.workers.available_permits() > 0);
+                    if controlled && !act.controlled_seen {
+                        act.controlled_seen = true;
+                        act.window.on_first_controlled();
+                    }
                     if controlled && !full {
                         act.window.on_held_back();
                     }
-                    if share.is_some() && controlled && !full {
+                    if act.below_fair_share().is_some() && controlled && !full {
                         act.share_retry(ctx, n);
                     } else {
                         act.share_backoff = None;
@@ -361,6 +379,16 @@ impl Fetcher {
         node_cap(self.gate.fair_cap(self.second()), self.config.concurrency)
     }
 
+    /// Whether this node holds fewer jobs than its fair share (counted up to its
+    /// concurrency: a node whose workers are all busy has nothing to gain from a retry);
+    /// `None` when no fair share applies. Unlike [`Fetcher::share`] this holds for an
+    /// uncapped node too: one that started after the others, below its share, must not wait
+    /// for the poll to win back the slots they took.
+    fn below_fair_share(&self) -> Option<bool> {
+        let cap = self.gate.fair_cap(self.second())?;
+        Some(self.busy < cap.min(self.config.concurrency))
+    }
+
     /// At its fair share: claim again when the next second may raise it (a freed slot
     /// wakes the fetcher anyway).
     fn wake_next_second(&mut self, ctx: &mut Context<Self>) {
@@ -382,7 +410,7 @@ impl Fetcher {
     /// backing off from [`SHARE_RETRY_MIN`] to [`SHARE_RETRY_MAX`], for at most
     /// [`SHARE_RETRY_FOR`] without a job (the queue may simply be empty; the poll goes on).
     fn share_retry(&mut self, ctx: &mut Context<Self>, got: usize) {
-        let below = self.share().is_some_and(|cap| self.busy < cap);
+        let below = self.below_fair_share().unwrap_or(false);
         if !below {
             self.share_backoff = None;
             return;
@@ -631,6 +659,16 @@ mod tests {
         }
         w.on_claim(true, true);
         assert_eq!(w.get(), 1, "a full claim to idle workers opens it again");
+    }
+
+    #[test]
+    fn a_controlled_queue_starts_again_from_an_empty_window() {
+        let mut w = PrefetchWindow::new(10, 1000);
+        assert_eq!(w.get(), 10);
+        w.on_first_controlled();
+        assert_eq!(w.get(), 0);
+        w.on_claim(true, true);
+        assert_eq!(w.get(), 1, "it opens as full claims meet idle workers");
     }
 
     #[test]
