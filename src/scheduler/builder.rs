@@ -46,6 +46,9 @@ pub struct SchedulerBuilder {
     schedules: Vec<Schedule>,
     clock: Arc<dyn Clock>,
     node: Option<NodeId>,
+    /// Handlers run on the runtime the node starts on, not on threads of their own
+    /// (simulation only: [`SchedulerBuilder::handlers_on_current_runtime`]).
+    handlers_here: bool,
 }
 
 impl std::fmt::Debug for SchedulerBuilder {
@@ -58,6 +61,17 @@ impl std::fmt::Debug for SchedulerBuilder {
 }
 
 impl SchedulerBuilder {
+    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
+    /// Runs the handlers on the runtime the node starts on (the actors' own, one thread)
+    /// instead of a multi-threaded runtime of their own: a simulation that drives every
+    /// node on one thread then decides the order of everything the handlers do. Not for
+    /// production: a handler that blocks stops the actors.
+    pub fn handlers_on_current_runtime(mut self) -> Self {
+        self.handlers_here = true;
+        self
+    }
+
     /// Adds a queue to work on, with its settings.
     pub fn queue(mut self, name: impl Into<String>, config: QueueConfig) -> Self {
         self.queues.push((name.into(), config));
@@ -362,15 +376,24 @@ impl SchedulerBuilder {
     /// Starts the actors on the current arbiter; `own_system`: that arbiter's system is
     /// jobvisor's own (logged).
     fn start_here(self, own_system: bool) -> Result<SchedulerHandle> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.config.handler_threads)
-            .thread_name("jobvisor-handler")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Config {
-                field: "handler_threads",
-                reason: format!("cannot start the handler threads: {e}"),
-            })?;
+        let rt = if self.handlers_here {
+            None
+        } else {
+            Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(self.config.handler_threads)
+                    .thread_name("jobvisor-handler")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Error::Config {
+                        field: "handler_threads",
+                        reason: format!("cannot start the handler threads: {e}"),
+                    })?,
+            )
+        };
+        let handler_rt = rt
+            .as_ref()
+            .map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
         // The node's client wakes its fetchers on enqueue; they exist only further down, so
         // it looks them up once set (weakly: a client kept after shutdown keeps no actor).
         let wakers: Arc<OnceLock<HashMap<String, actix::WeakRecipient<Wake>>>> = Arc::default();
@@ -404,7 +427,7 @@ impl SchedulerBuilder {
             handlers: self.handlers,
             kinds,
             events: EventBus::new(),
-            handler_rt: rt.handle().clone(),
+            handler_rt,
             stats: Stats::default(),
             start_hold: StartHold::default(),
             client,
@@ -470,7 +493,7 @@ impl SchedulerBuilder {
                 elector: elector.clone(),
                 watch: watch.clone(),
             },
-            HandlerRuntime(Some(rt)),
+            HandlerRuntime(rt),
         )
         .start();
         tracing::info!(node = %shared.node, queues = fetchers.len(), own_system, "scheduler started");
@@ -501,6 +524,7 @@ impl Scheduler {
             schedules: Vec::new(),
             clock: Arc::new(SystemClock),
             node: None,
+            handlers_here: false,
         }
     }
 }

@@ -28,9 +28,13 @@
 //!   write is confirmed applied or lease-lost; a failed flush is retried with backoff and the
 //!   leases of its jobs keep being renewed meanwhile.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, not std's: the same in production, and a simulation that pauses tokio's
+// time decides when a flush's back-off ends and how late a deadline check is.
+use tokio::time::Instant;
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -166,7 +170,7 @@ pub struct LeaseManager {
     /// After a failed flush, the next one waits until this (the node's clock).
     flush_not_before: Option<Instant>,
     flush_failures: u32,
-    last_error: Option<Instant>,
+    last_error: Option<std::time::Instant>,
     /// When the last deadline check ran, in real time (a freeze is a real-time event, even
     /// under a test clock): a much later next one means the process was frozen.
     last_check: Option<Instant>,
@@ -326,7 +330,8 @@ impl LeaseManager {
                     act.flush_failures = 0;
                     act.flush_not_before = None;
                     // Per queue: slots freed, and the longest a job waited for a worker.
-                    let mut freed: HashMap<String, (u32, Duration)> = HashMap::new();
+                    // (Ordered: the fetchers are told in the same order on every run.)
+                    let mut freed: BTreeMap<String, (u32, Duration)> = BTreeMap::new();
                     let now = act.shared.clock.now();
                     for (p, (_, outcome)) in batch.into_iter().zip(results) {
                         let (id, claim) = (p.item.id, p.item.token.claim());
@@ -681,12 +686,7 @@ impl Handler<RenewLeases> for LeaseManager {
         };
         // Fenced leases are not renewed: they are being given back; nor those of jobs their
         // handler's transaction completed (they are `succeeded` in the database).
-        let keys: Vec<Key> = self
-            .leases
-            .iter()
-            .filter(|(_, l)| !l.fenced && !l.attempt.is_completed())
-            .map(|(k, _)| k.clone())
-            .collect();
+        let keys = self.keys_where(|l| !l.fenced && !l.attempt.is_completed());
         if keys.is_empty() {
             self.revalidated(sent_at);
             return Box::pin(fut::ready(RenewReport::default()));
@@ -912,7 +912,10 @@ impl Handler<CheckDeadlines> for LeaseManager {
         let mut stopped = 0;
         let mut at_risk = Vec::new();
         let mut abandoned = Vec::new();
-        for (key, l) in &mut self.leases {
+        for key in self.keys_where(|_| true) {
+            let Some(l) = self.leases.get_mut(&key) else {
+                continue;
+            };
             // A handler's transaction holding its lease guard is committing, or completed the
             // job: nothing to fence or time out (its supervisor reports how it ended).
             if l.finishing || l.attempt.committing() {
@@ -980,6 +983,20 @@ impl Handler<CheckDeadlines> for LeaseManager {
 }
 
 impl LeaseManager {
+    /// The keys of the leases `keep` accepts, by job and then claim time: the leases are
+    /// acted on in the same order whatever the map's, so what a node does in one step is
+    /// the same on every run (the map's order changes with its random hash keys).
+    fn keys_where(&self, keep: impl Fn(&Lease) -> bool) -> Vec<Key> {
+        let mut keys: Vec<(JobId, i64, &Key)> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| keep(l))
+            .map(|(k, l)| (k.0, l.claimed_at, k))
+            .collect();
+        keys.sort_unstable_by_key(|(id, at, _)| (id.0, *at));
+        keys.into_iter().map(|(_, _, k)| k.clone()).collect()
+    }
+
     /// A deadline check far later than scheduled means the process was frozen (or starved):
     /// hold every start until a renewal sent from now on has answered.
     fn detect_pause(&mut self, now: i64, ctx: &mut Context<Self>) {
@@ -1009,13 +1026,8 @@ impl Handler<WithdrawQueue> for LeaseManager {
     type Result = usize;
 
     fn handle(&mut self, WithdrawQueue(queue): WithdrawQueue, ctx: &mut Context<Self>) -> usize {
-        let unstarted: Vec<Key> = self
-            .leases
-            .iter()
-            .filter(|(_, l)| l.queue == queue && !l.finishing && !l.stopped)
-            .filter(|(_, l)| l.attempt.withdraw())
-            .map(|(k, _)| k.clone())
-            .collect();
+        let mut unstarted = self.keys_where(|l| l.queue == queue && !l.finishing && !l.stopped);
+        unstarted.retain(|k| self.leases[k].attempt.withdraw());
         for key in &unstarted {
             self.give_back_unstarted(key, ctx);
         }
@@ -1037,13 +1049,13 @@ impl Handler<ReleaseAll> for LeaseManager {
         let grace = self.cancel_grace();
         let mut unstarted = Vec::new();
         let mut n = 0;
-        for (key, l) in &mut self.leases {
-            if l.finishing || l.stopped {
+        for key in self.keys_where(|l| !l.finishing && !l.stopped) {
+            let Some(l) = self.leases.get_mut(&key) else {
                 continue;
-            }
+            };
             n += 1;
             match l.attempt.revoke() {
-                Revoked::NotStarted => unstarted.push(key.clone()),
+                Revoked::NotStarted => unstarted.push(key),
                 // Committing or completed in the handler's transaction: it reports itself.
                 Revoked::AlreadyDropped | Revoked::Committing => {}
                 Revoked::Started(_) => l.stop(StopReason::Release, now + grace),

@@ -110,6 +110,15 @@ pub(crate) use super::postgres::enqueue as enqueue_pg;
 #[cfg(feature = "sqlite")]
 pub(crate) use super::sqlite::{enqueue as enqueue_sqlite, SqliteAsync};
 
+/// Makes the SQLite calls made on this thread run inline, to their end, before their futures
+/// are handed back (`on`), or on tokio's blocking threads as usual: for a simulation that
+/// runs every node on one thread (the other backends' calls are network I/O, which a
+/// single-threaded runtime already drives in order).
+#[cfg(all(feature = "test-util", feature = "sqlite"))]
+pub(crate) fn sqlite_calls_inline(on: bool) {
+    super::sqlite::set_inline(on);
+}
+
 /// A backend this build leaves out.
 fn not_built(backend: Backend) -> Error {
     let feature = match backend {

@@ -61,6 +61,16 @@ pub mod internal {
     };
     pub use super::engine::{NodeActors, StoreEngine};
     pub use crate::store::faults::{Fault, FaultPlan, StoreOp};
+
+    /// Makes the SQLite calls made on this thread run inline, to their end, before their
+    /// futures are handed back (`on`), or on tokio's blocking threads as usual: with every
+    /// node's actors and handlers on one thread too (a current-thread runtime,
+    /// [`SchedulerBuilder::handlers_on_current_runtime`](crate::scheduler::SchedulerBuilder::handlers_on_current_runtime)),
+    /// the order of everything is the program's, not the threads'.
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite_calls_inline(on: bool) {
+        crate::store::driver::sqlite_calls_inline(on);
+    }
     pub use crate::store::statement_count::{count_statements, sent, Sent, KIND_CHARS};
 
     pub use crate::lease::LeaseToken;

@@ -7,8 +7,7 @@
 //! none) and the faults injected.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use jobvisor::testing::{Fault, FaultPlan, StoreOp};
 
@@ -34,8 +33,6 @@ pub(crate) struct NodeFaults {
     /// Faults per thousand operations.
     per_mille: u64,
     dead: AtomicBool,
-    /// The node's handler runtime, once the node is up.
-    handlers: OnceLock<tokio::runtime::Handle>,
 }
 
 impl NodeFaults {
@@ -45,28 +42,6 @@ impl NodeFaults {
             rng: Mutex::new(Rng::new(fnv(node.as_bytes(), FNV_START ^ seed))),
             per_mille,
             dead: AtomicBool::new(false),
-            handlers: OnceLock::new(),
-        }
-    }
-
-    /// The node's handler runtime (one thread), for [`NodeFaults::drain_handlers`].
-    pub(crate) fn set_handlers(&self, rt: tokio::runtime::Handle) {
-        let _ = self.handlers.set(rt);
-    }
-
-    /// Blocks until the node's handler thread has polled every task started before: a probe
-    /// task spawned behind them answers, three times in a row (a task woken by another
-    /// may run after the first probe).
-    pub(crate) fn drain_handlers(&self) {
-        let Some(rt) = self.handlers.get() else {
-            return;
-        };
-        for _ in 0..3 {
-            let (tx, rx) = std::sync::mpsc::channel();
-            rt.spawn(async move {
-                let _ = tx.send(());
-            });
-            let _ = rx.recv_timeout(Duration::from_secs(5));
         }
     }
 
@@ -98,14 +73,7 @@ impl FaultPlan for NodeFaults {
         }
     }
 
-    fn end(&self, op: StoreOp) {
-        // A claim's answer is handled on the actors' thread right after this, and the fetcher
-        // then reads how many worker permits are free — which the supervisors started while
-        // the claim ran are taking on the node's handler thread. Waiting for that thread to
-        // have polled them makes the read the same on every run of a seed.
-        if op == StoreOp::Claim && !self.dead.load(Ordering::SeqCst) {
-            self.drain_handlers();
-        }
+    fn end(&self, _op: StoreOp) {
         self.book.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -110,16 +110,13 @@ impl Fleet {
         ));
         store.inject_faults(faults.clone());
         let handler = self.journal.handler(name);
-        // One handler thread: the supervisors waiting for a worker take it in the order they
-        // were started (two threads would race for it).
-        let mut config = sim_config();
-        config.handler_threads = 1;
+        // The handlers run on the run's one thread, like the actors and the SQLite calls.
         let sim = Simulation::on_store(store, self.clock.clone(), name, |b| {
-            b.config(config)
+            b.config(sim_config())
+                .handlers_on_current_runtime()
                 .queue("default", QueueConfig::default().concurrency(1).prefetch(1))
                 .handler("work", handler)
         });
-        faults.set_handlers(sim.handler_runtime());
         let events = sim.handle.events();
         self.nodes.push(Node {
             name: name.to_string(),
@@ -217,7 +214,6 @@ impl Fleet {
             let mut fp = Vec::new();
             let mut pending = 0;
             for i in self.drivable() {
-                self.nodes[i].faults.drain_handlers();
                 let sim = &self.nodes[i].sim;
                 let lm = sim.lease_manager();
                 let s = lm.send(GetLeaseManagerStatus).await.unwrap_or_default();

@@ -15,6 +15,9 @@ use tokio::sync::oneshot;
 use crate::harness::side::Execution;
 use crate::rng::{fnv, FNV_START};
 
+/// What a handler panics with when the seed chooses a panic.
+pub(crate) const CHOSEN_PANIC: &str = "the seed chose a panic";
+
 /// How the driver lets a waiting handler go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Release {
@@ -83,6 +86,8 @@ impl Journal {
                     gate.await.ok()
                 } else {
                     tokio::select! {
+                        // Both ready in one poll: the gate first, on every run.
+                        biased;
                         r = gate => r.ok(),
                         () = ctx.cancelled() => None,
                     }
@@ -95,7 +100,7 @@ impl Journal {
                         }))
                     }
                     Some(Release::Retry) => Err(JobError::retry("the seed chose a retry")),
-                    Some(Release::Panic) => panic!("the seed chose a panic"),
+                    Some(Release::Panic) => std::panic::panic_any(CHOSEN_PANIC),
                     None => Err(JobError::retry("stopped")),
                 }
             }

@@ -2,22 +2,29 @@
 //! one process, one seed → one exact run, every invariant checked after each run.
 //!
 //! * `fleet_sim` (in the test command): [`CI_SEEDS`] seeds (`JOBVISOR_SIM_SEEDS` to change),
-//!   the first [`TWICE`] of them run twice to check that a seed replays to the same hash.
-//!   With `JOBVISOR_SIM_SEED=<n>` it runs that one seed and prints its event log.
+//!   the first [`TWICE`] of them run twice: the test fails if a seed's two runs give
+//!   different event-log hashes, showing where the logs part. With `JOBVISOR_SIM_SEED=<n>`
+//!   it runs that one seed twice, prints its event log and fails if the runs differ.
 //! * `fleet_sim_for_minutes` (ignored): new seeds for `JOBVISOR_SIM_MINUTES` (default 1),
 //!   reporting seeds per minute and every failing seed.
 //! * `fleet_sim_hashes` (ignored): seeds 0..`JOBVISOR_SIM_SEEDS` (default 100) twice each,
-//!   printing each hash and one hash of them all, to compare between machines.
+//!   printing each hash and one hash of them all, to compare between machines; fails if
+//!   any seed's two runs differ.
 //!
 //! A failing seed prints the command that replays it.
 //!
-//! What is not yet deterministic: the seed decides every action and every store fault, but
-//! when two things happen on one node within one step (two handlers stopped by one deadline
-//! check), their finalizations and the claims their freed slots trigger race on the node's
-//! actors' thread, and the runtime, not the seed, picks the order. Most seeds replay to the
-//! same hash; the test reports how many of those it ran twice did, and does not fail on the
-//! others (`fleet_sim_hashes` does). Exact replay needs the actors and the handler thread
-//! stepped by the simulation (a deterministic executor), not waited for.
+//! Why a seed replays exactly: one run is one thread. Its runtime is current-thread (the
+//! actix system's) with tokio's time paused, so timers fire only when nothing else can run,
+//! in virtual time; every node's handlers run on that runtime
+//! (`SchedulerBuilder::handlers_on_current_runtime`), and the SQLite calls run inline
+//! (`testing::sqlite_calls_inline`) instead of on tokio's blocking threads. What a node does
+//! within one step is ordered by the program, not by threads: the lease manager acts on its
+//! leases by job and claim time (not in its hash map's random order), the handlers' two-way
+//! waits are `biased`, and the event log holds nothing random (claim ids, real time).
+//! Tokio's virtual time moves only by the settle's waits (a millisecond each), not with the
+//! manual clock: a timer of the engine (a flush's back-off, a hedge) fires after enough
+//! settles, the same number on every run; the deadline checks, sweeps and renewals that the
+//! manual clock's advances call for are the driver's.
 //!
 //! Layout: `fleet.rs` (the nodes and settling), `run.rs` (one seed's steps), `journal.rs`
 //! (the handlers' executions and gates), `faults.rs` (the store faults), `check.rs` (the
@@ -40,11 +47,11 @@ use std::time::{Duration, Instant};
 
 use run::{run_seed, RunReport};
 
-/// Seeds the test command runs (about a minute and a half on a busy two-core machine, debug
-/// build).
-const CI_SEEDS: u64 = 40;
+/// Seeds the test command runs (with [`TWICE`], about a minute on a busy two-core machine,
+/// debug build).
+const CI_SEEDS: u64 = 100;
 /// Of those, how many run twice (determinism).
-const TWICE: u64 = 5;
+const TWICE: u64 = 25;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
@@ -104,6 +111,8 @@ fn fleet_sim() {
             r.hash, r.faults
         );
         assert!(r.violations.is_empty(), "{}", failure(&r));
+        let again = run_seed(seed);
+        assert_eq!(again.hash, r.hash, "{}", difference(&r, &again));
         return;
     }
     let seeds = env_u64("JOBVISOR_SIM_SEEDS").unwrap_or(CI_SEEDS);
@@ -112,6 +121,7 @@ fn fleet_sim() {
     let mut steps = 0;
     let mut faults = 0;
     let mut replayed = 0;
+    let mut differ = Vec::new();
     for seed in 0..seeds {
         let r = run_seed(seed);
         steps += r.steps;
@@ -125,8 +135,7 @@ fn fleet_sim() {
             if again.hash == r.hash {
                 replayed += 1;
             } else {
-                // Reported, not failed: see the module docs (what is not yet deterministic).
-                println!("{}", difference(&r, &again));
+                differ.push(difference(&r, &again));
             }
         }
     }
@@ -139,6 +148,7 @@ fn fleet_sim() {
         TWICE.min(seeds)
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert!(differ.is_empty(), "{}", differ.join("\n\n"));
 }
 
 #[test]

@@ -30,9 +30,37 @@ pub(crate) struct RunReport {
     pub(crate) faults: usize,
 }
 
-/// Runs `seed` on an actix system of its own.
+/// Runs `seed` on an actix system of its own, on this one thread: its runtime is
+/// current-thread with tokio's time paused (it moves only when nothing else can run, by
+/// the next timer's wait), every node's handlers run on it, and the SQLite calls run inline
+/// — so nothing but the seed decides the order of anything.
 pub(crate) fn run_seed(seed: u64) -> RunReport {
-    actix::System::new().block_on(run(seed))
+    quiet_chosen_panics();
+    jobvisor::testing::sqlite_calls_inline(true);
+    let system = actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    });
+    let report = system.block_on(run(seed));
+    jobvisor::testing::sqlite_calls_inline(false);
+    report
+}
+
+/// The handlers' panics the seed chose run on the test's thread: they are not reported (any
+/// other panic is, as usual).
+fn quiet_chosen_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let usual = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&crate::journal::CHOSEN_PANIC) {
+                usual(info);
+            }
+        }));
+    });
 }
 
 async fn run(seed: u64) -> RunReport {

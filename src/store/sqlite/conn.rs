@@ -12,6 +12,11 @@
 //! a connection returned while one runs instead of handing it out again (and instead of
 //! asking its transaction state, which diesel-async refuses with a panic while a call holds
 //! the connection). [`immediate`] is `BEGIN IMMEDIATE … COMMIT` for this connection type.
+//!
+//! With feature `test-util`, a thread may ask for its SQLite calls to run inline instead
+//! ([`set_inline`]): the call runs to its end before its future is handed back, on the
+//! calling thread, so a simulation on one thread sees every call end in the order it was
+//! made, not in the order the blocking threads finish.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -51,6 +56,33 @@ impl Detached {
     }
 }
 
+#[cfg(feature = "test-util")]
+thread_local! {
+    /// Whether this thread's SQLite calls run inline (see [`set_inline`]).
+    static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the SQLite calls made on this thread run inline, to their end, before their
+/// futures are handed back (`on`), or on tokio's blocking threads as usual. For a
+/// simulation that runs everything on one thread: the order in which calls end is then the
+/// order in which they were made.
+#[cfg(feature = "test-util")]
+pub(crate) fn set_inline(on: bool) {
+    INLINE.with(|i| i.set(on));
+}
+
+/// Whether this thread's SQLite calls run inline.
+pub(crate) fn inline() -> bool {
+    #[cfg(feature = "test-util")]
+    {
+        INLINE.with(std::cell::Cell::get)
+    }
+    #[cfg(not(feature = "test-util"))]
+    {
+        false
+    }
+}
+
 impl SpawnBlocking for Detached {
     fn spawn_blocking<'a, R>(
         &mut self,
@@ -59,6 +91,9 @@ impl SpawnBlocking for Detached {
     where
         R: Send + 'static,
     {
+        if inline() {
+            return Box::pin(std::future::ready(Ok(task())));
+        }
         let Some(handle) = Handle::try_current()
             .ok()
             .or_else(|| self.opened_on.clone())

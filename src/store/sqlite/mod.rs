@@ -47,6 +47,8 @@ use crate::job::{JobState, NewJob};
 mod conn;
 pub(crate) mod sql;
 
+#[cfg(feature = "test-util")]
+pub(crate) use conn::set_inline;
 pub use conn::Detached as SqliteRunner;
 pub(crate) use conn::{begin_immediate, commit, immediate, rollback, SqliteConn};
 
@@ -295,9 +297,13 @@ async fn open(
     path: String,
     busy_ms: u128,
 ) -> diesel::ConnectionResult<(SqliteConn, Arc<AtomicUsize>)> {
-    let raw = tokio::task::spawn_blocking(move || SqliteConnection::establish(&path))
-        .await
-        .map_err(|e| ConnectionError::BadConnection(e.to_string()))??;
+    let raw = if conn::inline() {
+        SqliteConnection::establish(&path)?
+    } else {
+        tokio::task::spawn_blocking(move || SqliteConnection::establish(&path))
+            .await
+            .map_err(|e| ConnectionError::BadConnection(e.to_string()))??
+    };
     let busy = Arc::new(AtomicUsize::new(0));
     let mut c = SqliteConn::with_runtime(raw, Detached::counting(busy.clone()));
     // Switching a new file to WAL takes an exclusive lock, and SQLite answers "database is
