@@ -80,3 +80,206 @@ async fn mysql() {
 async fn sqlite() {
     another_process_s_job_starts_at_once(Backend::Sqlite).await;
 }
+
+/// The latencies' p50, p99 (the largest of these few) and a line for the log.
+fn summary(what: &str, backend: Backend, mut waits: Vec<Duration>) -> Duration {
+    waits.sort_unstable();
+    let p50 = waits[waits.len() / 2];
+    let p99 = waits[(waits.len() * 99).div_ceil(100) - 1];
+    eprintln!(
+        "wake-up [{backend:?}] {what}: p50 {p50:?}, p99 {p99:?} ({} runs: {waits:?})",
+        waits.len()
+    );
+    p99
+}
+
+/// A node serving only `queue`, polling every 30 s, whose handler of `kind` reports each
+/// start (attempt number and instant) and then runs `body`.
+fn node_of<F, Fut>(
+    store: jobvisor::Store,
+    queue: &str,
+    kind: &str,
+    starts: mpsc::UnboundedSender<(u32, Instant)>,
+    body: F,
+) -> jobvisor::SchedulerHandle
+where
+    F: Fn(u32) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = jobvisor::JobResult> + Send + 'static,
+{
+    Scheduler::builder(store)
+        .queue(
+            queue,
+            QueueConfig::default().poll_interval(Duration::from_secs(30)),
+        )
+        .handler(
+            kind,
+            handler_fn(move |_: Value, ctx: jobvisor::JobContext| {
+                let starts = starts.clone();
+                let body = body.clone();
+                async move {
+                    let _ = starts.send((ctx.attempt, Instant::now()));
+                    body(ctx.attempt).await
+                }
+            }),
+        )
+        .start()
+        .unwrap()
+}
+
+/// A dependency child released by its parent's success on node A (which serves only the
+/// parents' queue) starts on node B (which serves only the children's queue) well within B's
+/// poll: A's own wake reaches only A's fetchers, so B must learn it from the database — the
+/// wake counter in the change signal on MariaDB and SQLite, a notification on PostgreSQL.
+async fn a_released_child_starts_at_once_on_another_node(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    // Each parent finishes only when the test lets it, after its child is waiting.
+    let finish = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let (parent_tx, mut parent_starts) = mpsc::unbounded_channel();
+    let gate = finish.clone();
+    let a = node_of(
+        db.store().await,
+        "parents",
+        "parent",
+        parent_tx,
+        move |_| {
+            let gate = gate.clone();
+            async move {
+                gate.acquire().await.unwrap().forget();
+                JobOutcome::success(())
+            }
+        },
+    );
+    let (child_tx, mut child_starts) = mpsc::unbounded_channel();
+    let b = node_of(db.store().await, "children", "child", child_tx, |_| async {
+        JobOutcome::success(())
+    });
+    // The other process: enqueues, and serves nothing.
+    let other = Client::new(db.store().await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut waits = Vec::new();
+    for i in 0..10 {
+        let parent = other
+            .enqueue(NewJob::new("parent", serde_json::json!(i)).queue("parents"))
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), parent_starts.recv())
+            .await
+            .expect("the parent started")
+            .unwrap();
+        let child = other
+            .enqueue(
+                NewJob::new("child", serde_json::json!(i))
+                    .queue("children")
+                    .after(&[parent.id]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            other.get(child.id).await.unwrap().state,
+            jobvisor::JobState::Waiting
+        );
+        // Let B read the signal moved by the child's new id (and find nothing due) first:
+        // what follows is a fresh wake-up of an idle node.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = Instant::now();
+        finish.add_permits(1);
+        let (_, at) = tokio::time::timeout(Duration::from_secs(5), child_starts.recv())
+            .await
+            .expect("the child started within 5 s, not at B's 30 s poll")
+            .unwrap();
+        waits.push(at - t0);
+        tokio::time::sleep(Duration::from_millis(137)).await;
+    }
+    let p99 = summary("parent's end to child's start", backend, waits);
+    assert!(
+        p99 < Duration::from_millis(500),
+        "a released child waited {p99:?} for an idle node of its queue"
+    );
+    a.shutdown_within(Duration::from_secs(5)).await;
+    b.shutdown_within(Duration::from_secs(5)).await;
+}
+
+/// A dead job retried by hand through a client that serves nothing (another process, an
+/// operator's command line) starts at once on the node serving its queue.
+async fn a_retried_job_starts_at_once(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let (tx, mut starts) = mpsc::unbounded_channel();
+    // The first attempt fails for good; the retried one succeeds.
+    let node = node_of(
+        db.store().await,
+        "work",
+        "flaky",
+        tx,
+        |attempt| async move {
+            if attempt == 1 {
+                Err(jobvisor::JobError::fail("the first attempt fails for good"))
+            } else {
+                JobOutcome::success(())
+            }
+        },
+    );
+    let other = Client::new(db.store().await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut waits = Vec::new();
+    for i in 0..10 {
+        let job = other
+            .enqueue(
+                NewJob::new("flaky", serde_json::json!(i))
+                    .queue("work")
+                    .max_attempts(1),
+            )
+            .await
+            .unwrap();
+        let dead = other.wait(job.id, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(dead.state, jobvisor::JobState::Dead);
+        let (attempt, _) = starts.recv().await.unwrap();
+        assert_eq!(attempt, 1);
+        // A fresh wake-up of an idle node.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = Instant::now();
+        other.retry(job.id).await.unwrap();
+        let (attempt, at) = tokio::time::timeout(Duration::from_secs(5), starts.recv())
+            .await
+            .expect("the retried job started within 5 s, not at the 30 s poll")
+            .unwrap();
+        assert_eq!(attempt, 2);
+        waits.push(at - t0);
+        tokio::time::sleep(Duration::from_millis(137)).await;
+    }
+    let p99 = summary("retry to start", backend, waits);
+    assert!(
+        p99 < Duration::from_millis(500),
+        "a job retried by another process waited {p99:?} for an idle node"
+    );
+    node.shutdown_within(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_child_postgres() {
+    a_released_child_starts_at_once_on_another_node(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_child_mysql() {
+    a_released_child_starts_at_once_on_another_node(Backend::Mysql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_child_sqlite() {
+    a_released_child_starts_at_once_on_another_node(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_postgres() {
+    a_retried_job_starts_at_once(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_mysql() {
+    a_retried_job_starts_at_once(Backend::Mysql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_sqlite() {
+    a_retried_job_starts_at_once(Backend::Sqlite).await;
+}

@@ -7,10 +7,12 @@
 //!   listener forwards it here ([`RefreshSettings`]), and the settings are also re-read
 //!   every [`REFRESH_EVERY`] in case a notification was lost while the listener reconnected.
 //! * MariaDB/MySQL and SQLite have no notifications: every [`SIGNAL_EVERY`] the watch reads
-//!   one small statement ([`ChangeSignal`]: the newest job's id and a digest of the settings
-//!   table). A changed digest makes it re-read the settings; a newer job wakes the node's
-//!   fetchers that have idle workers, so a job enqueued by another process is picked up
-//!   within the signal interval rather than at the next poll.
+//!   one small statement ([`ChangeSignal`]: the newest job's id, a digest of the settings
+//!   table and the wake counter). A changed digest makes it re-read the settings; a newer
+//!   job, or a moved wake counter (a job another process made due without a new id: a
+//!   dependency child released, a retry by hand, a refunded reclaim), wakes the node's
+//!   fetchers that have idle workers, so such a job is picked up within the signal interval
+//!   rather than at the next poll.
 //!
 //! What it does with a change of a queue this node serves:
 //! * paused: closes the gate (no handler of the queue starts any more) and has the lease
@@ -175,7 +177,11 @@ impl QueueWatch {
             match res {
                 Ok(signal) => {
                     let before = act.signal.replace(signal);
-                    if before.is_some_and(|b| b.newest_job != signal.newest_job) {
+                    // A newer job, or a job made due without a new id (a child released,
+                    // a retry by hand, a refunded reclaim: `store::wakes`).
+                    if before.is_some_and(|b| {
+                        b.newest_job != signal.newest_job || b.wakes != signal.wakes
+                    }) {
                         for f in act.elsewhere.values() {
                             f.do_send(NewJobsElsewhere);
                         }

@@ -20,6 +20,7 @@ use super::schema::{
     jobvisor_jobs_archive as archive,
 };
 use super::timeout::Op;
+use super::wakes::announce_due;
 use super::{
     ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
     Reclaimed, RetryParams, Store,
@@ -451,11 +452,25 @@ impl Store {
                 ))
             };
         }
+        // Due now without a new id: announced in the retry's own transaction, so the nodes
+        // of other processes learn it at commit (`store::wakes`).
+        let due = [job.queue.clone()];
+        let notifies = self.notifies();
+        macro_rules! retry_tx {
+            ($hold:expr) => {
+                with_tx!(self, |conn| {
+                    let n = retry_set!($hold).execute(conn).await?;
+                    if n == 1 {
+                        announce_due!(conn, notifies, &due);
+                    }
+                    Ok::<usize, diesel::result::Error>(n)
+                })
+            };
+        }
         let retake = job.unique_scope == Some(UniqueScope::WhileActive) && !job.unique_held;
         let mut applied = None;
         if retake {
-            let res: diesel::QueryResult<usize> =
-                with_write!(self, |conn| retry_set!(RetakeHold).execute(conn).await);
+            let res: diesel::QueryResult<usize> = retry_tx!(RetakeHold);
             match res {
                 Ok(n) => applied = Some(n),
                 Err(diesel::result::Error::DatabaseError(
@@ -467,9 +482,7 @@ impl Store {
         }
         let n: usize = match applied {
             Some(n) => n,
-            None => with_write!(self, |conn| retry_set!(jobs::unique_hold)
-                .execute(conn)
-                .await?),
+            None => retry_tx!(jobs::unique_hold)?,
         };
         if n == 0 {
             return Ok(Guarded::Stale);
@@ -520,7 +533,11 @@ impl Store {
                 Option<String>,
             ),
         );
+        let notifies = self.notifies();
         let done: Vec<Reclaimed> = with_tx!(self, |conn| {
+            // The queues of the jobs given back due now (a refunded attempt): announced at
+            // the end, as the transaction's last write (`store::wakes`).
+            let mut due: Vec<String> = Vec::new();
             let cands: Vec<Cand> = SkipLocked(
                 jobs::table
                     .select((
@@ -634,6 +651,9 @@ impl Store {
                 .execute(conn)
                 .await?;
                 if n == 1 {
+                    if !dead && run_at_us <= db_now {
+                        due.push(queue.clone());
+                    }
                     done.push(Reclaimed {
                         id: JobId(id),
                         kind,
@@ -644,6 +664,7 @@ impl Store {
                     });
                 }
             }
+            announce_due!(conn, notifies, &due);
             Ok::<_, diesel::result::Error>(done)
         })?;
         Ok(done)

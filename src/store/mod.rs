@@ -108,6 +108,7 @@ mod schema;
 mod sqlite;
 mod timeout;
 mod tls;
+mod wakes;
 
 #[cfg(all(
     feature = "test-util",

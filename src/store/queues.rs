@@ -16,7 +16,7 @@ use super::expr::DbNow;
 use super::rows::{dur_us, from_us};
 use super::schema::{
     jobvisor_jobs as jobs, jobvisor_nodes as nodes, jobvisor_queue_claims as claims_log,
-    jobvisor_queues as queues,
+    jobvisor_queues as queues, jobvisor_wakes as wakes,
 };
 use super::Store;
 use crate::error::{Error, Result};
@@ -245,6 +245,9 @@ pub(crate) struct ChangeSignal {
     /// The settings' row count and newest change time: any pause, resume or change of
     /// limits moves one of them.
     pub(crate) settings: (i64, i64),
+    /// The wake counter (`store::wakes`): moved by each transition that makes a job due now
+    /// without a new id (a child released, a retry by hand, a refunded reclaim).
+    pub(crate) wakes: i64,
 }
 
 impl Store {
@@ -401,8 +404,9 @@ impl Store {
 
     /// A cheap signal of change for the backends without notifications, read every few
     /// tens of milliseconds by each node's queue watch: the newest job's id (a new job from
-    /// any process moves it) and a digest of the queue settings (rows and newest change),
-    /// in one statement that reads two index ends and the small settings table.
+    /// any process moves it), a digest of the queue settings (rows and newest change) and
+    /// the wake counter (a job made due without a new id moves it), in one statement that
+    /// reads two index ends, the small settings table and the one-row counter.
     pub(crate) async fn change_signal(&self) -> Result<ChangeSignal> {
         use diesel::dsl::max;
         let read = async {
@@ -411,14 +415,15 @@ impl Store {
                     jobs::table.select(max(jobs::id)).single_value(),
                     queues::table.count().single_value().assume_not_null(),
                     queues::table.select(max(queues::updated_at)).single_value(),
+                    wakes::table.select(max(wakes::n)).single_value(),
                 ))
-                .get_result::<(Option<i64>, i64, Option<i64>)>(c)
+                .get_result::<(Option<i64>, i64, Option<i64>, Option<i64>)>(c)
                 .await
             })
         };
         // Bounded like a hot-path statement: an abandoned read closes its connection.
         let bound = self.inner.statement_bound();
-        let (newest_job, settings, changed) =
+        let (newest_job, settings, changed, wakes) =
             tokio::time::timeout(bound, read).await.map_err(|_| {
                 crate::Error::Database(crate::error::StoreError::Transient(format!(
                     "the change signal was not read within {bound:?} \
@@ -428,6 +433,7 @@ impl Store {
         Ok(ChangeSignal {
             newest_job: newest_job.unwrap_or(0),
             settings: (settings, changed.unwrap_or(0)),
+            wakes: wakes.unwrap_or(0),
         })
     }
 

@@ -161,11 +161,21 @@ diesel::table! {
 
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_gauges, jobvisor_leader, jobvisor_schedules);
 
+diesel::table! {
+    /// The wake counter (see `store::wakes`): one row, moved by each transition that makes a
+    /// job due now without a new id.
+    jobvisor_wakes (id) {
+        id -> Integer,
+        n -> BigInt,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     jobvisor_jobs,
     jobvisor_nodes,
     jobvisor_queues,
-    jobvisor_queue_claims
+    jobvisor_queue_claims,
+    jobvisor_wakes
 );
 
 diesel::table! {

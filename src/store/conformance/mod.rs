@@ -57,6 +57,7 @@ mod rate;
 mod reads;
 mod schedules;
 mod unique;
+mod wakes;
 
 use super::driver::Listener;
 use crate::error::Error;
@@ -84,6 +85,7 @@ pub use rate::*;
 pub use reads::*;
 pub use schedules::*;
 pub use unique::*;
+pub use wakes::*;
 
 /// Everything a case needs.
 #[derive(Debug)]
@@ -286,6 +288,7 @@ macro_rules! conformance_tests {
             the_archiver_keeps_a_parent_until_its_children_end,
             an_archived_parent_counts_with_its_final_state,
             an_enqueue_in_the_callers_transaction_names_parents,
+            jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

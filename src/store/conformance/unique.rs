@@ -457,6 +457,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!("../../../migrations/postgres/2026-12-09-000022_wakes/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-08-000021_dead_index/down.sql"),
             include_str!(
                 "../../../migrations/postgres/2026-12-07-000020_open_edges_index/down.sql"
@@ -481,6 +482,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Mysql => vec![
+            include_str!("../../../migrations/mysql/2026-12-09-000022_wakes/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-07-000020_open_edges_index/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-06-000019_dependencies/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-05-000018_effects/down.sql"),
@@ -495,6 +497,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Sqlite => vec![
+            include_str!("../../../migrations/sqlite/2026-12-09-000022_wakes/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-08-000021_dead_index/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-07-000020_open_edges_index/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-06-000019_dependencies/down.sql"),
@@ -511,11 +514,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    // MariaDB has no partial indexes, so the dashboard's dead-jobs index (000021) is not its.
-    let expected = match b {
-        Backend::Mysql => "20261207000020",
-        _ => "20261208000021",
-    };
+    // Every backend's latest is the wake counter (000022); MariaDB has no partial indexes,
+    // so the dashboard's dead-jobs index (000021) is not among its own.
+    let expected = "20261209000022";
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"
@@ -531,7 +532,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261127000010', '20261128000011', '20261129000012', \
                            '20261130000013', '20261201000014', '20261202000015', \
                            '20261203000016', '20261204000017', '20261205000018', \
-                           '20261206000019', '20261207000020', '20261208000021')",
+                           '20261206000019', '20261207000020', '20261208000021', \
+                           '20261209000022')",
     )
     .await
     .unwrap();

@@ -1,0 +1,157 @@
+//! Conformance cases. Wakes: each transition that makes a job due now without a new id — a
+//! dependency child released, a retry by hand, a reclaimed job given back due now — is
+//! announced to the nodes of other processes (MariaDB, SQLite: the wake counter the change
+//! signal reads; PostgreSQL: a notification of the job's queue), while an ordinary enqueue,
+//! claim and finalization, a settle that releases nothing and a reclaim into a backoff
+//! announce nothing.
+
+use super::*;
+
+/// How a backend announces: the wake counter, or its listener (the channel is database-wide,
+/// so this case's queues carry a prefix of their own and other notices are ignored).
+struct Watch {
+    listener: Option<Listener>,
+    prefix: String,
+    wakes: i64,
+}
+
+impl Watch {
+    async fn new(t: &Bundle) -> Self {
+        Watch {
+            listener: t.store.listen().await.unwrap(),
+            prefix: format!("q{}-", uuid::Uuid::new_v4().simple()),
+            wakes: t.store.change_signal().await.unwrap().wakes,
+        }
+    }
+
+    fn q(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// Asserts that `what` was announced (for `queue`), once.
+    async fn announced(&mut self, t: &Bundle, queue: &str, what: &str) {
+        let now = t.store.change_signal().await.unwrap().wakes;
+        match &mut self.listener {
+            None => assert_eq!(now, self.wakes + 1, "{what} moved the wake counter once"),
+            Some(l) => {
+                assert_eq!(now, self.wakes, "PostgreSQL notifies: the counter stays");
+                let got = loop {
+                    let n = tokio::time::timeout(Duration::from_secs(10), l.next())
+                        .await
+                        .unwrap_or_else(|_| panic!("{what}: a notification within 10 s"))
+                        .expect("listener open")
+                        .unwrap();
+                    if let super::Notice::Due(q) = n {
+                        if let Some(name) = q.strip_prefix(&self.prefix) {
+                            break name.to_string();
+                        }
+                    }
+                };
+                assert_eq!(got, queue, "{what} notified its queue");
+            }
+        }
+        self.wakes = now;
+    }
+
+    /// Asserts that nothing moved the counter (on PostgreSQL, left to the notified steps:
+    /// each expects its own queue's notice next).
+    async fn quiet(&self, t: &Bundle, what: &str) {
+        let now = t.store.change_signal().await.unwrap().wakes;
+        assert_eq!(now, self.wakes, "{what} moved the wake counter");
+    }
+}
+
+pub async fn jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is(b: Backend) {
+    let t = Bundle::new(b).await;
+    let mut w = Watch::new(&t).await;
+    let claim = async |queue: &str, at: i64| {
+        let mut got = t
+            .store
+            .job_claim(ClaimParams {
+                queue: queue.into(),
+                owner: NodeId::new("n1").unwrap(),
+                limit: 1,
+                kinds: None,
+                lease: Duration::from_secs(30),
+                now: t.at(at),
+            })
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "one job of {queue} due at {at}");
+        got.pop().unwrap()
+    };
+
+    // The hot path: enqueue, claim, succeed.
+    let plain = w.q("plain");
+    t.enqueue(NewJob::new("k", json!(0)).queue(&plain), 0).await;
+    let c = claim(&plain, 1).await;
+    t.finalize(Finalize::succeeded(c.job.id, c.token, json!(1)), 1)
+        .await;
+    w.quiet(&t, "an ordinary job's enqueue, claim and finalization")
+        .await;
+
+    // A child released by its parent's success.
+    let (parents, children) = (w.q("parents"), w.q("children"));
+    let p = t
+        .enqueue(NewJob::new("k", json!(1)).queue(&parents), 2)
+        .await;
+    let child = t
+        .enqueue(NewJob::new("k", json!(2)).queue(&children).after(&[p]), 2)
+        .await;
+    assert_eq!(t.get(child).await.state, JobState::Waiting);
+    w.quiet(&t, "a child's enqueue").await;
+    let c = claim(&parents, 3).await;
+    // The parent's finalization settles its children.
+    t.finalize(Finalize::succeeded(p, c.token, json!(1)), 3)
+        .await;
+    assert_eq!(t.get(child).await.state, JobState::Pending);
+    w.announced(&t, "children", "a child's release").await;
+    let again = t.store.job_settle_children(&[p.0], t.at(3)).await.unwrap();
+    assert!(again.released.is_empty());
+    w.quiet(&t, "a settle that released nothing").await;
+
+    // A dead job retried by hand.
+    let retry = w.q("retry");
+    let dead = t
+        .enqueue(NewJob::new("k", json!(3)).queue(&retry).max_attempts(1), 4)
+        .await;
+    let c = claim(&retry, 5).await;
+    t.finalize(Finalize::dead(dead, c.token, err("boom", 1)), 5)
+        .await;
+    assert_eq!(t.get(dead).await.state, JobState::Dead);
+    w.quiet(&t, "a job's death").await;
+    let r = t
+        .store
+        .job_retry(RetryParams {
+            id: dead,
+            expected_version: None,
+            now: t.at(6),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(r, Guarded::Applied(_)));
+    w.announced(&t, "retry", "a retry by hand").await;
+
+    // A reclaim into a backoff (the start was recorded) is due later: nothing to announce.
+    let later = w.q("later");
+    let slow = t.enqueue(NewJob::new("k", json!(4)).queue(&later), 7).await;
+    let c = claim(&later, 8).await;
+    t.renew_started(slow, &c.token, 9, Some(1)).await;
+    let r = t.reclaim(40).await;
+    assert_eq!((r.len(), r[0].new_state), (1, JobState::Retrying));
+    w.quiet(&t, "a reclaim into a backoff").await;
+
+    // A reclaimed job whose start was never recorded: given back, due now.
+    let refund = w.q("refund");
+    let lost = t
+        .enqueue(NewJob::new("k", json!(5)).queue(&refund), 41)
+        .await;
+    claim(&refund, 42).await;
+    let r = t.reclaim(73).await;
+    assert_eq!(
+        (r.len(), r[0].id, r[0].new_state),
+        (1, lost, JobState::Pending)
+    );
+    w.announced(&t, "refund", "a reclaim that gives an attempt back")
+        .await;
+}
