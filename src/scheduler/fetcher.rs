@@ -455,7 +455,7 @@ impl Fetcher {
                 self.workers.clone(),
                 attempt.clone(),
                 self.finished.clone(),
-                metrics,
+                metrics.clone(),
             )
             .start();
             leases.push(TrackLease {
@@ -468,6 +468,7 @@ impl Fetcher {
                 created_at,
                 timeout,
                 attempt,
+                metrics,
             });
         }
         // Sent before any supervisor can report: none has run yet.
