@@ -152,6 +152,11 @@ impl LeaseToken {
 pub struct ClaimId(u64);
 
 impl ClaimId {
+    /// Its 64 bits.
+    pub(crate) fn as_u64(self) -> u64 {
+        self.0
+    }
+
     /// The claim id within a stored lease token (its first 16 hex digits), if it has one.
     pub(crate) fn of_token(token: &str) -> Option<Self> {
         if token.len() != TOKEN_LEN {

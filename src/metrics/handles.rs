@@ -1,7 +1,7 @@
 //! The hot path's instruments, registered once and then only updated: a registration hashes
 //! the name and labels and looks them up in the recorder; an update is an atomic operation.
-//! The fetcher holds its queue's [`QueueMetrics`] and a [`KindMetrics`] per kind (shared
-//! with each job's supervisor); the lease manager an [`OutcomeMetrics`] per queue and kind.
+//! The fetcher holds its queue's [`QueueMetrics`] and a [`KindMetrics`] per kind (with its
+//! [`OutcomeMetrics`]), shared with each job's supervisor and lease.
 
 use std::time::Duration;
 
@@ -43,11 +43,13 @@ impl QueueMetrics {
     }
 }
 
-/// One (queue, kind)'s handler instruments.
+/// One (queue, kind)'s handler and outcome instruments: the fetcher registers them once per
+/// kind and every job's supervisor and lease carry them, so no job looks them up.
 #[derive(Debug)]
 pub(crate) struct KindMetrics {
     pickup: Histogram,
     handler: Histogram,
+    outcome: OutcomeMetrics,
 }
 
 impl KindMetrics {
@@ -56,7 +58,13 @@ impl KindMetrics {
         KindMetrics {
             pickup: metrics::histogram!(super::PICKUP_LATENCY, &labels),
             handler: metrics::histogram!(super::HANDLER_DURATION, &labels),
+            outcome: OutcomeMetrics::new(queue, kind),
         }
+    }
+
+    /// The outcome instruments of the same queue and kind.
+    pub(crate) fn outcome(&self) -> &OutcomeMetrics {
+        &self.outcome
     }
 
     /// A handler started, `pickup` after its job became due.

@@ -483,7 +483,7 @@ impl Fetcher {
                 self.workers.clone(),
                 attempt.clone(),
                 self.finished.clone(),
-                metrics,
+                metrics.clone(),
             )
             .start();
             leases.push(TrackLease {
@@ -496,6 +496,7 @@ impl Fetcher {
                 created_at,
                 timeout,
                 attempt,
+                metrics,
             });
         }
         // Sent before any supervisor can report: none has run yet.

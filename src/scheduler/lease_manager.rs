@@ -45,7 +45,7 @@ use super::job_supervisor::{StopJob, StopReason};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::job::{JobId, JobState};
 use crate::lease::LeaseToken;
-use crate::metrics::{Finished, OutcomeMetrics};
+use crate::metrics::{Finished, KindMetrics, OutcomeMetrics};
 use crate::store::{Finalization, Finalize, FinalizeParams, Guarded, LeaseRef, RenewParams};
 
 /// Store errors are logged at most this often.
@@ -78,7 +78,25 @@ pub(crate) fn hedge_after(renew_every: Duration) -> Duration {
 }
 
 /// One attempt: a job and the token of the claim that holds it.
-type Key = (JobId, LeaseToken);
+///
+/// Hashed by the job id and the token's 8-byte claim id only, not by the token's 48 digits
+/// (equal keys have equal claim ids, so the hash stays consistent with `Eq`, which still
+/// compares the whole token); the map is looked up several times per job.
+#[derive(Clone, PartialEq, Eq)]
+struct Key(JobId, LeaseToken);
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_i64(self.0 .0);
+        state.write_u64(self.1.claim().as_u64());
+    }
+}
+
+/// The lease map's hasher: foldhash (hashbrown's own default; already in the dependency tree),
+/// seeded per process. Its keys are job ids and claim ids this node drew at random, so
+/// SipHash's resistance to chosen keys buys nothing here and costs several times more per
+/// look-up.
+type Leases = HashMap<Key, Lease, foldhash::fast::RandomState>;
 
 /// One lease held by this node. Times are µs on the node's monotonic clock.
 struct Lease {
@@ -87,6 +105,8 @@ struct Lease {
     /// When the job was enqueued (its end-to-end time is measured from it).
     created_at: DateTime<Utc>,
     supervisor: Recipient<StopJob>,
+    /// Its (queue, kind)'s instruments, registered by the fetcher.
+    metrics: Arc<KindMetrics>,
     /// The start gate shared with the supervisor: the fence point (the send time of the
     /// claim or of the last applied renewal, plus the lease, minus the fence margin) and the
     /// start.
@@ -145,12 +165,14 @@ struct Pending {
     /// When the handler started (monotonic µs), if no renewal recorded it: a job shorter
     /// than a heartbeat has its start written with its finalization.
     started_us: Option<i64>,
+    /// Its (queue, kind)'s instruments, from its lease (none if the lease was forgotten).
+    metrics: Option<Arc<KindMetrics>>,
 }
 
 /// Owns the node's leases; see the module docs.
 pub struct LeaseManager {
     shared: Arc<Shared>,
-    leases: HashMap<Key, Lease>,
+    leases: Leases,
     pending: Vec<Pending>,
     /// Each queue's fetcher, told when slots free up (a `Recipient`, so the lease manager
     /// can be driven alone in a test).
@@ -178,7 +200,8 @@ pub struct LeaseManager {
     revalidate_since: Option<i64>,
     /// Heartbeats failed in a row (their retries back off).
     renew_failures: u32,
-    /// Outcome instruments per (queue, kind), registered at first use.
+    /// Outcome instruments per (queue, kind), registered at first use: only for an outcome
+    /// whose lease was already forgotten (a lease carries its own).
     outcomes: HashMap<String, HashMap<String, OutcomeMetrics>>,
 }
 
@@ -195,7 +218,7 @@ impl LeaseManager {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         LeaseManager {
             shared,
-            leases: HashMap::new(),
+            leases: Leases::default(),
             pending: Vec::new(),
             fetchers: HashMap::new(),
             flushing: 0,
@@ -265,6 +288,7 @@ impl LeaseManager {
             received: Instant::now(),
             created_at: Some(l.created_at),
             started_us: None,
+            metrics: Some(l.metrics.clone()),
         });
         self.flush(ctx);
     }
@@ -337,7 +361,7 @@ impl LeaseManager {
                         let (id, claim) = (p.item.id, p.item.token.claim());
                         // Only this attempt's lease: a newer claim of the same job stays.
                         // A lease already forgotten (lost, abandoned) freed its slot then.
-                        if let Some(l) = act.leases.remove(&(id, p.item.token)) {
+                        if let Some(l) = act.leases.remove(&Key(id, p.item.token)) {
                             // The queue's name is copied once per batch, not once per job.
                             let slot = match freed.get_mut(&p.queue) {
                                 Some(slot) => slot,
@@ -349,7 +373,11 @@ impl LeaseManager {
                         match outcome {
                             Guarded::Applied(state) => {
                                 act.shared.stats.add_finished(1);
-                                act.outcome_metrics(&p.queue, &p.kind).record(
+                                let metrics = match &p.metrics {
+                                    Some(m) => m.outcome(),
+                                    None => act.outcome_metrics(&p.queue, &p.kind),
+                                };
+                                metrics.record(
                                     &Finished {
                                         state,
                                         attempt: p.attempt,
@@ -479,6 +507,8 @@ pub(crate) struct TrackLease {
     pub(crate) timeout: Duration,
     /// The start gate shared with its supervisor.
     pub(crate) attempt: Arc<Attempt>,
+    /// Its (queue, kind)'s instruments.
+    pub(crate) metrics: Arc<KindMetrics>,
 }
 
 /// A fetcher claimed jobs: track their leases (one message per claim).
@@ -492,12 +522,13 @@ impl Handler<TrackLeases> for LeaseManager {
     fn handle(&mut self, TrackLeases(leases): TrackLeases, _ctx: &mut Context<Self>) {
         for m in leases {
             self.leases.insert(
-                (m.id, m.token),
+                Key(m.id, m.token),
                 Lease {
                     queue: m.queue,
                     kind: m.kind,
                     created_at: m.created_at,
                     supervisor: m.supervisor,
+                    metrics: m.metrics,
                     attempt: m.attempt,
                     claimed_at: us(m.claimed_at),
                     timeout: us(m.timeout),
@@ -544,11 +575,12 @@ impl Handler<JobFinished> for LeaseManager {
             self.written_by_handler(m);
             return;
         }
-        let key = (m.id, m.token);
-        // One look-up: the key hashes a 48-digit token.
-        let (mut created_at, mut started_us) = (None, None);
+        let key = Key(m.id, m.token);
+        // One look-up.
+        let (mut created_at, mut started_us, mut metrics) = (None, None, None);
         if let Some(l) = self.leases.get_mut(&key) {
             created_at = Some(l.created_at);
+            metrics = Some(l.metrics.clone());
             started_us = l
                 .attempt
                 .started_us()
@@ -566,7 +598,7 @@ impl Handler<JobFinished> for LeaseManager {
                 });
             }
         }
-        let (id, token) = key;
+        let Key(id, token) = key;
         // Back to pending at once without a handler's say: unstarted, or given back at
         // shutdown (a handler's zero-delay snooze is counted with them).
         let released =
@@ -594,6 +626,7 @@ impl Handler<JobFinished> for LeaseManager {
             received: Instant::now(),
             created_at,
             started_us,
+            metrics,
         });
         self.flush(ctx);
     }
@@ -604,14 +637,14 @@ impl LeaseManager {
     /// nothing is written — the lease is forgotten, its slot freed, and the job reported
     /// finished as a written finalization would be.
     fn written_by_handler(&mut self, m: JobFinished) {
-        let key = (m.id, m.token);
+        let key = Key(m.id, m.token);
         let Some(l) = self.leases.remove(&key) else {
             return;
         };
         self.free_slots(&l.queue, 1, l.waited());
         self.shared.stats.add_finished(1);
         let now = self.shared.clock.now();
-        self.outcome_metrics(&m.queue, &m.kind).record(
+        l.metrics.outcome().record(
             &Finished {
                 state: JobState::Succeeded,
                 attempt: m.attempt,
@@ -1110,10 +1143,7 @@ impl Handler<TokenOf> for LeaseManager {
     type Result = Option<LeaseToken>;
 
     fn handle(&mut self, m: TokenOf, _ctx: &mut Context<Self>) -> Option<LeaseToken> {
-        self.leases
-            .keys()
-            .find(|(id, _)| *id == m.0)
-            .map(|(_, token)| token.clone())
+        self.leases.keys().find(|k| k.0 == m.0).map(|k| k.1.clone())
     }
 }
 
@@ -1132,6 +1162,7 @@ mod tests {
             received: Instant::now(),
             created_at: None,
             started_us: None,
+            metrics: None,
         }
     }
 
@@ -1139,6 +1170,24 @@ mod tests {
         v.iter()
             .map(|p| (p.item.id.0, p.item.token.clone()))
             .collect()
+    }
+
+    #[test]
+    fn a_lease_is_keyed_by_its_job_and_whole_token() {
+        // Hashed by the claim id alone, but told apart by the whole token: another secret
+        // under the same claim id, or another job under the same token, is another attempt.
+        let a = LeaseToken::generate();
+        let forged = LeaseToken::parse(&format!("{}{}", &a.as_str()[..16], "0".repeat(32)))
+            .expect("a well-formed token");
+        assert_eq!(forged.claim_id(), a.claim_id());
+        let mut keys: HashSet<Key, foldhash::fast::RandomState> = HashSet::default();
+        assert!(keys.insert(Key(JobId(1), a.clone())));
+        assert!(keys.insert(Key(JobId(1), forged.clone())), "another secret");
+        assert!(keys.insert(Key(JobId(2), a.clone())), "another job");
+        assert!(!keys.insert(Key(JobId(1), a.clone())), "the same attempt");
+        assert!(keys.remove(&Key(JobId(1), forged)));
+        assert!(keys.contains(&Key(JobId(1), a)));
+        assert_eq!(keys.len(), 2);
     }
 
     #[test]
