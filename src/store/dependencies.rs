@@ -30,7 +30,7 @@ use super::schema::{
     jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
     jobvisor_jobs_links as links,
 };
-use super::wakes::announce_due;
+use super::wakes::announce_released;
 use super::{Enqueued, OutboxConnection, Store};
 use crate::dependency::{Batch, Dependencies, Link, ParentPolicy};
 use crate::error::{Error, Result, StoreError};
@@ -475,7 +475,6 @@ impl Store {
         now: Option<i64>,
     ) -> Result<(Vec<String>, Vec<i64>)> {
         let now = DbNow::new(now);
-        let notifies = self.notifies();
         with_tx!(self, |conn| {
             let mut released = Vec::new();
             let mut cancelled = Vec::new();
@@ -570,11 +569,8 @@ impl Store {
                     }
                 }
             }
-            // Due now without a new id: the nodes of other processes learn it at commit. On
-            // PostgreSQL the release's own trigger (`jobvisor_jobs_notify_release`) notifies.
-            if !notifies {
-                announce_due!(conn, false, &released);
-            }
+            // Due now without a new id: the nodes of other processes learn it at commit.
+            announce_released(conn, &released).await?;
             Ok::<_, Error>((released, cancelled))
         })
     }

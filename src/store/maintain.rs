@@ -455,13 +455,12 @@ impl Store {
         // Due now without a new id: announced in the retry's own transaction, so the nodes
         // of other processes learn it at commit (`store::wakes`).
         let due = [job.queue.clone()];
-        let notifies = self.notifies();
         macro_rules! retry_tx {
             ($hold:expr) => {
                 with_tx!(self, |conn| {
                     let n = retry_set!($hold).execute(conn).await?;
                     if n == 1 {
-                        announce_due!(conn, notifies, &due);
+                        announce_due(conn, &due).await?;
                     }
                     Ok::<usize, diesel::result::Error>(n)
                 })
@@ -533,7 +532,6 @@ impl Store {
                 Option<String>,
             ),
         );
-        let notifies = self.notifies();
         let done: Vec<Reclaimed> = with_tx!(self, |conn| {
             // The queues of the jobs given back due now (a refunded attempt): announced at
             // the end, as the transaction's last write (`store::wakes`).
@@ -664,7 +662,7 @@ impl Store {
                     });
                 }
             }
-            announce_due!(conn, notifies, &due);
+            announce_due(conn, &due).await?;
             Ok::<_, diesel::result::Error>(done)
         })?;
         Ok(done)

@@ -6,12 +6,14 @@
 //! ([`Store::change_signal`](super::Store::change_signal)). A job that becomes due by an
 //! `UPDATE` moves neither, and would wait for another process's poll. The transitions that
 //! do so announce it inside their own transaction with [`announce_due!`]:
-//! * a dependency child released (`waiting` → `pending`) by its last parent's settle;
+//! * a dependency child released (`waiting` → `pending`) by its last parent's settle
+//!   ([`announce_released`]);
 //! * a job retried by hand (`Client::retry`, the dashboard);
 //! * a reclaimed job given back due now (an attempt refunded: the lease expired before its
 //!   start was recorded).
 //!
-//! How each backend announces:
+//! How each backend announces, in its own module ([`AnnounceDue`], implemented on its diesel
+//! backend type, so the connection's type picks the SQL and no branch is needed here):
 //! * PostgreSQL: `pg_notify('jobvisor_jobs', queue)` once per queue, delivered at commit like
 //!   the insert trigger's, so every node serving the queue wakes that fetcher. A released
 //!   child needs no call: the trigger on `waiting` → `pending` (`jobvisor_jobs_notify_release`)
@@ -23,35 +25,49 @@
 //! The counter is written last in its transaction (its row lock is held only until the
 //! commit), and never by an ordinary enqueue, claim or finalize: the hot path is unchanged.
 
-/// Announces, inside the transaction open on `$conn`, that jobs of `$queues` became due now
-/// (nothing for an empty list). `$notifies`: the store's backend has notifications
-/// (PostgreSQL). Evaluates to `()`; a database error returns from the enclosing body.
-macro_rules! announce_due {
-    ($conn:ident, $notifies:expr, $queues:expr) => {{
-        let queues: &[String] = $queues;
-        if !queues.is_empty() {
-            if $notifies {
-                let mut told: Vec<&str> = Vec::with_capacity(1);
-                for q in queues {
-                    if told.contains(&q.as_str()) {
-                        continue;
-                    }
-                    told.push(q.as_str());
-                    // The channel the insert trigger notifies and every listener follows.
-                    diesel::sql_query("SELECT pg_notify('jobvisor_jobs', $1)")
-                        .bind::<diesel::sql_types::Text, _>(q.as_str())
-                        .execute($conn)
-                        .await?;
-                }
-            } else {
-                use $crate::store::schema::jobvisor_wakes as wakes;
-                diesel::update(wakes::table)
-                    .set(wakes::n.eq(wakes::n + 1))
-                    .execute($conn)
-                    .await?;
-            }
-        }
-    }};
+use diesel::QueryResult;
+use diesel_async::AsyncConnection;
+
+/// How one backend announces jobs made due without a new id: implemented by each backend
+/// module on its diesel backend type (see the module docs).
+pub(crate) trait AnnounceDue: diesel::backend::Backend + Sized {
+    /// Announces, inside the transaction open on `conn`, that jobs of `queues` (not empty)
+    /// became due now.
+    async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self> + Send;
+
+    /// The same for released dependency children. A backend whose release already
+    /// announces itself (PostgreSQL's trigger) does nothing more.
+    async fn announce_released<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self> + Send,
+    {
+        Self::announce_due(conn, queues).await
+    }
 }
 
-pub(crate) use announce_due;
+/// Announces, inside the transaction open on `conn`, that jobs of `queues` became due now
+/// (nothing for an empty list): a retry by hand, a refunded reclaim.
+pub(crate) async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
+where
+    C: AsyncConnection + Send,
+    C::Backend: AnnounceDue,
+{
+    if queues.is_empty() {
+        return Ok(());
+    }
+    <C::Backend as AnnounceDue>::announce_due(conn, queues).await
+}
+
+/// [`announce_due`] for dependency children released by a settle.
+pub(crate) async fn announce_released<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
+where
+    C: AsyncConnection + Send,
+    C::Backend: AnnounceDue,
+{
+    if queues.is_empty() {
+        return Ok(());
+    }
+    <C::Backend as AnnounceDue>::announce_released(conn, queues).await
+}

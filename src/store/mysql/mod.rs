@@ -387,6 +387,21 @@ struct MysqlKeyed<'c> {
     in_tx: bool,
 }
 
+/// MariaDB/MySQL announce by bumping the one-row counter the change signal reads.
+impl super::wakes::AnnounceDue for diesel::mysql::Mysql {
+    async fn announce_due<C>(conn: &mut C, _: &[String]) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        use super::schema::jobvisor_wakes as wakes;
+        diesel::update(wakes::table)
+            .set(wakes::n.eq(wakes::n + 1))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+}
+
 impl KeyedSteps for MysqlKeyed<'_> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
         insert_one(self.conn, job, now).await

@@ -350,6 +350,34 @@ async fn insert_one(
 /// its place are one transaction (a savepoint inside the caller's).
 struct PgKeyed<'c>(&'c mut diesel_async::AsyncPgConnection);
 
+/// PostgreSQL announces on the channel its listeners follow (`jobvisor_jobs`), delivered at
+/// commit; a released child needs nothing, as its trigger (`jobvisor_jobs_notify_release`)
+/// notifies already.
+impl super::wakes::AnnounceDue for diesel::pg::Pg {
+    async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        for (i, q) in queues.iter().enumerate() {
+            if queues[..i].contains(q) {
+                continue; // one notification per queue
+            }
+            diesel::sql_query("SELECT pg_notify('jobvisor_jobs', $1)")
+                .bind::<Text, _>(q)
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn announce_released<C>(_: &mut C, _: &[String]) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        Ok(())
+    }
+}
+
 impl KeyedSteps for PgKeyed<'_> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
         insert_one(self.0, job, now).await

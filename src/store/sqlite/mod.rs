@@ -390,6 +390,21 @@ async fn insert_one<C: SqliteAsync>(
 /// and the insert one step, and the only one.
 struct SqliteKeyed<'c, C>(&'c mut C);
 
+/// SQLite announces by bumping the one-row counter the change signal reads.
+impl super::wakes::AnnounceDue for diesel::sqlite::Sqlite {
+    async fn announce_due<C>(conn: &mut C, _: &[String]) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        use super::schema::jobvisor_wakes as wakes;
+        diesel::update(wakes::table)
+            .set(wakes::n.eq(wakes::n + 1))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+}
+
 impl<C: SqliteAsync> KeyedSteps for SqliteKeyed<'_, C> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
         insert_one(self.0, job, now).await
