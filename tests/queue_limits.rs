@@ -35,6 +35,8 @@ use jobvisor::testing::TestDb;
 use jobvisor::{Backend, Client, JobState, NewJob, QueueLimits, RateLimit};
 use serde_json::json;
 
+use harness::invariants::{execution_ends, outcome, overlaps};
+use harness::journal::JobFacts;
 use harness::side::{now_us, ClaimRecord, Execution, SideDb};
 use harness::{node_binary, NodeProc};
 
@@ -111,6 +113,60 @@ async fn wait_all(client: &Client, fleet: &mut Fleet, ids: &[jobvisor::JobId], w
     }
 }
 
+/// Invariant 1 for every job of `ids`, by the checker the crash and partition tests share:
+/// no two executions of a job overlapped, and its result is its last lease holder's. A job
+/// may run more than once and still keep the contract (a node starved past its 2 s lease
+/// is fenced and the job runs again elsewhere, at least once): every job that did is
+/// printed, with its executions and errors, so a re-run is explained, not just counted.
+async fn ran_as_the_contract_says(client: &Client, ids: &[jobvisor::JobId], execs: &[Execution]) {
+    let mut runs: BTreeMap<i64, Vec<&Execution>> = BTreeMap::new();
+    for x in execs {
+        runs.entry(x.job_id).or_default().push(x);
+    }
+    let mut bad = Vec::new();
+    for id in ids {
+        let job = client.get(*id).await.unwrap();
+        let mut list = runs.remove(&id.0).unwrap_or_default();
+        list.sort_by_key(|x| (x.started_at_us, x.ended_at_us));
+        if list.is_empty() {
+            bad.push(format!(
+                "job {} succeeded and no execution of it was recorded",
+                id.0
+            ));
+            continue;
+        }
+        let (ends, _) = execution_ends(&list, &HashMap::new(), &mut bad);
+        for o in overlaps(&list, &ends, |_, _, _| false) {
+            bad.push(format!(
+                "job {}: {:?} started {} µs before {:?} ended",
+                id.0, list[o.later], o.by_us, list[o.earlier]
+            ));
+        }
+        for f in outcome(&JobFacts::from(&job), &list).faults {
+            bad.push(f.message().to_string());
+        }
+        if list.len() > 1 {
+            eprintln!(
+                "job {} ran {} times (attempts {}, errors {:?}): {list:#?}",
+                id.0,
+                list.len(),
+                job.attempts,
+                job.errors
+            );
+        }
+    }
+    for (id, list) in runs {
+        bad.push(format!(
+            "job {id} is not one of this drain's and ran: {list:?}"
+        ));
+    }
+    assert!(
+        bad.is_empty(),
+        "invariant 1 broken:\n  {}",
+        bad.join("\n  ")
+    );
+}
+
 /// The most executions overlapping at one instant, among `execs`.
 fn peak_overlap<'a>(execs: impl Iterator<Item = &'a Execution>) -> usize {
     let mut edges: Vec<(i64, i32)> = Vec::new();
@@ -177,7 +233,7 @@ async fn limits_hold_across_processes(backend: Backend) {
     let mut fleet = Fleet::start(&db.url);
     wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
     let execs = side.executions().await.unwrap();
-    assert_eq!(execs.len(), 300, "each job ran once");
+    ran_as_the_contract_says(&client, &ids, &execs).await;
     let mut partition_of = HashMap::new();
     for id in &ids {
         partition_of.insert(id.0, client.get(*id).await.unwrap().partition);
@@ -392,7 +448,10 @@ async fn limits_hold_across_processes(backend: Backend) {
 /// time to read the live nodes, so what is measured is the steady state. Then the same
 /// nodes drain again under a limit equal to their total concurrency (18), where no node is
 /// capped (each share equals its workers) and the prefetch window alone keeps the split
-/// even.
+/// even. There the jobs are longer (30–90 ms, not 10–30): a node's share is then set by
+/// its workers' slots, not by how fast its process refills them, which a loaded machine's
+/// scheduler decides (with 10–30 ms jobs under a load of 7 on two cores, one node of three
+/// started 26 % fewer).
 async fn a_binding_limit_is_shared_fairly(backend: Backend) {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
@@ -409,14 +468,15 @@ async fn a_binding_limit_is_shared_fairly(backend: Backend) {
         fleet.check_running();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for (limit, bound) in [(5, 0.2), (WORKERS * NODES as u32, 0.25)] {
-        drain_under_limit(backend, &client, &side, &mut fleet, limit, bound).await;
+    for (limit, bound, work_ms) in [(5, 0.2, 10), (WORKERS * NODES as u32, 0.25, 30)] {
+        drain_under_limit(backend, &client, &side, &mut fleet, limit, bound, work_ms).await;
     }
     fleet.stop();
 }
 
-/// One drain of 1,200 jobs by `fleet` under a global limit of `limit`: the limit is never
-/// exceeded and each node starts within `bound` of an even third.
+/// One drain of 1,200 jobs (working `work_ms`, twice and three times that, in turn) by `fleet` under a
+/// global limit of `limit`: the limit is never exceeded and each node starts within `bound`
+/// of an even third.
 async fn drain_under_limit(
     backend: Backend,
     client: &Client,
@@ -424,6 +484,7 @@ async fn drain_under_limit(
     fleet: &mut Fleet,
     limit: u32,
     bound: f64,
+    work_ms: u64,
 ) {
     const JOBS: u64 = 1200;
     client
@@ -432,7 +493,11 @@ async fn drain_under_limit(
         .unwrap();
     // Each node reads the live nodes and the settings every second.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let ids = enqueue(client, (0..JOBS).map(|i| job(10 + i % 3 * 10)).collect()).await;
+    let ids = enqueue(
+        client,
+        (0..JOBS).map(|i| job(work_ms * (1 + i % 3))).collect(),
+    )
+    .await;
     let drain = Instant::now();
     wait_all(client, fleet, &ids, Duration::from_secs(240)).await;
     let took = drain.elapsed();
@@ -444,7 +509,7 @@ async fn drain_under_limit(
         .into_iter()
         .filter(|x| mine.contains(&x.job_id))
         .collect();
-    assert_eq!(execs.len(), JOBS as usize, "each job ran once");
+    ran_as_the_contract_says(client, &ids, &execs).await;
     let peak = peak_overlap(execs.iter());
     let mut starts: BTreeMap<&str, usize> = BTreeMap::new();
     for x in &execs {
