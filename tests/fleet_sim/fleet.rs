@@ -151,21 +151,27 @@ impl Fleet {
     }
 
     /// The step's clock event, drawn from the step's generator `rng` (always the same draws,
-    /// whatever happens): with a chance of 4 %, a node not crashed has its wall clock jump
-    /// (to a new offset within ±[`MAX_JUMP_S`]) or its monotonic clock's rate change
-    /// (within ±[`MAX_RATE_PPM`]). Logs it.
+    /// whatever happens): with a chance of 10 %, a node not crashed — a frozen one half the
+    /// time if there is one (a suspended machine's clock is the one stepped on waking) — has
+    /// its wall clock jump (to a new offset within ±[`MAX_JUMP_S`]) or its monotonic clock's
+    /// rate change (within ±[`MAX_RATE_PPM`]). Logs it.
     pub(crate) fn clock_event(&mut self, rng: &mut Rng, step: usize, log: &mut EventLog) {
-        let (roll, pick, jump, offset_s) = (
+        let (roll, pick, frozen, jump, offset_s) = (
             rng.below(1000),
             rng.below(64) as usize,
+            rng.chance(500),
             rng.chance(500),
             rng.below(2 * MAX_JUMP_S as u64 + 1) as i64 - MAX_JUMP_S,
         );
         let rate = rate_ppm(rng);
-        let up: Vec<usize> = (0..self.nodes.len())
+        let is_frozen = |s: Status| matches!(s, Status::Frozen { .. });
+        let mut up: Vec<usize> = (0..self.nodes.len())
             .filter(|i| self.nodes[*i].status != Status::Crashed)
             .collect();
-        if roll >= 40 || up.is_empty() {
+        if frozen && up.iter().any(|i| is_frozen(self.nodes[*i].status)) {
+            up.retain(|i| is_frozen(self.nodes[*i].status));
+        }
+        if roll >= 100 || up.is_empty() {
             return;
         }
         let node = &self.nodes[up[pick % up.len()]];
