@@ -5,8 +5,11 @@
 //!
 //! * [`Simulation`]: a node started on a temp SQLite file ([`Simulation::sqlite`], feature
 //!   `sqlite`) or on any [`Store`](crate::Store) ([`Simulation::on_store`]) with **no timers**
-//!   and a [`ManualClock`]. The test drives it — [`fetch`](Simulation::fetch) (claim and
-//!   start jobs), [`renew`](Simulation::renew) (the heartbeat),
+//!   and a [`ManualClock`] — or a clock of the test's own over it
+//!   ([`Simulation::on_store_with_clock`]: a node's jumping wall clock or drifting
+//!   monotonic clock, the database's time still the manual clock's). The test drives it —
+//!   [`fetch`](Simulation::fetch) (claim and start jobs), [`renew`](Simulation::renew) (the
+//!   heartbeat),
 //!   [`check_deadlines`](Simulation::check_deadlines) (timeouts),
 //!   [`sweep`](Simulation::sweep) (expired leases), [`archive`](Simulation::archive) — and
 //!   waits for what happened with [`finished`](Simulation::finished) and

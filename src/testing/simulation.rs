@@ -1,5 +1,8 @@
 //! [`Simulation`]: a node under a [`ManualClock`] with no timers, driven through its actors'
-//! mailboxes. The methods documented here are the stable surface (see the module docs of
+//! mailboxes. The node reads time through the manual clock itself ([`Simulation::on_store`])
+//! or through any [`Clock`] the test derives from it ([`Simulation::on_store_with_clock`]:
+//! a node whose wall clock jumps or whose monotonic clock drifts, over the one instant the
+//! simulation advances). The methods documented here are the stable surface (see the module docs of
 //! [`testing`](super)); the hidden ones drive engine internals for jobvisor's own tests.
 
 use std::sync::Arc;
@@ -10,7 +13,7 @@ use tokio::sync::broadcast;
 
 use super::TestDb;
 use crate::client::Client;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::config::{QueueConfig, SchedulerConfig};
 use crate::job::{JobId, JobState};
 use crate::scheduler::archiver::{ArchiveNow, ArchiveReport};
@@ -39,7 +42,9 @@ pub fn sim_config() -> SchedulerConfig {
 pub struct Simulation {
     /// The node.
     pub handle: SchedulerHandle,
-    /// The clock every statement of this node binds.
+    /// The clock [`Simulation::advance`] moves: the one every statement of this node binds,
+    /// unless the node reads time through a view of its own
+    /// ([`Simulation::on_store_with_clock`]).
     pub clock: ManualClock,
     /// A client on the same store and clock (it wakes nothing: tests fetch explicitly).
     pub client: Client,
@@ -83,9 +88,25 @@ impl Simulation {
         node: &str,
         configure: impl FnOnce(SchedulerBuilder) -> SchedulerBuilder,
     ) -> Simulation {
+        let node_clock = Arc::new(clock.clone());
+        Simulation::on_store_with_clock(store, clock, node_clock, node, configure)
+    }
+
+    /// A node named `node` on `store` whose scheduler and client read time from
+    /// `node_clock`, a view the test derives from `clock` (the instant it advances): its
+    /// [`Clock::now`] may jump and its [`Clock::monotonic`] run fast or slow, while its
+    /// [`Clock::bound_now`] — the database's time — should stay `clock`'s, shared by every
+    /// node of the simulation.
+    pub fn on_store_with_clock(
+        store: Store,
+        clock: ManualClock,
+        node_clock: Arc<dyn Clock>,
+        node: &str,
+        configure: impl FnOnce(SchedulerBuilder) -> SchedulerBuilder,
+    ) -> Simulation {
         let builder = Scheduler::builder(store.clone())
             .config(sim_config())
-            .clock(Arc::new(clock.clone()))
+            .clock(node_clock.clone())
             .node_id(
                 crate::lease::NodeId::new(node).unwrap_or_else(|_| crate::lease::NodeId::random()),
             );
@@ -100,7 +121,7 @@ impl Simulation {
             .unwrap_or_else(|e| panic!("simulation did not start: {e}"));
         let events = handle.events();
         Simulation {
-            client: Client::with_clock(store, Arc::new(clock.clone())),
+            client: Client::with_clock(store, node_clock),
             clock,
             handle,
             events,

@@ -1,7 +1,10 @@
 //! The fleet: N real nodes (`Scheduler` actors under `testing::Simulation`, timers off) on
 //! one private SQLite database in memory (a file on tmpfs, `/dev/shm` where there is one),
 //! each on a store of its own (as a process would be) under its own fault plan, all on one
-//! manual clock. The driver acts on one node at a time and then [`Fleet::settle`]s: waits
+//! manual clock — the database's time — which each node reads through a [`NodeClock`] of its
+//! own: a wall clock the seed makes jump, a monotonic clock it makes drift within bounds
+//! (its rate is drawn when the node starts, from the seed and the node's name, and logged;
+//! [`Fleet::clock_event`] changes one node's clock at a step). The driver acts on one node at a time and then [`Fleet::settle`]s: waits
 //! until no store operation is in flight, every live node's mailboxes are drained and its
 //! finalizations written, and every released handler has ended — so what happens next
 //! depends on the seed alone.
@@ -19,9 +22,11 @@ use jobvisor::testing::{
 use jobvisor::{QueueConfig, Store, StoreOptions};
 use tokio::sync::broadcast;
 
+use crate::clock::{NodeClock, MAX_JUMP_S, MAX_RATE_PPM};
 use crate::faults::{Book, NodeFaults};
 use crate::journal::{Journal, Release};
 use crate::log::EventLog;
+use crate::rng::{fnv, Rng, FNV_START};
 
 /// Real time a settle may take before the run is declared stuck.
 const SETTLE_LIMIT: Duration = Duration::from_secs(20);
@@ -45,6 +50,7 @@ pub(crate) enum Status {
 pub(crate) struct Node {
     pub(crate) name: String,
     pub(crate) sim: Simulation,
+    clock: Arc<NodeClock>,
     faults: Arc<NodeFaults>,
     events: broadcast::Receiver<Event>,
     pub(crate) status: Status,
@@ -61,6 +67,8 @@ pub(crate) struct Fleet {
     /// Each freeze: the node, from and to on the manual clock.
     pub(crate) freezes: Vec<(String, i64, i64)>,
     per_mille: u64,
+    /// Lines for the event log at the next settle (the clocks of nodes started).
+    notes: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -88,6 +96,7 @@ impl Fleet {
             nodes: Vec::new(),
             freezes: Vec::new(),
             per_mille,
+            notes: Vec::new(),
             _dir: dir,
         };
         fleet.book.on.store(true, Ordering::SeqCst);
@@ -110,8 +119,14 @@ impl Fleet {
         ));
         store.inject_faults(faults.clone());
         let handler = self.journal.handler(name);
+        let mut rng = Rng::new(fnv(name.as_bytes(), FNV_START ^ self.seed ^ CLOCK_SALT));
+        let rate = rate_ppm(&mut rng);
+        let clock = Arc::new(NodeClock::new(self.clock.clone(), rate));
+        self.notes
+            .push(format!("  {name}: monotonic clock rate {rate:+} ppm"));
         // The handlers run on the run's one thread, like the actors and the SQLite calls.
-        let sim = Simulation::on_store(store, self.clock.clone(), name, |b| {
+        let view: Arc<dyn jobvisor::clock::Clock> = clock.clone();
+        let sim = Simulation::on_store_with_clock(store, self.clock.clone(), view, name, |b| {
             b.config(sim_config())
                 .handlers_on_current_runtime()
                 .queue("default", QueueConfig::default().concurrency(1).prefetch(1))
@@ -121,6 +136,7 @@ impl Fleet {
         self.nodes.push(Node {
             name: name.to_string(),
             sim,
+            clock,
             faults,
             events,
             status: Status::Live,
@@ -132,6 +148,46 @@ impl Fleet {
         (0..self.nodes.len())
             .filter(|i| self.nodes[*i].status == Status::Live)
             .collect()
+    }
+
+    /// The step's clock event, drawn from the step's generator `rng` (always the same draws,
+    /// whatever happens): with a chance of 10 %, a node not crashed — a frozen one half the
+    /// time if there is one (a suspended machine's clock is the one stepped on waking) — has
+    /// its wall clock jump (to a new offset within ±[`MAX_JUMP_S`]) or its monotonic clock's
+    /// rate change (within ±[`MAX_RATE_PPM`]). Logs it.
+    pub(crate) fn clock_event(&mut self, rng: &mut Rng, step: usize, log: &mut EventLog) {
+        let (roll, pick, frozen, jump, offset_s) = (
+            rng.below(1000),
+            rng.below(64) as usize,
+            rng.chance(500),
+            rng.chance(500),
+            rng.below(2 * MAX_JUMP_S as u64 + 1) as i64 - MAX_JUMP_S,
+        );
+        let rate = rate_ppm(rng);
+        let is_frozen = |s: Status| matches!(s, Status::Frozen { .. });
+        let mut up: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].status != Status::Crashed)
+            .collect();
+        if frozen && up.iter().any(|i| is_frozen(self.nodes[*i].status)) {
+            up.retain(|i| is_frozen(self.nodes[*i].status));
+        }
+        if roll >= 100 || up.is_empty() {
+            return;
+        }
+        let node = &self.nodes[up[pick % up.len()]];
+        if jump {
+            node.clock.jump_to(offset_s);
+            log.line(format!(
+                "{step}: clock {}: wall clock jumps to {offset_s:+} s off",
+                node.name
+            ));
+        } else {
+            node.clock.drift(rate);
+            log.line(format!(
+                "{step}: clock {}: monotonic clock rate {rate:+} ppm",
+                node.name
+            ));
+        }
     }
 
     /// Freezes node `i` until step `until`.
@@ -249,6 +305,9 @@ impl Fleet {
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        for note in self.notes.drain(..) {
+            log.line(note);
+        }
         // Within one settle, a node's events are logged in a stable order: supervisors
         // started together may report in either order, and what they did is what counts.
         for node in &mut self.nodes {
@@ -267,6 +326,20 @@ impl Fleet {
                 log.line(l);
             }
         }
+    }
+}
+
+/// Mixed into a node's clock generator: its draws differ from its fault plan's.
+const CLOCK_SALT: u64 = 0xc10c_c10c_c10c_c10c;
+
+/// A monotonic clock's rate error: the bound either way a third of the time each (the bound
+/// is what the design must tolerate), else anywhere within it.
+fn rate_ppm(rng: &mut Rng) -> i64 {
+    let (kind, any) = (rng.below(3), rng.below(2 * MAX_RATE_PPM as u64 + 1) as i64);
+    match kind {
+        0 => -MAX_RATE_PPM,
+        1 => MAX_RATE_PPM,
+        _ => any - MAX_RATE_PPM,
     }
 }
 

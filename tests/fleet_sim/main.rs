@@ -4,14 +4,22 @@
 //! * `fleet_sim` (in the test command): [`CI_SEEDS`] seeds (`JOBVISOR_SIM_SEEDS` to change),
 //!   the first [`TWICE`] of them run twice: the test fails if a seed's two runs give
 //!   different event-log hashes, showing where the logs part. With `JOBVISOR_SIM_SEED=<n>`
-//!   it runs that one seed twice, prints its event log and fails if the runs differ.
+//!   it runs that one seed twice, prints its event log and fails if the runs differ;
+//!   `JOBVISOR_SIM_SKIP=3-10,15` skips those steps (a shrunk run's replay).
 //! * `fleet_sim_for_minutes` (ignored): new seeds for `JOBVISOR_SIM_MINUTES` (default 1),
 //!   reporting seeds per minute and every failing seed.
 //! * `fleet_sim_hashes` (ignored): seeds 0..`JOBVISOR_SIM_SEEDS` (default 100) twice each,
 //!   printing each hash and one hash of them all, to compare between machines; fails if
 //!   any seed's two runs differ.
 //!
-//! A failing seed prints the command that replays it.
+//! A failing seed prints the command that replays it; the first failing seed of a test is
+//! then shrunk (`shrink.rs`: delta debugging over its steps, at most
+//! `JOBVISOR_SIM_SHRINK_SECS`, default 60 s, 0 for none), printing the steps before and
+//! after and the command that replays the shrunk run.
+//!
+//! Each node reads time through a clock of its own over the shared manual clock (`clock.rs`):
+//! its wall clock jumps and its monotonic clock drifts within ±10 %, as the seed chooses;
+//! the invariants are measured on the shared clock, the database's.
 //!
 //! Why a seed replays exactly: one run is one thread. Its runtime is current-thread (the
 //! actix system's) with tokio's time paused, so timers fire only when nothing else can run,
@@ -26,7 +34,8 @@
 //! settles, the same number on every run; the deadline checks, sweeps and renewals that the
 //! manual clock's advances call for are the driver's.
 //!
-//! Layout: `fleet.rs` (the nodes and settling), `run.rs` (one seed's steps), `journal.rs`
+//! Layout: `fleet.rs` (the nodes and settling), `clock.rs` (a node's clock), `run.rs` (one
+//! seed's steps), `shrink.rs` (the skip sets and the shrink), `journal.rs`
 //! (the handlers' executions and gates), `faults.rs` (the store faults), `check.rs` (the
 //! invariants), `log.rs` (the event log and its hash), `rng.rs` (the generator).
 
@@ -36,16 +45,19 @@
 mod harness;
 
 mod check;
+mod clock;
 mod faults;
 mod fleet;
 mod journal;
 mod log;
 mod rng;
 mod run;
+mod shrink;
 
 use std::time::{Duration, Instant};
 
-use run::{run_seed, RunReport};
+use run::{run_seed, run_seed_skipping, RunReport};
+use shrink::Skips;
 
 /// Seeds the test command runs (with [`TWICE`], about a minute on a busy two-core machine,
 /// debug build).
@@ -61,10 +73,23 @@ fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
-fn replay(seed: u64) -> String {
+fn replay(seed: u64, skips: &Skips) -> String {
+    let skip = if skips.is_empty() {
+        String::new()
+    } else {
+        format!("JOBVISOR_SIM_SKIP={skips} ")
+    };
     format!(
-        "JOBVISOR_SIM_SEED={seed} cargo test --all-features --test fleet_sim -- fleet_sim --exact --nocapture"
+        "JOBVISOR_SIM_SEED={seed} {skip}cargo test --all-features --test fleet_sim -- fleet_sim --exact --nocapture"
     )
+}
+
+/// The shrink of the failing run `r` as text, unless shrinking is off.
+fn shrunk(r: RunReport) -> String {
+    match shrink::budget() {
+        Some(budget) => shrink::shrink(r, budget).to_string(),
+        None => "not shrunk (JOBVISOR_SIM_SHRINK_SECS=0)".into(),
+    }
 }
 
 fn failure(r: &RunReport) -> String {
@@ -73,7 +98,7 @@ fn failure(r: &RunReport) -> String {
         r.seed,
         r.violations.len(),
         r.violations.join("\n  "),
-        replay(r.seed)
+        replay(r.seed, &r.skipped)
     )
 }
 
@@ -95,14 +120,17 @@ fn difference(a: &RunReport, b: &RunReport) -> String {
         a.log[from..at].join("\n"),
         a.log.get(at),
         b.log.get(at),
-        replay(a.seed)
+        replay(a.seed, &a.skipped)
     )
 }
 
 #[test]
 fn fleet_sim() {
     if let Some(seed) = env_u64("JOBVISOR_SIM_SEED") {
-        let r = run_seed(seed);
+        let skips = std::env::var("JOBVISOR_SIM_SKIP")
+            .map(|s| Skips::parse(&s))
+            .unwrap_or_default();
+        let r = run_seed_skipping(seed, &skips);
         for l in &r.log {
             println!("{l}");
         }
@@ -110,14 +138,19 @@ fn fleet_sim() {
             "seed {seed}: hash {:016x}, {} faults injected",
             r.hash, r.faults
         );
-        assert!(r.violations.is_empty(), "{}", failure(&r));
-        let again = run_seed(seed);
+        if !r.violations.is_empty() {
+            let f = failure(&r);
+            eprintln!("{f}");
+            panic!("{f}\n{}", shrunk(r));
+        }
+        let again = run_seed_skipping(seed, &skips);
         assert_eq!(again.hash, r.hash, "{}", difference(&r, &again));
         return;
     }
     let seeds = env_u64("JOBVISOR_SIM_SEEDS").unwrap_or(CI_SEEDS);
     let t0 = Instant::now();
     let mut failures = Vec::new();
+    let mut first_failed = None;
     let mut steps = 0;
     let mut faults = 0;
     let mut replayed = 0;
@@ -128,6 +161,7 @@ fn fleet_sim() {
         faults += r.faults;
         if !r.violations.is_empty() {
             failures.push(failure(&r));
+            first_failed.get_or_insert(r);
             continue;
         }
         if seed < TWICE {
@@ -147,7 +181,10 @@ fn fleet_sim() {
         (seeds + TWICE.min(seeds)) as f64 * 60.0 / took.as_secs_f64(),
         TWICE.min(seeds)
     );
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if let Some(r) = first_failed {
+        eprintln!("{}", failures.join("\n\n"));
+        panic!("{}\n\n{}", failures.join("\n\n"), shrunk(r));
+    }
     assert!(differ.is_empty(), "{}", differ.join("\n\n"));
 }
 
@@ -165,12 +202,14 @@ fn fleet_sim_for_minutes() {
     let t0 = Instant::now();
     let mut seed = first;
     let mut failures = Vec::new();
+    let mut first_failed = None;
     while Instant::now() < until {
         let r = run_seed(seed);
         if !r.violations.is_empty() {
             let f = failure(&r);
             eprintln!("{f}");
             failures.push(f);
+            first_failed.get_or_insert(r);
         }
         seed += 1;
     }
@@ -181,7 +220,9 @@ fn fleet_sim_for_minutes() {
         n as f64 * 60.0 / t0.elapsed().as_secs_f64(),
         failures.len()
     );
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if let Some(r) = first_failed {
+        panic!("{}\n\n{}", failures.join("\n\n"), shrunk(r));
+    }
 }
 
 #[test]

@@ -1,5 +1,9 @@
 //! One run of one seed: the seed picks the fleet's size and fault rate, then each step's
-//! action; after the steps, faults stop, frozen nodes resume, and the fleet is driven until
+//! clock event and action, from a generator of the step's own (seeded by the seed and the
+//! step's number, so what a step draws does not depend on what earlier steps drew). A run
+//! may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes no
+//! action and has no clock event (a frozen node due to resume still resumes), and the steps
+//! after it draw what they would have drawn. After the steps, faults stop, frozen nodes resume, and the fleet is driven until
 //! every job is terminal (liveness); then the invariants are checked. Answers the event
 //! log's hash and what broke.
 
@@ -12,7 +16,8 @@ use serde_json::json;
 use crate::fleet::{Fleet, Status};
 use crate::journal::Release;
 use crate::log::EventLog;
-use crate::rng::Rng;
+use crate::rng::{fnv, Rng};
+use crate::shrink::Skips;
 
 /// Steps of the faulty phase.
 const STEPS: std::ops::Range<u64> = 60..120;
@@ -28,6 +33,8 @@ pub(crate) struct RunReport {
     pub(crate) log: Vec<String>,
     pub(crate) steps: usize,
     pub(crate) faults: usize,
+    /// The steps the run skipped.
+    pub(crate) skipped: Skips,
 }
 
 /// Runs `seed` on an actix system of its own, on this one thread: its runtime is
@@ -35,6 +42,11 @@ pub(crate) struct RunReport {
 /// the next timer's wait), every node's handlers run on it, and the SQLite calls run inline
 /// — so nothing but the seed decides the order of anything.
 pub(crate) fn run_seed(seed: u64) -> RunReport {
+    run_seed_skipping(seed, &Skips::default())
+}
+
+/// [`run_seed`], skipping the steps in `skips`.
+pub(crate) fn run_seed_skipping(seed: u64, skips: &Skips) -> RunReport {
     quiet_chosen_panics();
     jobvisor::testing::sqlite_calls_inline(true);
     let system = actix::System::with_tokio_rt(|| {
@@ -44,7 +56,7 @@ pub(crate) fn run_seed(seed: u64) -> RunReport {
             .build()
             .unwrap()
     });
-    let report = system.block_on(run(seed));
+    let report = system.block_on(run(seed, skips));
     jobvisor::testing::sqlite_calls_inline(false);
     report
 }
@@ -63,7 +75,7 @@ fn quiet_chosen_panics() {
     });
 }
 
-async fn run(seed: u64) -> RunReport {
+async fn run(seed: u64, skips: &Skips) -> RunReport {
     let mut rng = Rng::new(seed);
     let nodes = 2 + rng.below(2) as usize;
     let per_mille = *rng.pick(&[0, 30, 60, 100]);
@@ -77,6 +89,7 @@ async fn run(seed: u64) -> RunReport {
     let mut restarts = 0usize;
     let steps = (STEPS.start + rng.below(STEPS.end - STEPS.start)) as usize;
     for step in 0..steps {
+        let mut rng = Rng::new(fnv(&(step as u64).to_le_bytes(), seed));
         for i in 0..fleet.nodes.len() {
             if matches!(fleet.nodes[i].status, Status::Frozen { until, .. } if until <= step) {
                 let handler_first = rng.chance(500);
@@ -85,6 +98,11 @@ async fn run(seed: u64) -> RunReport {
                     .await;
             }
         }
+        if skips.contains(step) {
+            log.line(format!("{step}: skipped"));
+            continue;
+        }
+        fleet.clock_event(&mut rng, step, &mut log);
         let live = fleet.drivable();
         let roll = rng.below(100);
         let at = *rng.pick(&live);
@@ -271,6 +289,7 @@ async fn run(seed: u64) -> RunReport {
         log: log.lines().to_vec(),
         steps,
         faults,
+        skipped: skips.clone(),
     }
 }
 
