@@ -108,6 +108,9 @@ RETURNING ",
     job_columns!()
 );
 
+/// A SQLite statement returning `job_columns!()`, its rows read by position.
+pub(crate) type JobRows<Q> = crate::store::expr::JobRows<Q, Sqlite>;
+
 prepared_statement!(Sqlite
     /// Claims up to `limit` due jobs of `queue` with one token (see [`CLAIM`]).
     SqliteClaim, CLAIM, {
