@@ -499,6 +499,50 @@ macro_rules! job_columns {
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use job_columns;
+
+/// A statement returning `job_columns!()` whose rows are read by position instead of by
+/// name, on backend `DB`. By name, diesel finds each of a row's 31 columns by comparing its
+/// name with every column before it (a linear search per field), which made decoding a
+/// claimed row the largest per-job cost on the client. The columns are listed in `JobRow`'s
+/// field order (see `job_columns!`), so the row's SQL type is `JobRow`'s selection.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[derive(Debug, Clone)]
+pub(crate) struct JobRows<Q, DB>(pub(crate) Q, std::marker::PhantomData<DB>);
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<Q, DB> JobRows<Q, DB> {
+    /// `q`'s rows, read by position.
+    pub(crate) fn new(q: Q) -> Self {
+        JobRows(q, std::marker::PhantomData)
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<Q: QueryId, DB: 'static> QueryId for JobRows<Q, DB> {
+    type QueryId = JobRows<Q::QueryId, DB>;
+    const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<Q, DB: Backend> diesel::query_builder::Query for JobRows<Q, DB>
+where
+    super::rows::JobRow: diesel::Selectable<DB>,
+{
+    type SqlType =
+        <<super::rows::JobRow as diesel::Selectable<DB>>::SelectExpression as Expression>::SqlType;
+}
+
+/// Runs on diesel's own (blocking) connections too: SQLite's claim reads its rows on the
+/// connection's thread (`sqlite/mod.rs`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<Q, DB, Conn> diesel::RunQueryDsl<Conn> for JobRows<Q, DB> {}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<Q: QueryFragment<DB>, DB: Backend> QueryFragment<DB> for JobRows<Q, DB> {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_ast(out)
+    }
+}
 pub(crate) use prepared_statement;
 
 /// `column IN (?, …)` over a list padded by repeating its last value ([`padded_len`]; an

@@ -128,7 +128,7 @@ impl PgDriver {
     /// candidates locked with `SKIP LOCKED` ([`sql::CLAIM`]).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
         let mut c = self.conn(false).await?;
-        Ok(sql::JobRows(sql::PgClaim {
+        Ok(sql::JobRows::new(sql::PgClaim {
             now: a.now,
             lease_us: a.lease_us,
             owner: a.owner.clone(),
@@ -189,10 +189,12 @@ impl PgDriver {
         };
         let claimed = if partitioned {
             futures_util::future::Either::Left(
-                sql::JobRows(sql::PgClaimPartitioned(claim)).load::<JobRow>(&mut &*conn),
+                sql::JobRows::new(sql::PgClaimPartitioned(claim)).load::<JobRow>(&mut &*conn),
             )
         } else {
-            futures_util::future::Either::Right(sql::JobRows(claim).load::<JobRow>(&mut &*conn))
+            futures_util::future::Either::Right(
+                sql::JobRows::new(claim).load::<JobRow>(&mut &*conn),
+            )
         };
         // Polled in this order, so sent in it (a statement still being prepared holds the
         // connection's statement cache, and the ones after it wait for it; none of these

@@ -655,29 +655,8 @@ prepared_statement!(
     }
 );
 
-/// A statement returning `job_columns!()` whose rows are read by position instead of by
-/// name. By name, diesel finds each of a row's 31 columns by comparing its name with every
-/// column before it (a linear search per field), which made decoding a claimed row the
-/// largest per-job cost on the client. The columns are listed in `JobRow`'s field order
-/// (see `job_columns!`), so the row's SQL type is `JobRow`'s selection.
-#[derive(Debug, Clone)]
-pub(crate) struct JobRows<Q>(pub(crate) Q);
-
-impl<Q: diesel::query_builder::QueryId> diesel::query_builder::QueryId for JobRows<Q> {
-    type QueryId = JobRows<Q::QueryId>;
-    const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
-}
-
-impl<Q> diesel::query_builder::Query for JobRows<Q> {
-    type SqlType = <<crate::store::rows::JobRow as diesel::Selectable<Pg>>::SelectExpression
-        as diesel::Expression>::SqlType;
-}
-
-impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for JobRows<Q> {
-    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        self.0.walk_ast(out)
-    }
-}
+/// A PostgreSQL statement returning `job_columns!()`, its rows read by position.
+pub(crate) type JobRows<Q> = crate::store::expr::JobRows<Q, Pg>;
 
 impl QueryFragment<Pg> for ErrorCode {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {

@@ -169,24 +169,21 @@ impl SqliteDriver {
     }
 
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING`
-    /// ([`sql::CLAIM`]) in `BEGIN IMMEDIATE`.
+    /// ([`sql::CLAIM`]) in `BEGIN IMMEDIATE`, its rows read by position on the connection's
+    /// own thread (see [`conn::load_in_place`]).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
+        let q = sql::JobRows::new(sql::SqliteClaim {
+            now: a.now,
+            owner: a.owner.clone(),
+            token: a.token.clone(),
+            lease_us: a.lease_us,
+            queue: a.queue.clone(),
+            any_kind: a.kinds.is_none(),
+            kinds: serde_json::Value::from(a.kinds.clone().unwrap_or_default()).to_string(),
+            limit: a.limit,
+        });
         let mut c = self.writer(false).await?;
-        Ok(immediate(&mut c, async |c| {
-            sql::SqliteClaim {
-                now: a.now,
-                owner: a.owner.clone(),
-                token: a.token.clone(),
-                lease_us: a.lease_us,
-                queue: a.queue.clone(),
-                any_kind: a.kinds.is_none(),
-                kinds: serde_json::Value::from(a.kinds.clone().unwrap_or_default()).to_string(),
-                limit: a.limit,
-            }
-            .load::<JobRow>(c)
-            .await
-        })
-        .await?)
+        Ok(immediate(&mut c, async move |c| conn::load_in_place(c, q).await).await?)
     }
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement
