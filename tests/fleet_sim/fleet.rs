@@ -16,7 +16,7 @@ use jobvisor::testing::{
     sim_config, FlushFinalizations, GetFetcherStatus, GetLeaseManagerStatus, Simulation,
     StoreEngine as _,
 };
-use jobvisor::{QueueConfig, Store, StoreOptions};
+use jobvisor::{Store, StoreOptions};
 use tokio::sync::broadcast;
 
 use crate::faults::{Book, NodeFaults};
@@ -109,13 +109,13 @@ impl Fleet {
             self.per_mille,
         ));
         store.inject_faults(faults.clone());
-        let handler = self.journal.handler(name);
         // The handlers run on the run's one thread, like the actors and the SQLite calls.
         let sim = Simulation::on_store(store, self.clock.clone(), name, |b| {
-            b.config(sim_config())
-                .handlers_on_current_runtime()
-                .queue("default", QueueConfig::default().concurrency(1).prefetch(1))
-                .handler("work", handler)
+            crate::controls::serve(
+                b.config(sim_config()).handlers_on_current_runtime(),
+                &self.journal,
+                name,
+            )
         });
         let events = sim.handle.events();
         self.nodes.push(Node {
@@ -221,8 +221,12 @@ impl Fleet {
                     pending += s.pending;
                     let _ = lm.send(FlushFinalizations).await;
                 }
-                let f = sim.fetcher("default").send(GetFetcherStatus).await;
-                fp.push((s.tracked, s.pending, f.map(|f| f.busy).unwrap_or(0)));
+                let mut busy = Vec::new();
+                for q in crate::controls::QUEUES {
+                    let f = sim.fetcher(q).send(GetFetcherStatus).await;
+                    busy.push(f.map(|f| f.busy).unwrap_or(0));
+                }
+                fp.push((s.tracked, s.pending, busy));
             }
             let (released, changes) = self.journal.progress();
             let queued: usize = self.nodes.iter().map(|n| n.events.len()).sum();

@@ -36,6 +36,8 @@
 mod harness;
 
 mod check;
+mod check_controls;
+mod controls;
 mod faults;
 mod fleet;
 mod journal;
