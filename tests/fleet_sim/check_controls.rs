@@ -22,7 +22,8 @@
 //!    never cancelled; a callback ends succeeded or dead (it was released and ran once every
 //!    member ended, liveness) and completes at most once: no execution of it starts after
 //!    the completion that counts (its result's writer) ended.
-//! 5. **Schedule.** Each fire instant has at most one job (its key names the instant), and
+//! 5. **Schedule.** Every job of the schedule's kind carries a fire's key (only the
+//!    schedule enqueues that kind); each fire instant has at most one job, and
 //!    with every missed fire run (`MissedFires::All`), the fires are exactly the instants
 //!    of the schedule from its first stored fire up to the last pass of the final phase —
 //!    none missed, none off the schedule (§7.10: exactly one job per fire).
@@ -249,18 +250,20 @@ fn schedule(f: &Facts<'_>, bad: &mut Vec<String>) {
     };
     let prefix = format!("schedule:{SCHEDULE}@");
     let mut fires: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for j in f.jobs {
-        let Some(at) = j
+    for j in f.jobs.iter().filter(|j| j.kind == "tick") {
+        let at = j
             .unique_key
             .as_deref()
             .and_then(|k| k.strip_prefix(&prefix))
-        else {
+            .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok());
+        let Some(at) = at else {
+            bad.push(format!(
+                "schedule: job {} of kind tick has no fire's key: {:?}",
+                j.id.0, j.unique_key
+            ));
             continue;
         };
-        let at = chrono::DateTime::parse_from_rfc3339(at)
-            .unwrap()
-            .timestamp_micros();
-        fires.entry(at).or_default().push(j.id.0);
+        fires.entry(at.timestamp_micros()).or_default().push(j.id.0);
     }
     for (at, ids) in &fires {
         if ids.len() > 1 {
