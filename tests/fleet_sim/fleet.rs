@@ -1,7 +1,7 @@
 //! The fleet: N real nodes (`Scheduler` actors under `testing::Simulation`, timers off) on
 //! one private SQLite database in memory (a file on tmpfs, `/dev/shm` where there is one),
 //! each on a store of its own (as a process would be) under its own fault plan, all on one
-//! manual clock. The driver acts on one node at a time and then [`Fleet::settle`]s: waits
+//! manual clock, each serving what `controls.rs` declares. The driver acts on one node at a time and then [`Fleet::settle`]s: waits
 //! until no store operation is in flight, every live node's mailboxes are drained and its
 //! finalizations written, and every released handler has ended — so what happens next
 //! depends on the seed alone.

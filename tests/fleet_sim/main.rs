@@ -27,8 +27,10 @@
 //! manual clock's advances call for are the driver's.
 //!
 //! Layout: `fleet.rs` (the nodes and settling), `run.rs` (one seed's steps), `journal.rs`
-//! (the handlers' executions and gates), `faults.rs` (the store faults), `check.rs` (the
-//! invariants), `log.rs` (the event log and its hash), `rng.rs` (the generator).
+//! (the handlers' executions and gates), `faults.rs` (the store faults), `controls.rs`
+//! (the queues, limits, pauses, schedule and dependencies the seed drives), `check.rs` and
+//! `check_controls.rs` (the invariants), `log.rs` (the event log and its hash), `rng.rs`
+//! (the generator).
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 

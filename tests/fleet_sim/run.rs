@@ -1,7 +1,13 @@
-//! One run of one seed: the seed picks the fleet's size and fault rate, then each step's
-//! action; after the steps, faults stop, frozen nodes resume, and the fleet is driven until
-//! every job is terminal (liveness); then the invariants are checked. Answers the event
-//! log's hash and what broke.
+//! One run of one seed: the seed picks the fleet's size and fault rate and the limited
+//! queue's limits (`controls.rs`), then each step's action — enqueue plain jobs (on either
+//! queue, with priorities, delays, unique keys), fetch a queue, renew, check deadlines,
+//! sweep, release a waiting handler, advance the clock, freeze, crash or start a node,
+//! pause or resume a queue, have a node read its queues' settings, elect and fire the
+//! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback.
+//! After the steps, faults stop, frozen nodes resume, every queue is resumed and every node
+//! reads it, one last schedule pass fires on the leader, and the fleet is driven until
+//! every job is terminal (liveness); then the invariants are checked (`check.rs`,
+//! `check_controls.rs`). Answers the event log's hash and what broke.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
