@@ -141,7 +141,11 @@ impl QueueWatch {
             .filter(|q| self.shared.queue_gates.contains_key(&q.name))
             .map(|q| (q.name.clone(), q))
             .collect();
-        for (queue, gate) in &self.shared.queue_gates {
+        // In the queues' order, not the map's: what the give-backs and wakes set off is
+        // then the same on every run (a seeded simulation replays it).
+        let mut gates: Vec<_> = self.shared.queue_gates.iter().collect();
+        gates.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (queue, gate) in gates {
             let info = now.remove(queue);
             gate.set_limit(info.as_ref().and_then(|i| i.limits.concurrency));
             let paused = info.as_ref().is_some_and(QueueInfo::is_paused);

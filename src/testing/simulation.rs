@@ -165,12 +165,28 @@ impl Simulation {
     /// # Panics
     /// If the read fails.
     pub async fn read_settings(&self) {
+        self.try_read_settings()
+            .await
+            .expect("the settings could be read");
+    }
+
+    #[doc(hidden)]
+    /// As [`read_settings`](Self::read_settings), answering a failed read (the node's view
+    /// is then unchanged) instead of panicking.
+    ///
+    /// # Errors
+    /// The read's error; [`Error::Database`](crate::Error::Database) if the queue watch is
+    /// no longer running.
+    pub async fn try_read_settings(&self) -> crate::Result<()> {
         self.handle
             .watch()
             .send(crate::scheduler::queue_watch::ReadSettings)
             .await
-            .expect("the queue watch is running")
-            .expect("the settings could be read");
+            .map_err(|_| {
+                crate::Error::Database(crate::StoreError::Other(
+                    "the queue watch is not running".into(),
+                ))
+            })?
     }
 
     #[doc(hidden)]

@@ -4,7 +4,8 @@
 //! manual clock — the database's time — which each node reads through a [`NodeClock`] of its
 //! own: a wall clock the seed makes jump, a monotonic clock it makes drift within bounds
 //! (its rate is drawn when the node starts, from the seed and the node's name, and logged;
-//! [`Fleet::clock_event`] changes one node's clock at a step). The driver acts on one node at a time and then [`Fleet::settle`]s: waits
+//! [`Fleet::clock_event`] changes one node's clock at a step). Each node serves what
+//! `controls.rs` declares. The driver acts on one node at a time and then [`Fleet::settle`]s: waits
 //! until no store operation is in flight, every live node's mailboxes are drained and its
 //! finalizations written, and every released handler has ended — so what happens next
 //! depends on the seed alone.
@@ -19,7 +20,7 @@ use jobvisor::testing::{
     sim_config, FlushFinalizations, GetFetcherStatus, GetLeaseManagerStatus, Simulation,
     StoreEngine as _,
 };
-use jobvisor::{QueueConfig, Store, StoreOptions};
+use jobvisor::{Store, StoreOptions};
 use tokio::sync::broadcast;
 
 use crate::clock::{NodeClock, MAX_JUMP_S, MAX_RATE_PPM};
@@ -118,7 +119,6 @@ impl Fleet {
             self.per_mille,
         ));
         store.inject_faults(faults.clone());
-        let handler = self.journal.handler(name);
         let mut rng = Rng::new(fnv(name.as_bytes(), FNV_START ^ self.seed ^ CLOCK_SALT));
         let rate = rate_ppm(&mut rng);
         let clock = Arc::new(NodeClock::new(self.clock.clone(), rate));
@@ -127,10 +127,11 @@ impl Fleet {
         // The handlers run on the run's one thread, like the actors and the SQLite calls.
         let view: Arc<dyn jobvisor::clock::Clock> = clock.clone();
         let sim = Simulation::on_store_with_clock(store, self.clock.clone(), view, name, |b| {
-            b.config(sim_config())
-                .handlers_on_current_runtime()
-                .queue("default", QueueConfig::default().concurrency(1).prefetch(1))
-                .handler("work", handler)
+            crate::controls::serve(
+                b.config(sim_config()).handlers_on_current_runtime(),
+                &self.journal,
+                name,
+            )
         });
         let events = sim.handle.events();
         self.nodes.push(Node {
@@ -277,8 +278,12 @@ impl Fleet {
                     pending += s.pending;
                     let _ = lm.send(FlushFinalizations).await;
                 }
-                let f = sim.fetcher("default").send(GetFetcherStatus).await;
-                fp.push((s.tracked, s.pending, f.map(|f| f.busy).unwrap_or(0)));
+                let mut busy = Vec::new();
+                for q in crate::controls::QUEUES {
+                    let f = sim.fetcher(q).send(GetFetcherStatus).await;
+                    busy.push(f.map(|f| f.busy).unwrap_or(0));
+                }
+                fp.push((s.tracked, s.pending, busy));
             }
             let (released, changes) = self.journal.progress();
             let queued: usize = self.nodes.iter().map(|n| n.events.len()).sum();

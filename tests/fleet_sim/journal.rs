@@ -3,6 +3,12 @@
 //! driver releases it with the outcome the seed chose. A handler journals its start before
 //! it waits and its end when its future returns or is dropped (stopped from outside), so
 //! an execution without an end is still running — or its node crashed, which ends it then.
+//!
+//! Many steps share one instant of the manual clock, so the journal also numbers what
+//! happens in program order ([`Order`]): each start and end takes the next number, and the
+//! driver takes one ([`Journal::mark`]) for each of its own acts that the checks order
+//! handlers against (a pause committed, a node reading its queues' settings, a claim seen).
+//! On one thread, this order is the real one.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +35,17 @@ pub(crate) enum Release {
     Panic,
 }
 
+/// Where an execution stands in the run's order, and its queue (by execution index).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Order {
+    /// The queue of the job it ran.
+    pub(crate) queue: String,
+    /// The number its start took.
+    pub(crate) start: u64,
+    /// The number its end took (`None`: it never ended).
+    pub(crate) end: Option<u64>,
+}
+
 /// The executions of one run and the gates of those still waiting.
 pub(crate) struct Journal {
     clock: ManualClock,
@@ -39,6 +56,10 @@ pub(crate) struct Journal {
 #[derive(Default)]
 struct Inner {
     execs: Vec<Execution>,
+    /// Each execution's place in the run's order.
+    orders: Vec<Order>,
+    /// The last number taken.
+    seq: u64,
     /// Waiting handlers: execution index → its gate.
     gates: BTreeMap<usize, oneshot::Sender<Release>>,
     /// Executions released and not yet ended.
@@ -120,6 +141,13 @@ impl Journal {
             return None;
         }
         let idx = inner.execs.len();
+        inner.seq += 1;
+        let start = inner.seq;
+        inner.orders.push(Order {
+            queue: ctx.queue.clone(),
+            start,
+            end: None,
+        });
         inner.execs.push(Execution {
             job_id: ctx.id.0,
             attempt: i32::try_from(ctx.attempt).unwrap_or(i32::MAX),
@@ -150,7 +178,16 @@ impl Journal {
         // A crashed node's executions ended with it.
         if inner.execs[idx].ended_at_us.is_none() {
             inner.execs[idx].ended_at_us = Some(now);
+            inner.seq += 1;
+            inner.orders[idx].end = Some(inner.seq);
         }
+    }
+
+    /// Takes the next number of the run's order, for an act of the driver.
+    pub(crate) fn mark(&self) -> u64 {
+        let mut inner = self.inner.lock().unwrap();
+        inner.seq += 1;
+        inner.seq
     }
 
     /// The waiting handlers of `node`, oldest first: (execution index, job, attempt).
@@ -191,6 +228,8 @@ impl Journal {
                 inner.released = inner.released.saturating_sub(1);
             }
             inner.execs[i].ended_at_us = Some(now);
+            inner.seq += 1;
+            inner.orders[i].end = Some(inner.seq);
         }
     }
 
@@ -203,6 +242,11 @@ impl Journal {
     /// Every execution so far.
     pub(crate) fn executions(&self) -> Vec<Execution> {
         self.inner.lock().unwrap().execs.clone()
+    }
+
+    /// Every execution's place in the run's order, by execution index.
+    pub(crate) fn orders(&self) -> Vec<Order> {
+        self.inner.lock().unwrap().orders.clone()
     }
 }
 

@@ -35,9 +35,10 @@
 //! manual clock's advances call for are the driver's.
 //!
 //! Layout: `fleet.rs` (the nodes and settling), `clock.rs` (a node's clock), `run.rs` (one
-//! seed's steps), `shrink.rs` (the skip sets and the shrink), `journal.rs`
-//! (the handlers' executions and gates), `faults.rs` (the store faults), `check.rs` (the
-//! invariants), `log.rs` (the event log and its hash), `rng.rs` (the generator).
+//! seed's steps), `shrink.rs` (the skip sets and the shrink), `journal.rs` (the handlers'
+//! executions and gates), `faults.rs` (the store faults), `controls.rs` (the queues, limits,
+//! pauses, schedule and dependencies the seed drives), `check.rs` and `check_controls.rs`
+//! (the invariants), `log.rs` (the event log and its hash), `rng.rs` (the generator).
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
@@ -45,7 +46,9 @@
 mod harness;
 
 mod check;
+mod check_controls;
 mod clock;
+mod controls;
 mod faults;
 mod fleet;
 mod journal;

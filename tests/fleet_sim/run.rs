@@ -1,18 +1,28 @@
-//! One run of one seed: the seed picks the fleet's size and fault rate, then each step's
-//! clock event and action, from a generator of the step's own (seeded by the seed and the
-//! step's number, so what a step draws does not depend on what earlier steps drew). A run
-//! may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes no
-//! action and has no clock event (a frozen node due to resume still resumes), and the steps
-//! after it draw what they would have drawn. After the steps, faults stop, frozen nodes resume, and the fleet is driven until
-//! every job is terminal (liveness); then the invariants are checked. Answers the event
+//! One run of one seed: the seed picks the fleet's size and fault rate and the limited
+//! queue's limits (`controls.rs`), then each step's clock event and action, from a
+//! generator of the step's own (seeded by the seed and the step's number, so what a step
+//! draws does not depend on what earlier steps drew). Actions: enqueue plain jobs (on either
+//! queue, with priorities, delays, unique keys), fetch a queue, renew, check deadlines,
+//! sweep, release a waiting handler, advance the clock, freeze, crash or start a node,
+//! pause or resume a queue, have a node read its queues' settings, elect and fire the
+//! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback.
+//! A run may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes
+//! no action and has no clock event (a frozen node due to resume still resumes), and the
+//! steps after it draw what they would have drawn. After the steps, faults stop, frozen
+//! nodes resume, every queue is resumed and every node reads it, one last schedule pass
+//! fires on the leader, and the fleet is driven until every job is terminal (liveness);
+//! then the invariants are checked (`check.rs`, `check_controls.rs`). Answers the event
 //! log's hash and what broke.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use jobvisor::{Job, ListParams, NewJob};
+use jobvisor::testing::Simulation;
+use jobvisor::{Job, JobId, ListParams, NewJob, ParentPolicy};
 use serde_json::json;
 
+use crate::check_controls::Facts;
+use crate::controls::{parents, Controls, LIMITED, QUEUES};
 use crate::fleet::{Fleet, Status};
 use crate::journal::Release;
 use crate::log::EventLog;
@@ -84,6 +94,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     log.line(format!(
         "seed {seed}: {nodes} nodes, {per_mille}‰ store faults"
     ));
+    let mut controls = Controls::set_up(&fleet, &mut rng, &mut log).await;
     let mut answered = BTreeSet::new();
     let mut made = 0u64;
     let mut restarts = 0usize;
@@ -104,7 +115,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         }
         fleet.clock_event(&mut rng, step, &mut log);
         let live = fleet.drivable();
-        let roll = rng.below(100);
+        let roll = rng.below(120);
         let at = *rng.pick(&live);
         let name = fleet.nodes[at].name.clone();
         let sim = &fleet.nodes[at].sim;
@@ -114,7 +125,9 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                 let mut ids = Vec::new();
                 for _ in 0..n {
                     made += 1;
+                    let queue = if rng.chance(350) { LIMITED } else { "default" };
                     let mut job = NewJob::new("work", json!({ "n": made }))
+                        .queue(queue)
                         .priority(i16::try_from(rng.below(4)).unwrap())
                         .max_attempts(2 + u32::try_from(rng.below(3)).unwrap())
                         .timeout(Duration::from_secs(5 + rng.below(50)));
@@ -134,7 +147,10 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                 }
                 format!("{step}: {name} enqueue → {}", ids.join(" "))
             }
-            14..=27 => format!("{step}: {name} fetch → {}", sim.fetch("default").await),
+            14..=27 => {
+                let queue = *rng.pick(&QUEUES);
+                format!("{step}: {name} fetch {queue} → {}", sim.fetch(queue).await)
+            }
             28..=39 => {
                 let r = sim.renew().await;
                 format!(
@@ -166,6 +182,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                     Duration::from_millis(200 + rng.below(5800))
                 };
                 fleet.advance(d, &mut log, &step.to_string()).await;
+                controls.drain_claims(&fleet);
                 continue;
             }
             90..=93 if live.len() >= 2 => {
@@ -181,12 +198,48 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                 restarts += 1;
                 let new = format!("r{restarts}");
                 fleet.add_node(&new).await;
+                controls.listen(&fleet);
                 format!("{step}: start {new}")
+            }
+            100..=103 => {
+                let queue = *rng.pick(&QUEUES);
+                let how = controls.pause(&fleet, at, queue).await;
+                format!("{step}: {name} pause {queue} → {how}")
+            }
+            104..=106 => {
+                let queue = *rng.pick(&QUEUES);
+                let how = controls.resume(&fleet, at, queue).await;
+                format!("{step}: {name} resume {queue} → {how}")
+            }
+            107..=110 => {
+                let how = controls.read_settings(&fleet, at).await;
+                format!("{step}: {name} read settings → {how}")
+            }
+            111..=114 => {
+                let term = sim.elect().await;
+                let fired = sim.fire_schedules().await;
+                format!(
+                    "{step}: {name} elect → {term:?}, fire → {}",
+                    fired.map_or_else(|_| "error".into(), |n| format!("{n:?}"))
+                )
+            }
+            115 => format!(
+                "{step}: {name} declare schedules → {}",
+                if sim.declare_schedules().await.is_ok() {
+                    "ok"
+                } else {
+                    "error"
+                }
+            ),
+            116..=119 => {
+                let line = enqueue_dependent(sim, &mut rng, &mut answered, &mut made).await;
+                format!("{step}: {name} {line}")
             }
             _ => format!("{step}: {name} idle"),
         };
         log.line(line);
         fleet.settle(&mut log).await;
+        controls.drain_claims(&fleet);
     }
 
     // Faults stop, everyone resumes: the fleet must finish every job.
@@ -199,13 +252,30 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     }
     if fleet.drivable().is_empty() {
         fleet.add_node("last").await;
+        controls.listen(&fleet);
     }
     log.line("heal: faults off, every node resumed".into());
+    // Every queue resumed, and every node knows it.
+    let first = fleet.drivable()[0];
+    for line in controls.resume_all(&fleet, first).await {
+        log.line(format!("heal: {line}"));
+    }
+    for i in fleet.drivable() {
+        let how = controls.read_settings(&fleet, i).await;
+        log.line(format!(
+            "heal: {} read settings → {how}",
+            fleet.nodes[i].name
+        ));
+    }
+    fleet.settle(&mut log).await;
     let mut violations = Vec::new();
     let mut done = false;
     for round in 0..HEAL_ROUNDS {
+        if controls.last_pass_us.is_none() {
+            final_fire(&mut fleet, &mut controls, &mut log, round).await;
+        }
         let jobs = all_jobs(&fleet).await;
-        if jobs.iter().all(|j| j.state.is_terminal()) {
+        if controls.last_pass_us.is_some() && jobs.iter().all(|j| j.state.is_terminal()) {
             done = true;
             break;
         }
@@ -223,8 +293,9 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             }
             let sim = &fleet.nodes[i].sim;
             let line = format!(
-                "heal {round}: {name} fetch {} renew {} deadlines {} sweep {}",
+                "heal {round}: {name} fetch {} {} renew {} deadlines {} sweep {}",
                 sim.fetch("default").await,
+                sim.fetch(LIMITED).await,
                 sim.renew().await.renewed,
                 sim.check_deadlines().await,
                 sim.sweep().await
@@ -232,6 +303,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             log.line(line);
             fleet.settle(&mut log).await;
         }
+        controls.drain_claims(&fleet);
     }
     let jobs = all_jobs(&fleet).await;
     if !done {
@@ -249,6 +321,15 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         &execs,
         &fleet.freezes,
     ));
+    let parents = parents(&fleet.nodes[fleet.drivable()[0]].sim.client, &jobs).await;
+    violations.extend(crate::check_controls::check(&Facts {
+        jobs: &jobs,
+        execs: &execs,
+        orders: &fleet.journal.orders(),
+        freezes: &fleet.freezes,
+        controls: &controls,
+        parents: &parents,
+    }));
     for j in &jobs {
         log.line(format!(
             "job {}: {} attempts {} result {:?}",
@@ -313,4 +394,77 @@ async fn all_jobs(fleet: &Fleet) -> Vec<Job> {
         out.extend(page);
     }
     out
+}
+
+/// Enqueues, through `sim`'s client, a child of one or two recent jobs (policy `cancel` or
+/// `run`) or a batch of two to four members with its callback, each on a queue the seed
+/// picks; answers the log line.
+async fn enqueue_dependent(
+    sim: &Simulation,
+    rng: &mut Rng,
+    answered: &mut BTreeSet<i64>,
+    made: &mut u64,
+) -> String {
+    let mut job = |kind: &str, rng: &mut Rng| {
+        *made += 1;
+        NewJob::new(kind, json!({ "n": *made }))
+            .queue(*rng.pick(&QUEUES))
+            .max_attempts(2 + u32::try_from(rng.below(3)).unwrap())
+            .timeout(Duration::from_secs(5 + rng.below(50)))
+    };
+    let recent: Vec<i64> = answered.iter().rev().take(6).copied().collect();
+    if recent.is_empty() || rng.chance(350) {
+        let members = (0..2 + rng.below(3)).map(|_| job("work", rng)).collect();
+        let callback = job("callback", rng);
+        return match sim.client.enqueue_batch(members, callback).await {
+            Ok(b) => {
+                let ids: Vec<i64> = b.members.iter().map(|m| m.id.0).collect();
+                answered.extend(&ids);
+                answered.insert(b.callback.id.0);
+                format!("batch {ids:?} → callback {}", b.callback.id.0)
+            }
+            Err(_) => "batch → error".into(),
+        };
+    }
+    let mut parents = vec![JobId(*rng.pick(&recent))];
+    if rng.chance(300) {
+        let p = JobId(*rng.pick(&recent));
+        if !parents.contains(&p) {
+            parents.push(p);
+        }
+    }
+    let policy = if rng.chance(500) {
+        ParentPolicy::Cancel
+    } else {
+        ParentPolicy::Run
+    };
+    let child = job("child", rng).after(&parents).on_parent_failure(policy);
+    let named: Vec<i64> = parents.iter().map(|p| p.0).collect();
+    match sim.client.enqueue(child).await {
+        Ok(e) => {
+            answered.insert(e.id.0);
+            format!("child {} of {named:?} ({policy:?})", e.id.0)
+        }
+        Err(_) => format!("child of {named:?} ({policy:?}) → error"),
+    }
+}
+
+/// The final phase's last schedule pass: each live node in turn takes or keeps the
+/// leadership and fires, until one leads (a crashed leader's term must expire first: the
+/// heal's rounds move the clock). Records the instant of the pass that fired.
+async fn final_fire(fleet: &mut Fleet, controls: &mut Controls, log: &mut EventLog, round: usize) {
+    for i in fleet.drivable() {
+        let sim = &fleet.nodes[i].sim;
+        let term = sim.elect().await;
+        let fired = sim.fire_schedules().await.unwrap();
+        log.line(format!(
+            "heal {round}: {} elect → {term:?}, fire → {fired:?}",
+            fleet.nodes[i].name
+        ));
+        fleet.settle(log).await;
+        if fired.is_some() {
+            controls.last_pass_us = Some(fleet.now_us());
+            return;
+        }
+    }
 }
