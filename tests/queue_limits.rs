@@ -36,7 +36,7 @@ use jobvisor::{Backend, Client, JobState, NewJob, QueueLimits, RateLimit};
 use serde_json::json;
 
 use harness::invariants::{execution_ends, outcome, overlaps};
-use harness::journal::JobFacts;
+use harness::journal::{fold, JobFacts, NodeJournal};
 use harness::side::{now_us, ClaimRecord, Execution, SideDb};
 use harness::{node_binary, NodeProc};
 
@@ -64,6 +64,8 @@ impl Fleet {
                     .args(["--queue", QUEUE, "--concurrency"])
                     .arg(WORKERS.to_string())
                     .args(["--prefetch", "20", "--kind", KIND, "--poll-ms", "1000"])
+                    .arg("--journal")
+                    .arg(dir.path().join(format!("{name}.journal")))
                     .stdin(Stdio::piped())
                     .stdout(log.try_clone().unwrap())
                     .stderr(log)
@@ -82,6 +84,27 @@ impl Fleet {
     }
 
     /// Graceful stop: close every standard input, wait for the exits.
+    /// Every execution so far, with what only the nodes' journals know folded in: the end
+    /// of a handler stopped from outside (fenced when its node could not renew in time),
+    /// which it could not record itself.
+    async fn executions(&self, side: &SideDb) -> Vec<Execution> {
+        let journals: BTreeMap<String, NodeJournal> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let path = self.dir.path().join(format!("{}.journal", n.name));
+                (n.name.clone(), NodeJournal::read(&path, true).unwrap())
+            })
+            .collect();
+        let mut problems = Vec::new();
+        fold(side, &journals, &mut problems).await;
+        for j in journals.values() {
+            problems.extend(j.problems.iter().cloned());
+        }
+        assert!(problems.is_empty(), "journals: {problems:#?}");
+        side.executions().await.unwrap()
+    }
+
     fn stop(mut self) {
         for n in &mut self.nodes {
             n.stdin.take();
@@ -232,7 +255,7 @@ async fn limits_hold_across_processes(backend: Backend) {
         .unwrap();
     let mut fleet = Fleet::start(&db.url);
     wait_all(&client, &mut fleet, &ids, Duration::from_secs(120)).await;
-    let execs = side.executions().await.unwrap();
+    let execs = fleet.executions(&side).await;
     ran_as_the_contract_says(&client, &ids, &execs).await;
     let mut partition_of = HashMap::new();
     for id in &ids {
@@ -502,10 +525,9 @@ async fn drain_under_limit(
     wait_all(client, fleet, &ids, Duration::from_secs(240)).await;
     let took = drain.elapsed();
     let mine: std::collections::HashSet<i64> = ids.iter().map(|id| id.0).collect();
-    let execs: Vec<Execution> = side
-        .executions()
+    let execs: Vec<Execution> = fleet
+        .executions(side)
         .await
-        .unwrap()
         .into_iter()
         .filter(|x| mine.contains(&x.job_id))
         .collect();
