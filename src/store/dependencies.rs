@@ -30,7 +30,7 @@ use super::schema::{
     jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
     jobvisor_jobs_links as links,
 };
-use super::wakes::announce_released;
+use super::wakes::announce_due;
 use super::{Enqueued, OutboxConnection, Store};
 use crate::dependency::{Batch, Dependencies, Link, ParentPolicy};
 use crate::error::{Error, Result, StoreError};
@@ -570,7 +570,7 @@ impl Store {
                 }
             }
             // Due now without a new id: the nodes of other processes learn it at commit.
-            announce_released(conn, &released).await?;
+            announce_due(conn, &released).await?;
             Ok::<_, Error>((released, cancelled))
         })
     }

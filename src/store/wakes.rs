@@ -5,9 +5,9 @@
 //! SQLite its id moves the change signal every node reads each 50 ms
 //! ([`Store::change_signal`](super::Store::change_signal)). A job that becomes due by an
 //! `UPDATE` moves neither, and would wait for another process's poll. The transitions that
-//! do so announce it inside their own transaction with [`announce_due!`]:
+//! do so announce it inside their own transaction with [`announce_due`]:
 //! * a dependency child released (`waiting` → `pending`) by its last parent's settle
-//!   ([`announce_released`]);
+//!   (`Store::job_settle_children`);
 //! * a job retried by hand (`Client::retry`, the dashboard);
 //! * a reclaimed job given back due now (an attempt refunded: the lease expired before its
 //!   start was recorded).
@@ -15,9 +15,10 @@
 //! How each backend announces, in its own module ([`AnnounceDue`], implemented on its diesel
 //! backend type, so the connection's type picks the SQL and no branch is needed here):
 //! * PostgreSQL: `pg_notify('jobvisor_jobs', queue)` once per queue, delivered at commit like
-//!   the insert trigger's, so every node serving the queue wakes that fetcher. A released
-//!   child needs no call: the trigger on `waiting` → `pending` (`jobvisor_jobs_notify_release`)
-//!   notifies already; a retry and a refunded reclaim have no trigger and call it;
+//!   the insert trigger's, so every node serving the queue wakes that fetcher. No row trigger
+//!   does it: an `AFTER UPDATE` row trigger on the jobs, even one whose `WHEN` is false,
+//!   fetches the old row again at every claim and finalize (migration 000023 dropped the one
+//!   a release had);
 //! * MariaDB/MySQL and SQLite: `jobvisor_wakes.n + 1` (one row), which the change signal reads
 //!   in its one statement: a node that sees it move wakes its idle fetchers, as it does for a
 //!   newer job id.
@@ -36,19 +37,11 @@ pub(crate) trait AnnounceDue: diesel::backend::Backend + Sized {
     async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self> + Send;
-
-    /// The same for released dependency children. A backend whose release already
-    /// announces itself (PostgreSQL's trigger) does nothing more.
-    async fn announce_released<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
-    where
-        C: AsyncConnection<Backend = Self> + Send,
-    {
-        Self::announce_due(conn, queues).await
-    }
 }
 
 /// Announces, inside the transaction open on `conn`, that jobs of `queues` became due now
-/// (nothing for an empty list): a retry by hand, a refunded reclaim.
+/// (nothing for an empty list): a released dependency child, a retry by hand, a refunded
+/// reclaim.
 pub(crate) async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
 where
     C: AsyncConnection + Send,
@@ -58,16 +51,4 @@ where
         return Ok(());
     }
     <C::Backend as AnnounceDue>::announce_due(conn, queues).await
-}
-
-/// [`announce_due`] for dependency children released by a settle.
-pub(crate) async fn announce_released<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
-where
-    C: AsyncConnection + Send,
-    C::Backend: AnnounceDue,
-{
-    if queues.is_empty() {
-        return Ok(());
-    }
-    <C::Backend as AnnounceDue>::announce_released(conn, queues).await
 }

@@ -289,6 +289,7 @@ macro_rules! conformance_tests {
             an_archived_parent_counts_with_its_final_state,
             an_enqueue_in_the_callers_transaction_names_parents,
             jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is,
+            no_trigger_fires_per_row_on_an_update_of_the_jobs,
         );
     };
     (@cases $backend:expr; $($case:ident),+ $(,)?) => {

@@ -457,6 +457,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!(
+                "../../../migrations/postgres/2026-12-10-000023_release_notify_in_settle/down.sql"
+            ),
             include_str!("../../../migrations/postgres/2026-12-09-000022_wakes/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-08-000021_dead_index/down.sql"),
             include_str!(
@@ -514,9 +517,13 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    // Every backend's latest is the wake counter (000022); MariaDB has no partial indexes,
-    // so the dashboard's dead-jobs index (000021) is not among its own.
-    let expected = "20261209000022";
+    // MariaDB's and SQLite's latest is the wake counter (000022); PostgreSQL's is the drop
+    // of the release trigger (000023), which the others never had. MariaDB has no partial
+    // indexes, so the dashboard's dead-jobs index (000021) is not among its own.
+    let expected = match b {
+        Backend::Postgres => "20261210000023",
+        Backend::Mysql | Backend::Sqlite => "20261209000022",
+    };
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"
@@ -533,7 +540,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261130000013', '20261201000014', '20261202000015', \
                            '20261203000016', '20261204000017', '20261205000018', \
                            '20261206000019', '20261207000020', '20261208000021', \
-                           '20261209000022')",
+                           '20261209000022', '20261210000023')",
     )
     .await
     .unwrap();

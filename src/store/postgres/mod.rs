@@ -353,8 +353,7 @@ async fn insert_one(
 struct PgKeyed<'c>(&'c mut diesel_async::AsyncPgConnection);
 
 /// PostgreSQL announces on the channel its listeners follow (`jobvisor_jobs`), delivered at
-/// commit; a released child needs nothing, as its trigger (`jobvisor_jobs_notify_release`)
-/// notifies already.
+/// commit.
 impl super::wakes::AnnounceDue for diesel::pg::Pg {
     async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
     where
@@ -369,13 +368,6 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
                 .execute(conn)
                 .await?;
         }
-        Ok(())
-    }
-
-    async fn announce_released<C>(_: &mut C, _: &[String]) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
         Ok(())
     }
 }
