@@ -26,6 +26,7 @@ use diesel_async::RunQueryDsl;
 use super::batch::bound;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
+use super::retry::{pause_before_retry, TRANSIENT_TRIES};
 use super::schema::{
     jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
     jobvisor_jobs_links as links,
@@ -40,9 +41,6 @@ use crate::job::{JobId, JobState, NewJob};
 const CHUNK: usize = 1000;
 /// Children settled per transaction.
 const SETTLE_CHUNK: usize = 64;
-/// Tries of a transaction that fails transiently (a deadlock between a child's enqueue and a
-/// parent's settle, SQLite busy).
-const TRIES: usize = 5;
 /// Generations a settle follows down in one call (a cancel cascades to grandchildren); the
 /// sweeper's backstop continues a deeper one.
 const MAX_GENERATIONS: usize = 1000;
@@ -64,14 +62,17 @@ pub(crate) struct Settled {
     pub(crate) cancelled: Vec<JobId>,
 }
 
-/// Evaluates `$e` (a future of a `Result`) again while it fails transiently.
+/// Evaluates `$e` (a future of a `Result`) again, after a pause, while it fails transiently
+/// (a deadlock between a child's enqueue and a parent's settle, SQLite busy; `retry.rs`).
 macro_rules! retrying {
     ($e:expr) => {{
         let mut tries = 0;
         loop {
             tries += 1;
             match $e.await {
-                Err(e) if e.is_transient() && tries < TRIES => continue,
+                Err(e) if e.is_transient() && tries < TRANSIENT_TRIES => {
+                    pause_before_retry(tries).await;
+                }
                 res => break res,
             }
         }

@@ -101,6 +101,7 @@ pub(crate) mod params;
 mod pool;
 mod queues;
 mod read;
+mod retry;
 mod rows;
 mod schedules;
 mod schema;

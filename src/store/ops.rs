@@ -10,15 +10,16 @@ use std::collections::{HashMap, HashSet};
 
 use super::batch::bound;
 use super::params::RenewArgs;
+use super::retry::{pause_before_retry, TRANSIENT_TRIES};
 use super::rows::{dur_us, from_us};
 use super::timeout::{enqueue_bound, Op};
 use super::{EnqueueParams, Enqueued, FinalizeParams, Guarded, RenewParams, Renewed, Store};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob};
 
-/// Tries a write up to 5 times while it fails transiently (deadlock between concurrent
-/// inserters of one unique key, SQLite busy).
-const TRANSIENT_TRIES: usize = 5;
+/// Rounds of a batch whose duplicates' holders kept releasing their keys (see
+/// `enqueue_valid`).
+const DUPLICATE_ROUNDS: usize = 5;
 
 impl Store {
     /// Enqueues one job.
@@ -86,7 +87,7 @@ impl Store {
         // A duplicate whose holder released its key (finished, archived, taken over) between
         // the insert and the look-up is inserted again; this converges in one more round in
         // practice.
-        for _ in 0..TRANSIENT_TRIES {
+        for _ in 0..DUPLICATE_ROUNDS {
             let todo: Vec<usize> = (0..jobs.len()).filter(|i| result[*i].is_none()).collect();
             if todo.is_empty() {
                 break;
@@ -107,8 +108,8 @@ impl Store {
             })
     }
 
-    /// One try at the batch through the driver, again while it fails transiently (deadlock
-    /// between concurrent enqueues, a connection lost).
+    /// One try at the batch through the driver, again after a pause while it fails
+    /// transiently (deadlock between concurrent enqueues, a connection lost; `retry.rs`).
     async fn enqueue_attempt(
         &self,
         batch: &[&NewJob],
@@ -118,7 +119,9 @@ impl Store {
         loop {
             tries += 1;
             match self.inner.driver.enqueue(batch, now).await {
-                Err(e) if e.is_transient() && tries < TRANSIENT_TRIES => continue,
+                Err(e) if e.is_transient() && tries < TRANSIENT_TRIES => {
+                    pause_before_retry(tries).await;
+                }
                 res => return res,
             }
         }
