@@ -33,9 +33,10 @@
 //!    (custom SQL expressions), `errors` (classification), `options`, `params` (the
 //!    vocabulary, and the seam's arguments and answers), `pool` (the two-lane pool, connection
 //!    attempts, the pool builder), `embedded` (the migration helpers: latest version, locked
-//!    migrate), `keyed` (the keyed-enqueue loop), `rows`, `schema`, `timeout` (bounded
-//!    operations, poisoned connections), `tls`, `own_conn`, `statement_count` and `faults`
-//!    (test builds only: counted statements, injected faults).
+//!    migrate), `keyed` (the keyed-enqueue loop), `retry` (tries of a transient failure and
+//!    the pause between them), `rows`, `schema`, `timeout` (bounded operations, poisoned
+//!    connections), `tls`, `own_conn`, `wakes`, `statement_count` and `faults` (test builds
+//!    only: counted statements, injected faults).
 //!
 //! A module imports its own layer or those below it, never one above, and no modules import
 //! each other in a circle: CI checks both from the imports (`.ci/store-layers`, where a new
