@@ -4,6 +4,10 @@
 //! dropped afterwards. Every test family provisions its databases here: the conformance
 //! suite, the simulations, hostile-input, secrets, crash and partition tests, the benchmark.
 //! A server that cannot be reached panics: a skipped backend is never a pass.
+//!
+//! [`simulated_store`] turns this thread's SQLite databases into the fleet simulation's
+//! store (a file on tmpfs, calls inline, a fault plan consulted before every guarded
+//! operation), so the conformance suite can run unchanged against exactly that store.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,7 +18,11 @@ use diesel_async::AsyncPgConnection;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 
+use std::cell::Cell;
+use std::sync::Arc;
+
 use crate::error::Result;
+use crate::store::faults::{Fault, FaultPlan, StoreOp};
 #[cfg(feature = "postgres")]
 use crate::store::with_query;
 use crate::store::{Backend, Store, StoreOptions};
@@ -35,6 +43,45 @@ pub fn base_url(backend: Backend) -> String {
         }
         Backend::Sqlite => String::new(),
     }
+}
+
+thread_local! {
+    static SIMULATED: Cell<bool> = const { Cell::new(false) };
+    /// Operations the simulated stores' fault plans were asked about on this thread.
+    static SIMULATED_OPS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Makes the SQLite [`TestDb`]s created on this thread the fleet simulation's store (`on`):
+/// the file on tmpfs (`/dev/shm` where there is one), every SQLite call made on this thread
+/// inline ([`sqlite_calls_inline`](super::internal::sqlite_calls_inline)), and a fault plan
+/// on every store [`TestDb::store_with`] opens that lets each operation through and counts
+/// it ([`simulated_store_ops`]). Other backends are unaffected.
+#[cfg(feature = "sqlite")]
+pub fn simulated_store(on: bool) {
+    SIMULATED.with(|s| s.set(on));
+    crate::store::driver::sqlite_calls_inline(on);
+}
+
+/// How many operations the simulated stores' fault plans were asked about on this thread
+/// so far (their calls run inline, so on the thread that made them).
+pub fn simulated_store_ops() -> u64 {
+    SIMULATED_OPS.with(Cell::get)
+}
+
+/// The simulated store's plan with faults off: every operation runs, each is counted.
+struct PassThrough;
+
+impl FaultPlan for PassThrough {
+    fn begin(&self, _op: StoreOp) -> Fault {
+        SIMULATED_OPS.with(|n| n.set(n.get() + 1));
+        Fault::None
+    }
+
+    fn end(&self, _op: StoreOp) {}
+}
+
+fn simulated() -> bool {
+    SIMULATED.with(Cell::get)
 }
 
 /// A fresh, isolated database; dropped when this value is.
@@ -120,7 +167,13 @@ impl TestDb {
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
-                let dir = tempfile::tempdir().unwrap();
+                let shm = std::path::Path::new("/dev/shm");
+                let dir = if simulated() && shm.is_dir() {
+                    tempfile::Builder::new().prefix("jv-sim").tempdir_in(shm)
+                } else {
+                    tempfile::tempdir()
+                }
+                .unwrap();
                 let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
                 TestDb {
                     backend,
@@ -141,9 +194,13 @@ impl TestDb {
 
     /// Opens a migrated store with options.
     pub async fn store_with(&self, opts: StoreOptions) -> Store {
-        Store::connect_with(&self.url, opts.migrate(true))
+        let store = Store::connect_with(&self.url, opts.migrate(true))
             .await
-            .unwrap_or_else(|e| panic!("opening a store on {:?}: {e}", self.backend))
+            .unwrap_or_else(|e| panic!("opening a store on {:?}: {e}", self.backend));
+        if simulated() && self.backend == Backend::Sqlite {
+            store.inject_faults(Arc::new(PassThrough));
+        }
+        store
     }
 }
 

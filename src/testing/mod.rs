@@ -59,8 +59,11 @@ pub use simulation::{sim_config, Simulation, EVENT_TIMEOUT};
 /// The engine internals jobvisor's own tests use: not a stable API, not documented.
 #[doc(hidden)]
 pub mod internal {
+    #[cfg(feature = "sqlite")]
+    pub use super::db::simulated_store;
     pub use super::db::{
-        base_url, exec_sql, unique_name, TestDb, DEFAULT_MYSQL_URL, DEFAULT_PG_URL,
+        base_url, exec_sql, simulated_store_ops, unique_name, TestDb, DEFAULT_MYSQL_URL,
+        DEFAULT_PG_URL,
     };
     pub use super::engine::{NodeActors, StoreEngine};
     pub use crate::store::faults::{Fault, FaultPlan, StoreOp};

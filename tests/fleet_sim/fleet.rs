@@ -9,6 +9,10 @@
 //! until no store operation is in flight, every live node's mailboxes are drained and its
 //! finalizations written, and every released handler has ended — so what happens next
 //! depends on the seed alone.
+//!
+//! The store is SQLite's own engine, not a second one written for the simulation: the
+//! conformance suite runs unchanged against exactly this store (tmpfs, calls inline, a fault
+//! plan asked before every guarded operation: `store_conformance simulated::`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -197,11 +197,21 @@ fn err(code: &str, attempt: u32) -> JobFailure {
 // Cases. Each takes the backend and builds its own isolated database.
 // ---------------------------------------------------------------------------------------
 
-/// Expands to one `#[tokio::test]` per conformance case for `$backend`.
+/// Expands to one test per conformance case: `conformance_tests!(Backend::…)` runs each on a
+/// multi-threaded runtime against that backend; `conformance_tests!(simulated)` runs each
+/// against the fleet simulation's store (SQLite on tmpfs, its calls inline on a
+/// current-thread runtime, a fault plan consulted before every guarded operation:
+/// `testing::simulated_store`).
 #[macro_export]
 macro_rules! conformance_tests {
+    (simulated) => {
+        $crate::conformance_tests!(@with simulated $crate::Backend::Sqlite);
+    };
     ($backend:expr) => {
-        $crate::conformance_tests!(@cases $backend;
+        $crate::conformance_tests!(@with threaded $backend);
+    };
+    (@with $mode:ident $backend:expr) => {
+        $crate::conformance_tests!(@cases $mode $backend;
             enqueue_and_get_round_trip_every_field,
             enqueue_many_returns_ids_in_order_and_marks_duplicates,
             large_batches_keep_order_and_every_field,
@@ -292,11 +302,24 @@ macro_rules! conformance_tests {
             no_trigger_fires_per_row_on_an_update_of_the_jobs,
         );
     };
-    (@cases $backend:expr; $($case:ident),+ $(,)?) => {
+    (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 $crate::store::conformance::$case($backend).await;
+            }
+        )+
+    };
+    (@cases simulated $backend:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::testing::simulated_store(true);
+                let rt = ::tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime");
+                rt.block_on($crate::store::conformance::$case($backend));
             }
         )+
     };

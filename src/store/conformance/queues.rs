@@ -57,13 +57,19 @@ where
     F: Fn(&[ClaimedJob], i64) + Send + Sync + 'static,
 {
     let hold = Arc::new(hold);
+    // Claims that took something, by any claimer: a claimer stops after 50 tries in a row
+    // that took nothing while nobody else took anything either (under a limit, some may find
+    // it full every time while others work, as on one thread with the calls inline).
+    let progress = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
     for n in 0..8 {
         let (store, hold, queue) = (t.store.clone(), hold.clone(), queue.to_string());
+        let progress = progress.clone();
         let now = t.at(1);
         tasks.push(tokio::spawn(async move {
             let mut mine = 0;
             let mut idle = 0;
+            let mut seen = u64::MAX;
             while idle < 50 {
                 let got = store
                     .job_claim(ClaimParams {
@@ -73,10 +79,13 @@ where
                     .await
                     .unwrap();
                 if got.is_empty() {
-                    idle += 1;
+                    let now_seen = progress.load(std::sync::atomic::Ordering::SeqCst);
+                    idle = if now_seen == seen { idle + 1 } else { 0 };
+                    seen = now_seen;
                     tokio::task::yield_now().await;
                     continue;
                 }
+                progress.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 idle = 0;
                 hold(&got, 1);
                 tokio::task::yield_now().await;

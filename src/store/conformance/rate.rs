@@ -165,11 +165,28 @@ pub async fn a_rate_limited_claim_records_when_it_took_the_queue_lock(b: Backend
             "BEGIN"
         ),
         Backend::Sqlite => {
+            // The holder has a thread of its own: a claim waiting for SQLite's lock may block
+            // the thread it was made on (the simulated store runs its calls inline).
+            use diesel::Connection;
             let path = t.db.url.trim_start_matches("sqlite://").to_string();
-            held!(
-                SqliteConn::establish(&path).await.unwrap(),
-                "BEGIN IMMEDIATE"
-            )
+            let (locked, is_locked) = std::sync::mpsc::channel();
+            let holder = std::thread::spawn(move || {
+                let mut c = diesel::SqliteConnection::establish(&path).unwrap();
+                diesel::connection::SimpleConnection::batch_execute(&mut c, "BEGIN IMMEDIATE")
+                    .unwrap();
+                locked.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(600));
+                let released = Utc::now();
+                diesel::connection::SimpleConnection::batch_execute(&mut c, "COMMIT").unwrap();
+                released
+            });
+            is_locked.recv().unwrap();
+            let claimed = t
+                .store
+                .job_claim(params("api", "n1", 3, None))
+                .await
+                .unwrap();
+            (claimed, holder.join().unwrap())
         }
     };
     assert_eq!(claimed.len(), 3, "the claim went on once the lock freed");
