@@ -80,8 +80,9 @@ pub struct JobContext {
 }
 
 impl JobContext {
+    /// The context of `job`'s attempt; moves the job's payload and progress into it.
     pub(crate) fn new(
-        job: &crate::job::Job,
+        job: &mut crate::job::Job,
         deadline: DateTime<Utc>,
         cancel: CancellationToken,
         client: Client,
@@ -93,11 +94,11 @@ impl JobContext {
             id: job.id,
             kind: job.kind.clone(),
             queue: job.queue.clone(),
-            payload: job.payload.clone(),
+            payload: std::mem::take(&mut job.payload),
             attempt: job.attempts,
             max_attempts: job.max_attempts,
             deadline,
-            last_progress: job.progress.clone(),
+            last_progress: job.progress.take(),
             token,
             cancel,
             client: Some(client),
@@ -258,7 +259,7 @@ impl JobContext {
         let attempt = Arc::new(Attempt::new(now + valid_for));
         attempt.try_start(now);
         JobContext::new(
-            job,
+            &mut job.clone(),
             Utc::now() + chrono::Duration::minutes(30),
             CancellationToken::new(),
             client,

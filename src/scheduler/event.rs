@@ -232,6 +232,13 @@ impl EventBus {
         self.tx.subscribe()
     }
 
+    /// Whether an event logged at `DEBUG` would reach anyone: a subscriber of the bus, or a
+    /// log that takes `DEBUG` from this module. Per-job events of that level are built only
+    /// then (each would otherwise copy the job's names for nobody).
+    pub(crate) fn heard_at_debug(&self) -> bool {
+        self.tx.receiver_count() > 0 || tracing::enabled!(tracing::Level::DEBUG)
+    }
+
     pub(crate) fn emit(&self, e: Event) {
         match &e {
             Event::Claimed {

@@ -448,14 +448,17 @@ impl Fetcher {
         self.metrics.in_flight(self.busy);
         self.shared.stats.add_claimed(u64::from(n));
         let mut leases = Vec::with_capacity(jobs.len());
+        let heard = self.shared.events.heard_at_debug();
         for claimed in jobs {
-            self.shared.events.emit(Event::Claimed {
-                id: claimed.job.id,
-                kind: claimed.job.kind.clone(),
-                queue: claimed.job.queue.clone(),
-                attempt: claimed.job.attempts,
-                claim: claimed.token.claim(),
-            });
+            if heard {
+                self.shared.events.emit(Event::Claimed {
+                    id: claimed.job.id,
+                    kind: claimed.job.kind.clone(),
+                    queue: claimed.job.queue.clone(),
+                    attempt: claimed.job.attempts,
+                    claim: claimed.token.claim(),
+                });
+            }
             let attempt = Arc::new(Attempt::of_claim(
                 fence_point(claimed_at, self.shared.config.lease),
                 self.gate.clone(),

@@ -172,8 +172,9 @@ impl JobSupervisor {
             id: self.job.id,
             token: self.token.clone(),
             outcome,
-            queue: self.job.queue.clone(),
-            kind: self.job.kind.clone(),
+            // The supervisor stops with this report: its job's names move into it.
+            queue: std::mem::take(&mut self.job.queue),
+            kind: std::mem::take(&mut self.job.kind),
             attempt: self.job.attempts,
             started,
             written,
@@ -355,8 +356,10 @@ impl Actor for JobSupervisor {
             self.report(outcome, ctx);
             return;
         };
+        // The handler's context takes the payload and the progress: the supervisor has no
+        // further use for them (a copy of each would cost a deep clone per job).
         let mut job_ctx = JobContext::new(
-            &self.job,
+            &mut self.job,
             self.shared.clock.now(),
             self.cancel.clone(),
             self.shared.client.clone(),
