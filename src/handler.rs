@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
+use serde::Deserialize as _;
 use serde::Serialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -80,7 +81,7 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    /// The context of `job`'s attempt; moves the job's payload and progress into it.
+    /// The context of `job`'s attempt; moves the job's names, payload and progress into it.
     pub(crate) fn new(
         job: &mut crate::job::Job,
         deadline: DateTime<Utc>,
@@ -92,8 +93,8 @@ impl JobContext {
     ) -> Self {
         JobContext {
             id: job.id,
-            kind: job.kind.clone(),
-            queue: job.queue.clone(),
+            kind: std::mem::take(&mut job.kind),
+            queue: std::mem::take(&mut job.queue),
             payload: std::mem::take(&mut job.payload),
             attempt: job.attempts,
             max_attempts: job.max_attempts,
@@ -559,7 +560,9 @@ pub(crate) struct Erased<H>(pub(crate) H);
 impl<H: JobHandler> ErasedHandler for Erased<H> {
     fn call(self: Arc<Self>, ctx: JobContext) -> BoxFuture<JobResult> {
         Box::pin(async move {
-            let payload: H::Payload = serde_json::from_value(ctx.payload.clone()).map_err(|e| {
+            // Read in place: the context keeps the payload (handlers may read it too), and a
+            // clone of it would copy the whole tree once per job.
+            let payload = H::Payload::deserialize(&ctx.payload).map_err(|e| {
                 JobError::fail(format!(
                     "payload does not match what the {} handler expects: {e}",
                     ctx.kind

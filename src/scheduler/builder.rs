@@ -424,7 +424,7 @@ impl SchedulerBuilder {
             node,
             config: self.config,
             queues: self.queues.iter().cloned().collect(),
-            handlers: self.handlers,
+            handlers: self.handlers.into_iter().collect(),
             kinds,
             events: EventBus::new(),
             handler_rt,

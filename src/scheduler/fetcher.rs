@@ -51,8 +51,8 @@ pub struct Fetcher {
     /// The lease manager, told of every claimed lease (a `Recipient`, so a fetcher can be
     /// driven alone in a test) ...
     track: Recipient<TrackLeases>,
-    /// ... and the address its supervisors report outcomes to.
-    finished: Recipient<JobFinished>,
+    /// ... and the address its supervisors report outcomes to (shared by them all).
+    finished: Arc<Recipient<JobFinished>>,
     /// Budget taken: jobs claimed and not yet confirmed written (running, prefetched, or
     /// finishing).
     busy: u32,
@@ -85,8 +85,11 @@ pub struct Fetcher {
     controlled_seen: bool,
     /// The queue's claim instruments.
     metrics: Arc<QueueMetrics>,
-    /// Handler instruments per kind, registered at first use, shared with the supervisors.
-    kind_metrics: HashMap<String, Arc<KindMetrics>>,
+    /// Per kind, registered at first use: its name as the leases share it, and its handler
+    /// instruments, shared with the supervisors.
+    kind_metrics: HashMap<String, (Arc<str>, Arc<KindMetrics>), foldhash::fast::RandomState>,
+    /// The queue's name as the leases share it (no copy per job).
+    queue_name: Arc<str>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -114,10 +117,11 @@ impl Fetcher {
             workers: Arc::new(Semaphore::new(config.concurrency as usize)),
             window: PrefetchWindow::new(config.concurrency, config.prefetch),
             metrics: Arc::new(QueueMetrics::new(&queue)),
+            queue_name: queue.as_str().into(),
             queue,
             config,
             track,
-            finished,
+            finished: Arc::new(finished),
             busy: 0,
             wake_queued: false,
             stopped: false,
@@ -127,7 +131,7 @@ impl Fetcher {
             share_backoff: None,
             share_timer: false,
             controlled_seen: false,
-            kind_metrics: HashMap::new(),
+            kind_metrics: HashMap::default(),
         }
     }
 
@@ -430,8 +434,8 @@ impl Fetcher {
         });
     }
 
-    /// Takes budget for each job, starts its supervisor (which waits for a worker permit) and
-    /// hands all the leases to the lease manager in one message. `rated`: the jobs were
+    /// Takes budget for each job, hands all the leases to the lease manager in one message,
+    /// then starts each job's supervisor (whose task waits for a worker permit). `rated`: the jobs were
     /// counted in the queue's rate window at the database's time read this long after
     /// `claimed_at` or later, so each must start within the start margin of that.
     fn start_all(
@@ -448,6 +452,7 @@ impl Fetcher {
         self.metrics.in_flight(self.busy);
         self.shared.stats.add_claimed(u64::from(n));
         let mut leases = Vec::with_capacity(jobs.len());
+        let mut starts = Vec::with_capacity(jobs.len());
         let heard = self.shared.events.heard_at_debug();
         for claimed in jobs {
             if heard {
@@ -464,46 +469,50 @@ impl Fetcher {
                 self.gate.clone(),
                 rated.map(|after| claimed_at + after + crate::RATE_START_MARGIN),
             ));
-            let (id, kind, timeout, created_at) = (
-                claimed.job.id,
-                claimed.job.kind.clone(),
-                claimed.job.timeout,
-                claimed.job.created_at,
-            );
+            let (id, timeout, created_at) =
+                (claimed.job.id, claimed.job.timeout, claimed.job.created_at);
             let queue = &self.queue;
-            let metrics = match self.kind_metrics.get(&kind) {
-                Some(m) => m.clone(),
-                None => self
-                    .kind_metrics
-                    .entry(kind.clone())
-                    .or_insert_with(|| Arc::new(KindMetrics::new(queue, &kind)))
-                    .clone(),
+            let (kind, metrics) = match self.kind_metrics.get(&claimed.job.kind) {
+                Some((kind, m)) => (kind.clone(), m.clone()),
+                None => {
+                    let kind = &claimed.job.kind;
+                    let (kind, m) = self.kind_metrics.entry(kind.clone()).or_insert_with(|| {
+                        (
+                            kind.as_str().into(),
+                            Arc::new(KindMetrics::new(queue, kind)),
+                        )
+                    });
+                    (kind.clone(), m.clone())
+                }
             };
-            let supervisor = JobSupervisor::new(
+            let supervisor = Arc::new(JobSupervisor::new(
                 self.shared.clone(),
-                claimed.job,
+                &claimed.job,
+                (self.queue_name.clone(), kind.clone()),
                 claimed.token.clone(),
-                self.workers.clone(),
                 attempt.clone(),
                 self.finished.clone(),
-                metrics.clone(),
-            )
-            .start();
+            ));
             leases.push(TrackLease {
                 id,
                 token: claimed.token,
-                queue: self.queue.clone(),
+                queue: self.queue_name.clone(),
                 kind,
-                supervisor: supervisor.recipient(),
+                supervisor: supervisor.clone(),
                 claimed_at,
                 created_at,
                 timeout,
                 attempt,
-                metrics,
+                metrics: metrics.clone(),
             });
+            starts.push((supervisor, claimed.job, metrics));
         }
-        // Sent before any supervisor can report: none has run yet.
+        // Sent before any handler's task starts, so that no report can overtake it (the
+        // tasks run on other threads).
         self.track.do_send(TrackLeases(leases));
+        for (supervisor, job, metrics) in starts {
+            supervisor.start(job, self.workers.clone(), metrics);
+        }
     }
 }
 

@@ -1,6 +1,11 @@
-//! JobSupervisor: one per running job. It runs the handler on the handler threads (never on
-//! the actors' arbiter), turns a panic into a failure with code `panic`, reports the outcome
-//! to the [`LeaseManager`] and stops.
+//! JobSupervisor: one per claimed job. Its handler's task runs on the handler threads (never
+//! on the actors' arbiter), turns a panic into a failure with code `panic`, reports the
+//! outcome to the [`LeaseManager`] and ends.
+//!
+//! A supervisor is the state its handler's task and the lease manager share, not an actor of
+//! its own: the lease manager tells it to stop ([`JobSupervisor::stop`]) under its lock, and
+//! the task reports when it ends. (An actor per job cost a mailbox, an address and a task on
+//! the arbiter for every job, and two more hops through the arbiter: ARCHITECTURE.md §5.)
 //!
 //! The handler starts only once it holds a worker permit, no pause is being revalidated, and
 //! its attempt's fence point has not been reached ([`Attempt::try_start`], ARCHITECTURE.md §6
@@ -11,60 +16,82 @@
 //! even while the actors' arbiter (shared with the application) is blocked and the lease
 //! manager cannot run, and a handler whose task is first polled at or past it never runs.
 //!
-//! Told to stop ([`StopJob`]) it signals and aborts the handler. On timeout it writes a
-//! `timeout` failure, on release (shutdown) it gives the lease back, and on self-fencing (the
-//! lease could not be renewed in time) it gives the job back as a `fenced` failure to run
-//! again at once — each only once the handler has actually stopped, so the job can never run
-//! here and on another node at once. A handler that does not stop within the grace period is
-//! abandoned by the lease manager: its lease is no longer renewed and the sweeper reclaims
-//! the job after it expires. On lease loss, or when the lease manager already gave an
-//! unstarted job back, the supervisor reports nothing.
+//! Told to stop, the supervisor signals the handler and drops it at its next await (the
+//! task's next poll). On timeout it writes a `timeout` failure, on release (shutdown) it gives
+//! the lease back, and on self-fencing (the lease could not be renewed in time) it gives the
+//! job back as a `fenced` failure to run again at once — each only once the handler has
+//! actually stopped, so the job can never run here and on another node at once. A handler
+//! that does not stop within the grace period is abandoned by the lease manager: its lease is
+//! no longer renewed and the sweeper reclaims the job after it expires. On lease loss, or when
+//! the lease manager already gave an unstarted job back, the supervisor reports nothing.
 //!
-//! Durability never depends on this actor: if the process dies with the job running, the
+//! Durability never depends on the supervisor: if the process dies with the job running, the
 //! lease expires and the sweeper on any node reclaims the job.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::{pin, Pin};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
 use actix::prelude::*;
+use futures_util::task::AtomicWaker;
+use futures_util::FutureExt as _;
 use tokio::sync::Semaphore;
-use tokio::task::{AbortHandle, JoinError};
+use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::attempt::{us, Attempt};
 use super::lease_manager::JobFinished;
-use super::{Event, Shared, StopActor};
+use super::shared::Registered;
+use super::{Event, Shared};
 use crate::clock::Clock;
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
-use crate::job::{Job, JobFailure};
+use crate::job::{Job, JobFailure, JobId};
 use crate::lease::LeaseToken;
 use crate::metrics::KindMetrics;
 use crate::store::Finalization;
 
-/// Supervises one running job.
+/// Supervises one claimed job: shared by its handler's task, which reports how it ended,
+/// and the lease manager, which tells it to stop.
 pub struct JobSupervisor {
     shared: Arc<Shared>,
-    job: Job,
+    id: JobId,
+    /// The job's queue and kind, as the fetcher shares them.
+    queue: Arc<str>,
+    kind: Arc<str>,
     /// The attempt's lease token, carried only to hand it back with the outcome: the lease
     /// manager holds the lease (renews, fences and gives it back); the token names which
     /// attempt the outcome is for.
     token: LeaseToken,
-    /// The queue's worker permits: the handler starts only once it holds one.
-    workers: Arc<Semaphore>,
+    /// The attempt (1-based) and how many are allowed.
+    attempts: u32,
+    max_attempts: u32,
+    /// The attempt's timeout.
+    timeout: Duration,
     /// The attempt's start gate, shared with the lease manager: the timeout counts from the
     /// start it records, not from the claim, since a prefetched job may wait for a worker.
     attempt: Arc<Attempt>,
     /// Where the outcome goes: the lease manager (a `Recipient`, so a supervisor can be run
     /// alone in a test).
-    finished: Recipient<JobFinished>,
-    /// Signalled on cancel, timeout, lease loss and shutdown; handlers can await it.
+    finished: Arc<Recipient<JobFinished>>,
+    /// Signalled on cancel, timeout, lease loss and shutdown, and when the job ends; handlers
+    /// can await it.
     cancel: CancellationToken,
-    /// Stops the handler task at its next await.
-    abort: Option<AbortHandle>,
+    /// Set to drop the handler (and its task's wait for a worker) at the task's next poll.
+    aborted: AtomicBool,
+    /// Wakes the task to see `aborted`.
+    waker: AtomicWaker,
+    /// What the lease manager asked, and whether the outcome was reported.
+    stops: Mutex<Stops>,
+}
+
+/// A supervisor's decisions, under its lock.
+#[derive(Debug, Default)]
+struct Stops {
     /// A cancel was requested: whatever the handler returns, the job ends `cancelled`.
     cancel_requested: bool,
     /// The outcome decided when the handler was told to stop (timeout, release); written only
@@ -75,49 +102,54 @@ pub struct JobSupervisor {
     fenced: bool,
     /// The outcome was reported (or deliberately withheld): ignore anything later.
     done: bool,
-    /// Its queue and kind's handler instruments.
-    metrics: Arc<KindMetrics>,
 }
 
 impl std::fmt::Debug for JobSupervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JobSupervisor")
-            .field("job", &self.job.id)
-            .field("kind", &self.job.kind)
+            .field("job", &self.id)
             .field("token", &self.token)
             .finish_non_exhaustive()
     }
 }
 
 impl JobSupervisor {
+    /// The supervisor of `job`'s attempt under `token`; its handler's task starts with
+    /// [`start`](Self::start), once the lease manager tracks the lease.
     pub(crate) fn new(
         shared: Arc<Shared>,
-        job: Job,
+        job: &Job,
+        (queue, kind): (Arc<str>, Arc<str>),
         token: LeaseToken,
-        workers: Arc<Semaphore>,
         attempt: Arc<Attempt>,
-        finished: Recipient<JobFinished>,
-        metrics: Arc<KindMetrics>,
+        finished: Arc<Recipient<JobFinished>>,
     ) -> Self {
         JobSupervisor {
-            metrics,
             shared,
-            job,
+            id: job.id,
+            queue,
+            kind,
             token,
-            workers,
+            attempts: job.attempts,
+            max_attempts: job.max_attempts,
+            timeout: job.timeout,
             attempt,
             finished,
             cancel: CancellationToken::new(),
-            abort: None,
-            cancel_requested: false,
-            decided: None,
-            fenced: false,
-            done: false,
+            aborted: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+            stops: Mutex::default(),
         }
     }
 
+    /// Its decisions. A panic while they were held (none is expected) leaves them as they
+    /// were: each field is set in one step.
+    fn stops(&self) -> MutexGuard<'_, Stops> {
+        self.stops.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn failure(&self, code: &str, message: String) -> JobFailure {
-        JobFailure::new(code, message, self.job.attempts)
+        JobFailure::new(code, message, self.attempts)
             .at(self.shared.clock.now())
             .with_claim(self.token.claim())
     }
@@ -125,41 +157,40 @@ impl JobSupervisor {
     /// A failed attempt: retry with backoff while attempts remain, else dead.
     fn failed(&self, err: &JobError) -> Finalization {
         let error = err
-            .to_failure(self.job.attempts, self.shared.clock.now())
+            .to_failure(self.attempts, self.shared.clock.now())
             .with_claim(self.token.claim());
         match err.next {
             Next::Fail => Finalization::Dead { error },
-            Next::Retry(_) if self.job.attempts >= self.job.max_attempts => {
-                Finalization::Dead { error }
-            }
+            Next::Retry(_) if self.attempts >= self.max_attempts => Finalization::Dead { error },
             Next::Retry(after) => {
                 let delay = after.unwrap_or_else(|| {
                     self.shared
-                        .retry_policy(&self.job.kind, &self.job.queue)
-                        .delay(self.job.attempts)
+                        .retry_policy(&self.kind, &self.queue)
+                        .delay(self.attempts)
                 });
                 Finalization::Retry { error, delay }
             }
         }
     }
 
-    fn report(&mut self, outcome: Finalization, ctx: &mut Context<Self>) {
-        self.report_as(outcome, true, ctx);
+    /// Reports `outcome` of a started attempt (unless something was reported already).
+    fn report(&self, stops: &mut Stops, outcome: Finalization) {
+        self.report_as(stops, outcome, true);
     }
 
-    fn report_as(&mut self, outcome: Finalization, started: bool, ctx: &mut Context<Self>) {
-        if self.done {
+    fn report_as(&self, stops: &mut Stops, outcome: Finalization, started: bool) {
+        if stops.done {
             return;
         }
-        self.done = true;
+        stops.done = true;
         // The handler's transaction completed the job: whatever it returned afterwards (or
         // however it was stopped), the job is `succeeded` in the database with that result.
         let (outcome, written) = match self.attempt.completed() {
             Some(result) => {
                 if !matches!(outcome, Finalization::Succeeded { .. }) {
                     tracing::warn!(
-                        id = self.job.id.0,
-                        kind = %self.job.kind,
+                        id = self.id.0,
+                        kind = %self.kind,
                         "the handler completed its job in a transaction, then returned \
                          another outcome; the job stays succeeded"
                     );
@@ -169,56 +200,162 @@ impl JobSupervisor {
             None => (outcome, false),
         };
         self.finished.do_send(JobFinished {
-            id: self.job.id,
+            id: self.id,
             token: self.token.clone(),
             outcome,
-            // The supervisor stops with this report: its job's names move into it.
-            queue: std::mem::take(&mut self.job.queue),
-            kind: std::mem::take(&mut self.job.kind),
-            attempt: self.job.attempts,
+            queue: self.queue.clone(),
+            kind: self.kind.clone(),
+            attempt: self.attempts,
             started,
             written,
         });
-        ctx.stop();
     }
 
-    fn withhold(&mut self, ctx: &mut Context<Self>) {
-        self.done = true;
-        ctx.stop();
+    /// Drops the handler at its task's next poll, and whatever it waits for first.
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
-    fn handler_done(&mut self, res: Result<Ran, JoinError>, ctx: &mut Context<Self>) {
-        if self.done {
+    /// Starts the handler's task on the handler threads: it waits for a worker permit, then
+    /// starts the handler if the attempt may still start, and reports how it ended. Called
+    /// once, after the lease manager was told of the lease (so no report can overtake it).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        mut job: Job,
+        workers: Arc<Semaphore>,
+        metrics: Arc<KindMetrics>,
+    ) {
+        let shared = &self.shared;
+        let Some(reg) = shared.handlers.get(&job.kind).cloned() else {
+            // Perhaps another node (a newer deploy) knows this kind: retry with backoff, and
+            // say plainly why; after max_attempts it is dead.
+            let err = JobError::retry(format!(
+                "no handler is registered for kind {:?} on node {}",
+                job.kind, shared.node
+            ))
+            .with_code("unknown_kind");
+            let outcome = self.failed(&err);
+            self.report(&mut self.stops(), outcome);
+            return;
+        };
+        // OpenTelemetry's messaging conventions, so that tracing-opentelemetry exports a
+        // consumer span named "process <queue>" with the standard attributes; what only a job
+        // system has goes under `jobvisor.*`.
+        let span = tracing::info_span!(
+            "job",
+            otel.name = %format_args!("process {}", job.queue),
+            otel.kind = "consumer",
+            messaging.system = "jobvisor",
+            messaging.operation.type = "process",
+            messaging.destination.name = %job.queue,
+            messaging.message.id = job.id.0,
+            jobvisor.job.kind = %job.kind,
+            jobvisor.job.attempt = job.attempts,
+            jobvisor.claim = %self.token.claim(),
+            jobvisor.node = %shared.node,
+        );
+        // The handler's context takes the names, the payload and the progress: the supervisor
+        // has no further use for them (a copy of each would cost an allocation or a deep clone
+        // per job).
+        let job_ctx = JobContext::new(
+            &mut job,
+            shared.clock.now(),
+            self.cancel.clone(),
+            shared.client.clone(),
+            self.attempt.clone(),
+            self.token.clone(),
+            shared.clock.clone(),
+        );
+        let task = self.clone().run(reg, job_ctx, workers, metrics, job.run_at);
+        shared.handler_rt.spawn(task.instrument(span));
+    }
+
+    /// The handler's task: runs the handler unless told to stop first, then reports.
+    async fn run(
+        self: Arc<Self>,
+        reg: Registered,
+        mut job_ctx: JobContext,
+        workers: Arc<Semaphore>,
+        metrics: Arc<KindMetrics>,
+        due: chrono::DateTime<chrono::Utc>,
+    ) {
+        let this = &*self;
+        let (shared, gate) = (&this.shared, &this.attempt);
+        let (id, attempt, claim) = (self.id, self.attempts, self.token.claim());
+        let timeout = chrono::Duration::from_std(self.timeout).unwrap_or(chrono::Duration::MAX);
+        let body = async move {
+            // A closed semaphore only happens at teardown; run anyway rather than hang.
+            let _permit = workers.acquire_owned().await.ok();
+            shared.start_hold.wait().await;
+            if !gate.try_start(shared.clock.monotonic()) {
+                return Ran::NotStarted;
+            }
+            let now = shared.clock.now();
+            job_ctx.deadline = now + timeout;
+            shared.events.emit(Event::Started { id, attempt, claim });
+            let pickup = (now - due).to_std().unwrap_or(Duration::ZERO);
+            metrics.started(pickup);
+            let t0 = std::time::Instant::now();
+            // The task fences itself too: the lease manager's deadline check runs on the
+            // actors' arbiter, which the application shares and can block.
+            let ran = run_fenced(reg.handler.call(job_ctx), gate, &*shared.clock).await;
+            if matches!(ran, Ran::Fenced) && gate.fence() {
+                let kind = this.kind.to_string();
+                shared.events.emit(Event::SelfFenced { id, kind, claim });
+            }
+            metrics.handler_ran(t0.elapsed());
+            ran
+        };
+        // The body (and the handler in it) is dropped before anything is reported: once
+        // reported, the job may run elsewhere.
+        let ended = {
+            let body = pin!(AssertUnwindSafe(body).catch_unwind());
+            Stoppable {
+                body,
+                supervisor: &self,
+            }
+            .await
+        };
+        self.handler_done(ended);
+        self.cancel.cancel();
+    }
+
+    fn handler_done(&self, ended: Ended) {
+        let mut stops = self.stops();
+        let stops = &mut *stops;
+        if stops.done {
             return;
         }
         if let Some(result) = self.attempt.completed() {
             // Completed in the handler's transaction: `report` says so, whatever came after.
-            self.report(Finalization::Succeeded { result }, ctx);
+            self.report(stops, Finalization::Succeeded { result });
             return;
         }
-        let res = match res {
+        let res = match ended {
             // The lease might be gone before the handler started: give the job back, its
             // attempt not counted.
-            Ok(Ran::NotStarted) => {
+            Ended::Ran(Ran::NotStarted) => {
                 let outcome = Finalization::Requeue {
                     delay: Duration::ZERO,
                 };
-                self.report_as(outcome, false, ctx);
+                self.report_as(stops, outcome, false);
                 return;
             }
-            Ok(Ran::Returned(r)) => Ok(r),
+            Ended::Ran(Ran::Returned(r)) => Ok(r),
             // Stopped by its own task's lease watch: as if told to self-fence.
-            Ok(Ran::Fenced) => {
-                self.fenced = true;
+            Ended::Ran(Ran::Fenced) => {
+                stops.fenced = true;
                 Ok(Err(JobError::retry("stopped: the lease ran short")))
             }
-            Err(e) => Err(e),
+            Ended::Panicked(msg) => Err(Some(msg)),
+            Ended::Aborted => Err(None),
         };
-        if let Some(outcome) = self.decided.take() {
-            self.report(outcome, ctx);
+        if let Some(outcome) = stops.decided.take() {
+            self.report(stops, outcome);
             return;
         }
-        if self.fenced {
+        if stops.fenced {
             // Stopped because the lease could not be renewed in time: a success it still
             // returned is written (guarded by the token); anything else gives the job back as
             // a counted `fenced` failure, to run again at once.
@@ -232,32 +369,106 @@ impl JobSupervisor {
                     .with_code("fenced"),
                 ),
             };
-            self.report(outcome, ctx);
+            self.report(stops, outcome);
             return;
         }
-        if self.cancel_requested {
+        if stops.cancel_requested {
             let error = self.failure("cancelled", "cancelled on request while running".into());
-            self.report(Finalization::Cancelled { error }, ctx);
+            self.report(stops, Finalization::Cancelled { error });
             return;
         }
         let outcome = match res {
             Ok(Ok(JobOutcome::Succeeded(result))) => Finalization::Succeeded { result },
             Ok(Ok(JobOutcome::Snooze(delay))) => Finalization::Requeue { delay },
             Ok(Err(e)) => self.failed(&e),
-            Err(join) if join.is_panic() => {
-                let msg = panic_message(join);
-                self.failed(
-                    &JobError::retry(format!("the handler panicked: {msg}")).with_code("panic"),
-                )
-            }
-            Err(_) => {
-                // Aborted without a stop reason: only shutdown aborts tasks, so give it back.
-                Finalization::Requeue {
-                    delay: Duration::ZERO,
-                }
-            }
+            Err(Some(msg)) => self.failed(
+                &JobError::retry(format!("the handler panicked: {msg}")).with_code("panic"),
+            ),
+            // Dropped without a stop reason: only shutdown does that, so give it back.
+            Err(None) => Finalization::Requeue {
+                delay: Duration::ZERO,
+            },
         };
-        self.report(outcome, ctx);
+        self.report(stops, outcome);
+    }
+
+    /// Tells the supervisor to stop its handler, and why (the lease manager, on its
+    /// arbiter). Ignored once the outcome was reported.
+    pub(crate) fn stop(&self, reason: StopReason) {
+        let mut stops = self.stops();
+        let stops = &mut *stops;
+        if stops.done {
+            return;
+        }
+        self.cancel.cancel();
+        match reason {
+            StopReason::Cancel => {
+                // Let the handler see the signal and return within the grace period.
+                stops.cancel_requested = true;
+                return;
+            }
+            StopReason::CancelGraceOver => {
+                let error = self.failure(
+                    "cancelled",
+                    "cancelled on request; the handler was stopped after its grace period".into(),
+                );
+                self.report(stops, Finalization::Cancelled { error });
+            }
+            StopReason::Timeout => {
+                let timeout = self.timeout;
+                let err = JobError::retry(format!(
+                    "the attempt ran longer than its timeout of {timeout:?}"
+                ))
+                .with_code("timeout");
+                let outcome = self.failed(&err);
+                stops.decided.get_or_insert(outcome);
+            }
+            StopReason::SelfFence => stops.fenced = true,
+            // Withheld: nothing is reported.
+            StopReason::LeaseLost | StopReason::Dropped => stops.done = true,
+            StopReason::Release => {
+                stops.decided.get_or_insert(Finalization::Requeue {
+                    delay: Duration::ZERO,
+                });
+            }
+        }
+        self.abort();
+    }
+}
+
+/// How a supervisor's task ended.
+#[derive(Debug)]
+enum Ended {
+    /// Its body ran to its end.
+    Ran(Ran),
+    /// The handler panicked, with this message.
+    Panicked(String),
+    /// Told to stop: the handler (or the wait before it) was dropped.
+    Aborted,
+}
+
+/// A supervisor's task body, dropped at its next poll once the supervisor is told to stop
+/// (what aborting a task does), with a panic in it caught.
+struct Stoppable<'a, F> {
+    body: Pin<&'a mut F>,
+    supervisor: &'a JobSupervisor,
+}
+
+impl<F> Future for Stoppable<'_, F>
+where
+    F: Future<Output = std::thread::Result<Ran>>,
+{
+    type Output = Ended;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Ended> {
+        self.supervisor.waker.register(cx.waker());
+        if self.supervisor.aborted.load(Ordering::Acquire) {
+            return Poll::Ready(Ended::Aborted);
+        }
+        self.body.as_mut().poll(cx).map(|r| match r {
+            Ok(ran) => Ended::Ran(ran),
+            Err(payload) => Ended::Panicked(payload_message(&*payload)),
+        })
     }
 }
 
@@ -331,104 +542,18 @@ async fn run_fenced<F: Future<Output = JobResult>>(
 /// The message of a handler (or reconciler) task's panic.
 pub(crate) fn panic_message(e: JoinError) -> String {
     match e.try_into_panic() {
-        Ok(payload) => payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a non-string panic payload".into()),
+        Ok(payload) => payload_message(&*payload),
         Err(_) => "unknown".into(),
     }
 }
 
-impl Actor for JobSupervisor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        let Some(reg) = self.shared.handlers.get(&self.job.kind).cloned() else {
-            // Perhaps another node (a newer deploy) knows this kind: retry with backoff, and
-            // say plainly why; after max_attempts it is dead.
-            let err = JobError::retry(format!(
-                "no handler is registered for kind {:?} on node {}",
-                self.job.kind, self.shared.node
-            ))
-            .with_code("unknown_kind");
-            let outcome = self.failed(&err);
-            self.report(outcome, ctx);
-            return;
-        };
-        // The handler's context takes the payload and the progress: the supervisor has no
-        // further use for them (a copy of each would cost a deep clone per job).
-        let mut job_ctx = JobContext::new(
-            &mut self.job,
-            self.shared.clock.now(),
-            self.cancel.clone(),
-            self.shared.client.clone(),
-            self.attempt.clone(),
-            self.token.clone(),
-            self.shared.clock.clone(),
-        );
-        // OpenTelemetry's messaging conventions, so that tracing-opentelemetry exports a
-        // consumer span named "process <queue>" with the standard attributes; what only a job
-        // system has goes under `jobvisor.*`.
-        let span = tracing::info_span!(
-            "job",
-            otel.name = %format_args!("process {}", self.job.queue),
-            otel.kind = "consumer",
-            messaging.system = "jobvisor",
-            messaging.operation.type = "process",
-            messaging.destination.name = %self.job.queue,
-            messaging.message.id = self.job.id.0,
-            jobvisor.job.kind = %self.job.kind,
-            jobvisor.job.attempt = self.job.attempts,
-            jobvisor.claim = %self.token.claim(),
-            jobvisor.node = %self.shared.node,
-        );
-        let (workers, gate, shared) = (
-            self.workers.clone(),
-            self.attempt.clone(),
-            self.shared.clone(),
-        );
-        let (id, attempt, kind) = (self.job.id, self.job.attempts, self.job.kind.clone());
-        let claim = self.token.claim();
-        let (metrics, due) = (self.metrics.clone(), self.job.run_at);
-        let timeout = chrono::Duration::from_std(self.job.timeout).unwrap_or(chrono::Duration::MAX);
-        let task = self.shared.handler_rt.spawn(
-            async move {
-                // A closed semaphore only happens at teardown; run anyway rather than hang.
-                let _permit = workers.acquire_owned().await.ok();
-                shared.start_hold.wait().await;
-                if !gate.try_start(shared.clock.monotonic()) {
-                    return Ran::NotStarted;
-                }
-                let now = shared.clock.now();
-                job_ctx.deadline = now + timeout;
-                shared.events.emit(Event::Started { id, attempt, claim });
-                let pickup = (now - due).to_std().unwrap_or(Duration::ZERO);
-                metrics.started(pickup);
-                let t0 = std::time::Instant::now();
-                // The task fences itself too: the lease manager's deadline check runs on the
-                // actors' arbiter, which the application shares and can block.
-                let ran = run_fenced(reg.handler.call(job_ctx), &gate, &*shared.clock).await;
-                if matches!(ran, Ran::Fenced) && gate.fence() {
-                    shared.events.emit(Event::SelfFenced { id, kind, claim });
-                }
-                metrics.handler_ran(t0.elapsed());
-                ran
-            }
-            .instrument(span),
-        );
-        self.abort = Some(task.abort_handle());
-        ctx.spawn(
-            fut::wrap_future::<_, Self>(task).map(|res, act, ctx| act.handler_done(res, ctx)),
-        );
-    }
-
-    fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.cancel.cancel();
-        if let Some(a) = self.abort.take() {
-            a.abort();
-        }
-    }
+/// The message a panic was raised with.
+fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
 }
 
 /// Why a supervisor must stop its handler.
@@ -450,63 +575,6 @@ pub enum StopReason {
     Dropped,
     /// Shutdown: stop and give the lease back.
     Release,
-}
-
-/// Tells a supervisor to stop its handler, and why.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "()")]
-pub struct StopJob(pub StopReason);
-
-impl Handler<StopJob> for JobSupervisor {
-    type Result = ();
-
-    fn handle(&mut self, StopJob(reason): StopJob, ctx: &mut Context<Self>) {
-        if self.done {
-            return;
-        }
-        self.cancel.cancel();
-        match reason {
-            StopReason::Cancel => {
-                // Let the handler see the signal and return within the grace period.
-                self.cancel_requested = true;
-                return;
-            }
-            StopReason::CancelGraceOver => {
-                let error = self.failure(
-                    "cancelled",
-                    "cancelled on request; the handler was stopped after its grace period".into(),
-                );
-                self.report(Finalization::Cancelled { error }, ctx);
-            }
-            StopReason::Timeout => {
-                let timeout = self.job.timeout;
-                let err = JobError::retry(format!(
-                    "the attempt ran longer than its timeout of {timeout:?}"
-                ))
-                .with_code("timeout");
-                let outcome = self.failed(&err);
-                self.decided.get_or_insert(outcome);
-            }
-            StopReason::SelfFence => self.fenced = true,
-            StopReason::LeaseLost | StopReason::Dropped => self.withhold(ctx),
-            StopReason::Release => {
-                self.decided.get_or_insert(Finalization::Requeue {
-                    delay: std::time::Duration::ZERO,
-                });
-            }
-        }
-        if let Some(a) = self.abort.take() {
-            a.abort();
-        }
-    }
-}
-
-impl Handler<StopActor> for JobSupervisor {
-    type Result = ();
-
-    fn handle(&mut self, _: StopActor, ctx: &mut Context<Self>) {
-        ctx.stop();
-    }
 }
 
 /// A supervisor run alone: its peer is a `Recipient<JobFinished>`, here a stub that hands
@@ -546,20 +614,30 @@ mod tests {
     }
 
     async fn shared(dir: &tempfile::TempDir) -> Arc<Shared> {
+        let handler = handler_fn(|n: i64, _ctx| async move { JobOutcome::success(n * 2) });
+        shared_with(dir, Arc::new(Erased(handler))).await
+    }
+
+    /// A node whose kind `double` runs `handler`.
+    async fn shared_with(
+        dir: &tempfile::TempDir,
+        handler: Arc<dyn crate::handler::ErasedHandler>,
+    ) -> Arc<Shared> {
         let url = format!("sqlite://{}", dir.path().join("alone.db").display());
         let options = crate::store::StoreOptions::default().migrate(true);
         let store = crate::store::Store::connect_with(&url, options)
             .await
             .unwrap();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let handler = handler_fn(|n: i64, _ctx| async move { JobOutcome::success(n * 2) });
-        let handlers = HashMap::from([(
+        let handlers: crate::scheduler::shared::Handlers = [(
             "double".to_string(),
             Registered {
-                handler: Arc::new(Erased(handler)),
+                handler,
                 retry: None,
             },
-        )]);
+        )]
+        .into_iter()
+        .collect();
         Arc::new(Shared {
             client: crate::client::Client::with_clock(store.clone(), clock.clone()),
             store,
@@ -618,27 +696,123 @@ mod tests {
     }
 
     async fn run_alone(shared: Arc<Shared>, valid_for: Duration) -> JobFinished {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (_supervisor, mut reports) = started(shared, valid_for, Arc::new(Semaphore::new(1)));
+        tokio::time::timeout(Duration::from_secs(20), reports.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    /// A supervisor of job 1 (payload 21) started alone, its lease valid for `valid_for`,
+    /// with `workers` as its queue's permits; its reports arrive on the receiver.
+    fn started(
+        shared: Arc<Shared>,
+        valid_for: Duration,
+        workers: Arc<Semaphore>,
+    ) -> (Arc<JobSupervisor>, mpsc::UnboundedReceiver<JobFinished>) {
+        let (tx, rx) = mpsc::unbounded_channel();
         let reports = Reports(tx).start();
         let lease = shared.config.lease;
         let fence_at = super::super::attempt::fence_point(shared.clock.monotonic(), lease);
         let attempt = Arc::new(Attempt::new(
             fence_at.saturating_sub(lease.saturating_sub(valid_for)),
         ));
-        let _supervisor = JobSupervisor::new(
+        let job = job(json!(21));
+        let supervisor = Arc::new(JobSupervisor::new(
             shared,
-            job(json!(21)),
+            &job,
+            ("default".into(), "double".into()),
             LeaseToken::generate(),
-            Arc::new(Semaphore::new(1)),
             attempt,
-            reports.recipient(),
-            Arc::new(KindMetrics::new("default", "k")),
-        )
-        .start();
-        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            Arc::new(reports.recipient()),
+        ));
+        supervisor.start(job, workers, Arc::new(KindMetrics::new("default", "k")));
+        (supervisor, rx)
+    }
+
+    /// What a handler of these tests did: started, and its future dropped — and whether its
+    /// supervisor (once known) had reported by then.
+    #[derive(Default)]
+    struct Trace {
+        started: std::sync::atomic::AtomicBool,
+        dropped: std::sync::atomic::AtomicBool,
+        supervisor: std::sync::OnceLock<std::sync::Weak<JobSupervisor>>,
+        reported_before_drop: std::sync::atomic::AtomicBool,
+    }
+
+    /// Sets `dropped` when the handler's future is dropped.
+    struct OnDrop(Arc<Trace>);
+
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            use std::sync::atomic::Ordering::SeqCst;
+            if let Some(s) = self.0.supervisor.get().and_then(std::sync::Weak::upgrade) {
+                self.0.reported_before_drop.store(s.stops().done, SeqCst);
+            }
+            self.0.dropped.store(true, SeqCst);
+        }
+    }
+
+    /// A handler that records its start and then waits for ever (ignoring its cancel signal).
+    fn stuck(trace: &Arc<Trace>) -> Arc<dyn crate::handler::ErasedHandler> {
+        let trace = trace.clone();
+        Arc::new(Erased(handler_fn(move |_: i64, _ctx| {
+            let guard = OnDrop(trace.clone());
+            async move {
+                guard
+                    .0
+                    .started
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                JobOutcome::success(())
+            }
+        })))
+    }
+
+    #[actix::test]
+    async fn a_supervisor_stopped_while_it_waits_for_a_worker_never_starts_and_reports_nothing() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let trace = Arc::new(Trace::default());
+        let shared = shared_with(&dir, stuck(&trace)).await;
+        let workers = Arc::new(Semaphore::new(0));
+        let (supervisor, mut reports) = started(shared, Duration::from_secs(30), workers.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        supervisor.stop(StopReason::Dropped);
+        // The task was dropped at its wait: a permit now starts nothing.
+        workers.add_permits(1);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!trace.started.load(SeqCst), "the handler never starts");
+        assert!(reports.try_recv().is_err(), "a dropped job reports nothing");
+    }
+
+    #[actix::test]
+    async fn a_timed_out_handler_is_dropped_before_its_outcome_is_reported() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let trace = Arc::new(Trace::default());
+        let shared = shared_with(&dir, stuck(&trace)).await;
+        let workers = Arc::new(Semaphore::new(1));
+        let (supervisor, mut reports) = started(shared, Duration::from_secs(30), workers);
+        let _ = trace.supervisor.set(Arc::downgrade(&supervisor));
+        while !trace.started.load(SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        supervisor.stop(StopReason::Timeout);
+        let done = tokio::time::timeout(Duration::from_secs(20), reports.recv())
             .await
             .unwrap()
-            .unwrap()
+            .unwrap();
+        assert!(trace.dropped.load(SeqCst), "the handler was dropped");
+        assert!(
+            !trace.reported_before_drop.load(SeqCst),
+            "the handler is dropped before the outcome is reported"
+        );
+        match done.outcome {
+            Finalization::Retry { error, .. } => assert_eq!(error.code, "timeout"),
+            other => panic!("expected a timeout retry, got {other:?}"),
+        }
+        assert!(supervisor.cancel.is_cancelled(), "its cancel signal fired");
     }
 
     #[actix::test]

@@ -41,7 +41,7 @@ use chrono::{DateTime, Utc};
 
 use super::attempt::{fence_margin, fence_point, us, Attempt, Revoked};
 use super::fetcher::SlotFreed;
-use super::job_supervisor::{StopJob, StopReason};
+use super::job_supervisor::{JobSupervisor, StopReason};
 use super::{report_store_error, Event, Shared, StopActor};
 use crate::job::{JobId, JobState};
 use crate::lease::LeaseToken;
@@ -100,11 +100,12 @@ type Leases = HashMap<Key, Lease, foldhash::fast::RandomState>;
 
 /// One lease held by this node. Times are µs on the node's monotonic clock.
 struct Lease {
-    queue: String,
-    kind: String,
+    /// Shared with the fetcher and the lease's other jobs of its kind: no copy per job.
+    queue: Arc<str>,
+    kind: Arc<str>,
     /// When the job was enqueued (its end-to-end time is measured from it).
     created_at: DateTime<Utc>,
-    supervisor: Recipient<StopJob>,
+    supervisor: Arc<JobSupervisor>,
     /// Its (queue, kind)'s instruments, registered by the fetcher.
     metrics: Arc<KindMetrics>,
     /// The start gate shared with the supervisor: the fence point (the send time of the
@@ -144,15 +145,15 @@ impl Lease {
     fn stop(&mut self, reason: StopReason, deadline: i64) {
         self.stopped = true;
         self.stop_deadline = Some(deadline);
-        self.supervisor.do_send(StopJob(reason));
+        self.supervisor.stop(reason);
     }
 }
 
 /// A buffered finalization (or give-back) and what to tell when it is written.
 struct Pending {
     item: Finalize,
-    queue: String,
-    kind: String,
+    queue: Arc<str>,
+    kind: Arc<str>,
     attempt: u32,
     /// A failure's code and message.
     error: Option<(String, String)>,
@@ -272,10 +273,10 @@ impl LeaseManager {
             return;
         }
         l.finishing = true;
-        l.supervisor.do_send(StopJob(StopReason::Dropped));
+        l.supervisor.stop(StopReason::Dropped);
         self.shared.events.emit(Event::Dropped {
             id: key.0,
-            kind: l.kind.clone(),
+            kind: l.kind.to_string(),
             claim: key.1.claim(),
         });
         self.pending.push(Pending {
@@ -355,18 +356,15 @@ impl LeaseManager {
                     act.flush_not_before = None;
                     // Per queue: slots freed, and the longest a job waited for a worker.
                     // (Ordered: the fetchers are told in the same order on every run.)
-                    let mut freed: BTreeMap<String, (u32, Duration)> = BTreeMap::new();
+                    let mut freed: BTreeMap<Arc<str>, (u32, Duration)> = BTreeMap::new();
                     let now = act.shared.clock.now();
+                    let heard = act.shared.events.heard_at_debug();
                     for (p, (_, outcome)) in batch.into_iter().zip(results) {
                         let (id, claim) = (p.item.id, p.item.token.claim());
                         // Only this attempt's lease: a newer claim of the same job stays.
                         // A lease already forgotten (lost, abandoned) freed its slot then.
                         if let Some(l) = act.leases.remove(&Key(id, p.item.token)) {
-                            // The queue's name is copied once per batch, not once per job.
-                            let slot = match freed.get_mut(&p.queue) {
-                                Some(slot) => slot,
-                                None => freed.entry(p.queue.clone()).or_default(),
-                            };
+                            let slot = freed.entry(p.queue.clone()).or_default();
                             slot.0 += 1;
                             slot.1 = slot.1.max(l.waited());
                         }
@@ -387,10 +385,16 @@ impl LeaseManager {
                                     },
                                     now,
                                 );
+                                // Built only when someone hears it (a success is logged at
+                                // DEBUG): its names are copies.
+                                let logged = matches!(state, JobState::Dead | JobState::Retrying);
+                                if !heard && !logged {
+                                    continue;
+                                }
                                 act.shared.events.emit(Event::Finished {
                                     id,
-                                    kind: p.kind,
-                                    queue: p.queue,
+                                    kind: p.kind.to_string(),
+                                    queue: p.queue.to_string(),
                                     attempt: p.attempt,
                                     claim,
                                     state,
@@ -409,7 +413,7 @@ impl LeaseManager {
                                 act.shared.stats.add_lease_lost(1);
                                 act.shared.events.emit(Event::LeaseLost {
                                     id,
-                                    kind: p.kind,
+                                    kind: p.kind.to_string(),
                                     claim,
                                 });
                             }
@@ -455,8 +459,11 @@ impl LeaseManager {
 /// would fail on every retry, and no finalization of this node would ever be written again.
 /// The later one waits for the next batch, so the older is written first (and found stale).
 fn next_batch(pending: &mut Vec<Pending>, max: usize) -> Vec<Pending> {
-    let mut jobs = HashSet::new();
-    let mut batch = Vec::new();
+    // Sized once: growing it rehashed every id again at each doubling, on every flush.
+    let room = pending.len().min(max);
+    let mut jobs: HashSet<JobId, foldhash::fast::RandomState> =
+        HashSet::with_capacity_and_hasher(room, foldhash::fast::RandomState::default());
+    let mut batch = Vec::with_capacity(room);
     let mut rest = Vec::new();
     for p in pending.drain(..) {
         if batch.len() < max && jobs.insert(p.item.id) {
@@ -494,11 +501,11 @@ pub(crate) struct TrackLease {
     /// The claim's token.
     pub(crate) token: LeaseToken,
     /// Its queue (whose budget to free).
-    pub(crate) queue: String,
+    pub(crate) queue: Arc<str>,
     /// Its kind.
-    pub(crate) kind: String,
+    pub(crate) kind: Arc<str>,
     /// Its supervisor.
-    pub(crate) supervisor: Recipient<StopJob>,
+    pub(crate) supervisor: Arc<JobSupervisor>,
     /// When the claim was sent (the node's monotonic clock).
     pub(crate) claimed_at: Duration,
     /// When the job was enqueued.
@@ -555,9 +562,9 @@ pub struct JobFinished {
     /// What to write.
     pub outcome: Finalization,
     /// Its queue.
-    pub queue: String,
+    pub queue: Arc<str>,
     /// Its kind.
-    pub kind: String,
+    pub kind: Arc<str>,
     /// The attempt that ended.
     pub attempt: u32,
     /// Whether the handler started (false: the job is given back unstarted).
@@ -593,7 +600,7 @@ impl Handler<JobFinished> for LeaseManager {
             if !m.started {
                 self.shared.events.emit(Event::Dropped {
                     id: m.id,
-                    kind: m.kind.clone(),
+                    kind: m.kind.to_string(),
                     claim: key.1.claim(),
                 });
             }
@@ -656,8 +663,8 @@ impl LeaseManager {
         );
         self.shared.events.emit(Event::Finished {
             id: m.id,
-            kind: m.kind,
-            queue: m.queue,
+            kind: m.kind.to_string(),
+            queue: m.queue.to_string(),
             attempt: m.attempt,
             claim: key.1.claim(),
             state: JobState::Succeeded,
@@ -843,10 +850,10 @@ impl Handler<RenewLeases> for LeaseManager {
                         }
                         if r.cancel_requested && l.cancel_deadline.is_none() && !l.finishing {
                             l.cancel_deadline = Some(now + grace);
-                            l.supervisor.do_send(StopJob(StopReason::Cancel));
+                            l.supervisor.stop(StopReason::Cancel);
                             act.shared.events.emit(Event::CancelSignalled {
                                 id: key.0,
-                                kind: l.kind.clone(),
+                                kind: l.kind.to_string(),
                             });
                         }
                     }
@@ -865,10 +872,10 @@ impl Handler<RenewLeases> for LeaseManager {
                             if let Some(l) = act.forget(&key) {
                                 l.attempt.revoke();
                                 act.shared.stats.add_lease_lost(1);
-                                l.supervisor.do_send(StopJob(StopReason::LeaseLost));
+                                l.supervisor.stop(StopReason::LeaseLost);
                                 act.shared.events.emit(Event::LeaseLost {
                                     id: key.0,
-                                    kind: l.kind,
+                                    kind: l.kind.to_string(),
                                     claim: key.1.claim(),
                                 });
                             }
@@ -920,7 +927,7 @@ impl LeaseManager {
                 if l.attempt.fence() {
                     self.shared.events.emit(Event::SelfFenced {
                         id: key.0,
-                        kind: l.kind.clone(),
+                        kind: l.kind.to_string(),
                         claim: key.1.claim(),
                     });
                 }
@@ -960,7 +967,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
                 if l.stop_deadline.is_some_and(|d| now >= d) {
                     if !l.fenced {
                         l.attempt.revoke();
-                        l.supervisor.do_send(StopJob(StopReason::SelfFence));
+                        l.supervisor.stop(StopReason::SelfFence);
                     }
                     abandoned.push((key.clone(), !l.fenced));
                 }
@@ -988,7 +995,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
                 if r == StopReason::Timeout {
                     self.shared.events.emit(Event::TimedOut {
                         id: key.0,
-                        kind: l.kind.clone(),
+                        kind: l.kind.to_string(),
                     });
                 }
             }
@@ -1004,7 +1011,7 @@ impl Handler<CheckDeadlines> for LeaseManager {
                 if newly_fenced {
                     self.shared.events.emit(Event::SelfFenced {
                         id: key.0,
-                        kind: l.kind,
+                        kind: l.kind.to_string(),
                         claim: key.1.claim(),
                     });
                 }
@@ -1059,7 +1066,7 @@ impl Handler<WithdrawQueue> for LeaseManager {
     type Result = usize;
 
     fn handle(&mut self, WithdrawQueue(queue): WithdrawQueue, ctx: &mut Context<Self>) -> usize {
-        let mut unstarted = self.keys_where(|l| l.queue == queue && !l.finishing && !l.stopped);
+        let mut unstarted = self.keys_where(|l| *l.queue == *queue && !l.finishing && !l.stopped);
         unstarted.retain(|k| self.leases[k].attempt.withdraw());
         for key in &unstarted {
             self.give_back_unstarted(key, ctx);

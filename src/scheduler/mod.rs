@@ -5,8 +5,8 @@
 //!   [`SchedulerHandle`] (`handle.rs`) is what the application keeps.
 //! * `Scheduler` (`root.rs`) owns every interval timer and runs graceful shutdown.
 //! * `Fetcher` (one per queue) claims up to its free slots whenever woken.
-//! * `JobSupervisor` (one per running job) runs the handler on the handler threads, enforces
-//!   timeout, cancel and lease loss, and reports the outcome.
+//! * `JobSupervisor` (one per running job; a task on the handler threads, not an actor) runs
+//!   the handler, enforces timeout, cancel and lease loss, and reports the outcome.
 //! * `LeaseManager` (one per node) renews all leases in one statement per heartbeat, tells
 //!   supervisors when a lease is lost or about to expire, and batches finalizations.
 //! * `Sweeper` and `Archiver` do bounded maintenance batches.

@@ -28,6 +28,11 @@ pub(crate) struct Registered {
     pub(crate) retry: Option<RetryPolicy>,
 }
 
+/// The node's handlers by kind, looked up once per claimed job: foldhash (as the lease
+/// map's), since the kinds are the application's own names and SipHash's resistance to chosen
+/// keys buys nothing here.
+pub(crate) type Handlers = HashMap<String, Registered, foldhash::fast::RandomState>;
+
 /// What every actor of one node shares (read-only after start).
 pub(crate) struct Shared {
     pub(crate) store: Store,
@@ -35,7 +40,7 @@ pub(crate) struct Shared {
     pub(crate) node: NodeId,
     pub(crate) config: SchedulerConfig,
     pub(crate) queues: HashMap<String, QueueConfig>,
-    pub(crate) handlers: HashMap<String, Registered>,
+    pub(crate) handlers: Handlers,
     /// The kinds of `handlers`, sorted: what this node claims.
     pub(crate) kinds: Vec<String>,
     pub(crate) events: EventBus,

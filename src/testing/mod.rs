@@ -85,7 +85,7 @@ pub mod internal {
     pub use crate::scheduler::fetcher::{
         FetchNow, Fetcher, FetcherStatus, GetFetcherStatus, SlotFreed, StopClaiming, Wake,
     };
-    pub use crate::scheduler::job_supervisor::{JobSupervisor, StopJob, StopReason};
+    pub use crate::scheduler::job_supervisor::{JobSupervisor, StopReason};
     pub use crate::scheduler::lease_manager::{
         CheckDeadlines, FlushFinalizations, GetLeaseManagerStatus, JobFinished, LeaseManager,
         LeaseManagerStatus, ReleaseAll, RenewLeases, TokenOf,
