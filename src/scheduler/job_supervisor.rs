@@ -769,14 +769,29 @@ mod tests {
         })))
     }
 
-    #[actix::test]
-    async fn a_supervisor_stopped_while_it_waits_for_a_worker_never_starts_and_reports_nothing() {
-        use std::sync::atomic::Ordering::SeqCst;
+    /// A supervisor of a `stuck` handler, started with `permits` worker permits, its lease
+    /// valid for 30 s.
+    async fn stuck_and_started(
+        permits: usize,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Trace>,
+        Arc<Semaphore>,
+        Arc<JobSupervisor>,
+        mpsc::UnboundedReceiver<JobFinished>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let trace = Arc::new(Trace::default());
         let shared = shared_with(&dir, stuck(&trace)).await;
-        let workers = Arc::new(Semaphore::new(0));
-        let (supervisor, mut reports) = started(shared, Duration::from_secs(30), workers.clone());
+        let workers = Arc::new(Semaphore::new(permits));
+        let (supervisor, reports) = started(shared, Duration::from_secs(30), workers.clone());
+        (dir, trace, workers, supervisor, reports)
+    }
+
+    #[actix::test]
+    async fn a_supervisor_stopped_while_it_waits_for_a_worker_never_starts_and_reports_nothing() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_dir, trace, workers, supervisor, mut reports) = stuck_and_started(0).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         supervisor.stop(StopReason::Dropped);
         // The task was dropped at its wait: a permit now starts nothing.
@@ -789,11 +804,7 @@ mod tests {
     #[actix::test]
     async fn a_timed_out_handler_is_dropped_before_its_outcome_is_reported() {
         use std::sync::atomic::Ordering::SeqCst;
-        let dir = tempfile::tempdir().unwrap();
-        let trace = Arc::new(Trace::default());
-        let shared = shared_with(&dir, stuck(&trace)).await;
-        let workers = Arc::new(Semaphore::new(1));
-        let (supervisor, mut reports) = started(shared, Duration::from_secs(30), workers);
+        let (_dir, trace, _workers, supervisor, mut reports) = stuck_and_started(1).await;
         let _ = trace.supervisor.set(Arc::downgrade(&supervisor));
         while !trace.started.load(SeqCst) {
             tokio::time::sleep(Duration::from_millis(5)).await;
