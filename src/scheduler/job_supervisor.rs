@@ -281,6 +281,8 @@ impl JobSupervisor {
         due: chrono::DateTime<chrono::Utc>,
     ) {
         let this = &*self;
+        // Reports even if this task is dropped unfinished (its runtime shut down).
+        let _finish = Finish(this);
         let (shared, gate) = (&this.shared, &this.attempt);
         let (id, attempt, claim) = (self.id, self.attempts, self.token.claim());
         let timeout = chrono::Duration::from_std(self.timeout).unwrap_or(chrono::Duration::MAX);
@@ -307,18 +309,25 @@ impl JobSupervisor {
             metrics.handler_ran(t0.elapsed());
             ran
         };
-        // The body (and the handler in it) is dropped before anything is reported: once
-        // reported, the job may run elsewhere.
-        let ended = {
-            let body = pin!(AssertUnwindSafe(body).catch_unwind());
-            Stoppable {
-                body,
-                supervisor: &self,
+        let mut slot = pin!(Some(AssertUnwindSafe(body).catch_unwind()));
+        let ended = match slot.as_mut().as_pin_mut() {
+            Some(body) => {
+                Stoppable {
+                    body,
+                    supervisor: this,
+                }
+                .await
             }
-            .await
+            None => Ended::Aborted,
+        };
+        // The body (and the handler in it) is dropped before anything is reported: once
+        // reported, the job may run elsewhere. A panic in the handler's drop is caught as
+        // one in its poll is.
+        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| slot.set(None))) {
+            Ok(()) => ended,
+            Err(payload) => Ended::Panicked(payload_message(&*payload)),
         };
         self.handler_done(ended);
-        self.cancel.cancel();
     }
 
     fn handler_done(&self, ended: Ended) {
@@ -384,7 +393,8 @@ impl JobSupervisor {
             Err(Some(msg)) => self.failed(
                 &JobError::retry(format!("the handler panicked: {msg}")).with_code("panic"),
             ),
-            // Dropped without a stop reason: only shutdown does that, so give it back.
+            // Dropped without a stop reason: only a task dropped unfinished (its runtime shut
+            // down; see `Finish`), so give it back.
             Err(None) => Finalization::Requeue {
                 delay: Duration::ZERO,
             },
@@ -433,6 +443,17 @@ impl JobSupervisor {
             }
         }
         self.abort();
+    }
+}
+
+/// Ends a supervisor's task however it ends: if nothing was reported yet (the task was
+/// dropped unfinished, or unwound), the job is given back; the cancel signal fires.
+struct Finish<'a>(&'a JobSupervisor);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        self.0.handler_done(Ended::Aborted);
+        self.0.cancel.cancel();
     }
 }
 
@@ -615,13 +636,15 @@ mod tests {
 
     async fn shared(dir: &tempfile::TempDir) -> Arc<Shared> {
         let handler = handler_fn(|n: i64, _ctx| async move { JobOutcome::success(n * 2) });
-        shared_with(dir, Arc::new(Erased(handler))).await
+        let rt = tokio::runtime::Handle::current();
+        shared_with(dir, Arc::new(Erased(handler)), rt).await
     }
 
     /// A node whose kind `double` runs `handler`.
     async fn shared_with(
         dir: &tempfile::TempDir,
         handler: Arc<dyn crate::handler::ErasedHandler>,
+        handler_rt: tokio::runtime::Handle,
     ) -> Arc<Shared> {
         let url = format!("sqlite://{}", dir.path().join("alone.db").display());
         let options = crate::store::StoreOptions::default().migrate(true);
@@ -648,7 +671,7 @@ mod tests {
             kinds: handlers.keys().cloned().collect(),
             handlers,
             events: EventBus::new(),
-            handler_rt: tokio::runtime::Handle::current(),
+            handler_rt,
             stats: Stats::default(),
             start_hold: StartHold::default(),
             leader: Default::default(),
@@ -753,12 +776,23 @@ mod tests {
         }
     }
 
-    /// A handler that records its start and then waits for ever (ignoring its cancel signal).
-    fn stuck(trace: &Arc<Trace>) -> Arc<dyn crate::handler::ErasedHandler> {
+    /// A handler that records its start and then waits for ever (ignoring its cancel signal);
+    /// its future panics when dropped if `panics_on_drop`.
+    fn stuck(trace: &Arc<Trace>, panics_on_drop: bool) -> Arc<dyn crate::handler::ErasedHandler> {
+        /// Panics when dropped.
+        struct Bomb;
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                panic!("the handler's drop panicked");
+            }
+        }
         let trace = trace.clone();
         Arc::new(Erased(handler_fn(move |_: i64, _ctx| {
             let guard = OnDrop(trace.clone());
+            // Made only when asked: a `Bomb` made and dropped here would panic at once.
+            let bomb = if panics_on_drop { Some(Bomb) } else { None };
             async move {
+                let _bomb = bomb;
                 guard
                     .0
                     .started
@@ -782,7 +816,8 @@ mod tests {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let trace = Arc::new(Trace::default());
-        let shared = shared_with(&dir, stuck(&trace)).await;
+        let rt = tokio::runtime::Handle::current();
+        let shared = shared_with(&dir, stuck(&trace, false), rt).await;
         let workers = Arc::new(Semaphore::new(permits));
         let (supervisor, reports) = started(shared, Duration::from_secs(30), workers.clone());
         (dir, trace, workers, supervisor, reports)
@@ -982,6 +1017,58 @@ mod tests {
         // Valid for less than the fence margin: its fence point has passed, the gate refuses.
         let done = run_alone(shared(&dir).await, Duration::from_millis(1)).await;
         assert!(!done.started, "the handler must not start");
+        assert!(
+            matches!(done.outcome, Finalization::Requeue { delay } if delay.is_zero()),
+            "{:?}",
+            done.outcome
+        );
+    }
+
+    /// Waits until the `stuck` handler of `trace` has started.
+    async fn until_started(trace: &Trace) {
+        while !trace.started.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[actix::test]
+    async fn a_handler_whose_drop_panics_after_a_timeout_still_has_the_timeout_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = Arc::new(Trace::default());
+        let rt = tokio::runtime::Handle::current();
+        let shared = shared_with(&dir, stuck(&trace, true), rt).await;
+        let workers = Arc::new(Semaphore::new(1));
+        let (supervisor, mut reports) = started(shared, Duration::from_secs(30), workers);
+        until_started(&trace).await;
+        supervisor.stop(StopReason::Timeout);
+        let done = tokio::time::timeout(Duration::from_secs(20), reports.recv())
+            .await
+            .expect("reported although the handler's drop panicked")
+            .unwrap();
+        match done.outcome {
+            Finalization::Retry { error, .. } => assert_eq!(error.code, "timeout"),
+            other => panic!("expected a timeout retry, got {other:?}"),
+        }
+    }
+
+    #[actix::test]
+    async fn a_handler_task_dropped_with_its_runtime_gives_the_job_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = Arc::new(Trace::default());
+        let handlers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let shared = shared_with(&dir, stuck(&trace, false), handlers.handle().clone()).await;
+        let workers = Arc::new(Semaphore::new(1));
+        let (_supervisor, mut reports) = started(shared, Duration::from_secs(30), workers);
+        until_started(&trace).await;
+        handlers.shutdown_background();
+        let done = tokio::time::timeout(Duration::from_secs(20), reports.recv())
+            .await
+            .expect("a task dropped unfinished still reports")
+            .unwrap();
         assert!(
             matches!(done.outcome, Finalization::Requeue { delay } if delay.is_zero()),
             "{:?}",
