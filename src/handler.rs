@@ -81,26 +81,25 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    /// The context of `job`'s attempt; moves the job's names, payload and progress into it.
+    /// The context of `job`'s attempt; takes the job's names, payload, progress and token.
     pub(crate) fn new(
-        job: &mut crate::job::Job,
+        job: crate::store::ClaimedJob,
         deadline: DateTime<Utc>,
         cancel: CancellationToken,
         client: Client,
         attempt: Arc<Attempt>,
-        token: LeaseToken,
         clock: Arc<dyn Clock>,
     ) -> Self {
         JobContext {
             id: job.id,
-            kind: std::mem::take(&mut job.kind),
-            queue: std::mem::take(&mut job.queue),
-            payload: std::mem::take(&mut job.payload),
+            kind: job.kind,
+            queue: job.queue,
+            payload: job.payload,
             attempt: job.attempts,
             max_attempts: job.max_attempts,
             deadline,
-            last_progress: job.progress.take(),
-            token,
+            last_progress: job.progress,
+            token: job.token,
             cancel,
             client: Some(client),
             progress: attempt,
@@ -243,15 +242,14 @@ impl JobContext {
         self.cancel.is_cancelled()
     }
 
-    /// A context for an attempt a test claimed itself (`job` as claimed, `token` its
-    /// lease): its transactions run on `client`'s store, its clock is `clock`, and its fence
+    /// A context for an attempt a test claimed itself (`job` as claimed, with its lease's
+    /// token): its transactions run on `client`'s store, its clock is `clock`, and its fence
     /// point is `valid_for` from now on that clock (zero: already passed). The handler counts
     /// as started. Not a stable API: for jobvisor's own tests.
     #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn for_claim(
-        job: &crate::job::Job,
-        token: LeaseToken,
+        job: &crate::store::ClaimedJob,
         client: Client,
         clock: Arc<dyn Clock>,
         valid_for: Duration,
@@ -260,12 +258,11 @@ impl JobContext {
         let attempt = Arc::new(Attempt::new(now + valid_for));
         attempt.try_start(now);
         JobContext::new(
-            &mut job.clone(),
+            job.clone(),
             Utc::now() + chrono::Duration::minutes(30),
             CancellationToken::new(),
             client,
             attempt,
-            token,
             clock,
         )
     }

@@ -57,11 +57,17 @@ async fn make_dead(client: &Client, store: &jobvisor::Store) {
         })
         .await
         .unwrap();
-    let items = claimed
-        .into_iter()
-        .filter(|c| c.job.unique_key.is_none())
-        .map(|c| Finalize::dead(c.job.id, c.token, JobFailure::new("boom", "it broke", 1)))
-        .collect();
+    let mut items = Vec::new();
+    for c in claimed {
+        let job = store.job_get(c.id).await.unwrap().unwrap();
+        if job.unique_key.is_none() {
+            items.push(Finalize::dead(
+                c.id,
+                c.token,
+                JobFailure::new("boom", "it broke", 1),
+            ));
+        }
+    }
     store
         .job_finalize_many(FinalizeParams { items, now: None })
         .await
@@ -711,9 +717,9 @@ async fn metrics_listen_serves_the_gauges_over_http() {
         .unwrap();
     assert_eq!(claimed.len(), 2);
     let items = vec![
-        Finalize::succeeded(claimed[0].job.id, claimed[0].token.clone(), json!(null)),
+        Finalize::succeeded(claimed[0].id, claimed[0].token.clone(), json!(null)),
         Finalize::dead(
-            claimed[1].job.id,
+            claimed[1].id,
             claimed[1].token.clone(),
             JobFailure::new("boom", "it broke", 1),
         ),

@@ -170,11 +170,11 @@ async fn measure(backend: Backend) -> Vec<(&'static str, Cost, Cost)> {
         all.extend(l);
         let leases = all
             .iter()
-            .map(|c| lease_ref(c.job.id, &c.token))
+            .map(|c| lease_ref(c.id, &c.token))
             .collect::<Vec<_>>();
         store.job_renew_leases(renew(leases)).await.unwrap();
         store
-            .job_finalize_many(finalize(all.iter().map(|c| (c.job.id, &c.token))))
+            .job_finalize_many(finalize(all.iter().map(|c| (c.id, &c.token))))
             .await
             .unwrap();
     }
@@ -202,13 +202,12 @@ async fn measure(backend: Backend) -> Vec<(&'static str, Cost, Cost)> {
     out.push(("claim ten, limited queue", c, want.claim_limited));
     let leases = claimed
         .iter()
-        .map(|c| lease_ref(c.job.id, &c.token))
+        .map(|c| lease_ref(c.id, &c.token))
         .collect::<Vec<_>>();
     let (_, c) = cost_of(store.job_renew_leases(renew(leases))).await;
     out.push(("renew ten", c, want.renew));
     let (_, c) =
-        cost_of(store.job_finalize_many(finalize(claimed.iter().map(|c| (c.job.id, &c.token)))))
-            .await;
+        cost_of(store.job_finalize_many(finalize(claimed.iter().map(|c| (c.id, &c.token))))).await;
     out.push(("finalize ten", c, want.finalize));
     out
 }

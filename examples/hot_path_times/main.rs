@@ -73,7 +73,7 @@ async fn run(b: Backend, rounds: usize) -> jobvisor::Result<()> {
                     .map(|c| LeaseRef {
                         started_ago: None,
                         progress: None,
-                        id: c.job.id,
+                        id: c.id,
                         token: c.token.clone(),
                     })
                     .collect(),
@@ -86,15 +86,11 @@ async fn run(b: Backend, rounds: usize) -> jobvisor::Result<()> {
         let (done, expire) = held.split_at(held.len().saturating_sub(100));
         let mut items: Vec<Finalize> = done
             .iter()
-            .map(|c| Finalize::succeeded(c.job.id, c.token.clone(), json!({"ok": true})))
+            .map(|c| Finalize::succeeded(c.id, c.token.clone(), json!({"ok": true})))
             .collect();
         // Make it 1,000 with 100 stale ones (guarded, refused): the same statement size.
         items.extend(expire.iter().map(|c| {
-            Finalize::succeeded(
-                c.job.id,
-                jobvisor::testing::LeaseToken::generate(),
-                json!(null),
-            )
+            Finalize::succeeded(c.id, jobvisor::testing::LeaseToken::generate(), json!(null))
         }));
         let t = Instant::now();
         store

@@ -457,10 +457,10 @@ impl Fetcher {
         for claimed in jobs {
             if heard {
                 self.shared.events.emit(Event::Claimed {
-                    id: claimed.job.id,
-                    kind: claimed.job.kind.clone(),
-                    queue: claimed.job.queue.clone(),
-                    attempt: claimed.job.attempts,
+                    id: claimed.id,
+                    kind: claimed.kind.clone(),
+                    queue: claimed.queue.clone(),
+                    attempt: claimed.attempts,
                     claim: claimed.token.claim(),
                 });
             }
@@ -469,13 +469,12 @@ impl Fetcher {
                 self.gate.clone(),
                 rated.map(|after| claimed_at + after + crate::RATE_START_MARGIN),
             ));
-            let (id, timeout, created_at) =
-                (claimed.job.id, claimed.job.timeout, claimed.job.created_at);
+            let (id, timeout, created_at) = (claimed.id, claimed.timeout, claimed.created_at);
             let queue = &self.queue;
-            let (kind, metrics) = match self.kind_metrics.get(&claimed.job.kind) {
+            let (kind, metrics) = match self.kind_metrics.get(&claimed.kind) {
                 Some((kind, m)) => (kind.clone(), m.clone()),
                 None => {
-                    let kind = &claimed.job.kind;
+                    let kind = &claimed.kind;
                     let (kind, m) = self.kind_metrics.entry(kind.clone()).or_insert_with(|| {
                         (
                             kind.as_str().into(),
@@ -487,15 +486,14 @@ impl Fetcher {
             };
             let supervisor = Arc::new(JobSupervisor::new(
                 self.shared.clone(),
-                &claimed.job,
+                &claimed,
                 (self.queue_name.clone(), kind.clone()),
-                claimed.token.clone(),
                 attempt.clone(),
                 self.finished.clone(),
             ));
             leases.push(TrackLease {
                 id,
-                token: claimed.token,
+                token: claimed.token.clone(),
                 queue: self.queue_name.clone(),
                 kind,
                 supervisor: supervisor.clone(),
@@ -505,7 +503,7 @@ impl Fetcher {
                 attempt,
                 metrics: metrics.clone(),
             });
-            starts.push((supervisor, claimed.job, metrics));
+            starts.push((supervisor, claimed, metrics));
         }
         // Sent before any handler's task starts, so that no report can overtake it (the
         // tasks run on other threads).

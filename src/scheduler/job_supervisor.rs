@@ -50,10 +50,10 @@ use super::shared::Registered;
 use super::{Event, Shared};
 use crate::clock::Clock;
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
-use crate::job::{Job, JobFailure, JobId};
+use crate::job::{JobFailure, JobId};
 use crate::lease::LeaseToken;
 use crate::metrics::KindMetrics;
-use crate::store::Finalization;
+use crate::store::{ClaimedJob, Finalization};
 
 /// Supervises one claimed job: shared by its handler's task, which reports how it ended,
 /// and the lease manager, which tells it to stop.
@@ -118,9 +118,8 @@ impl JobSupervisor {
     /// [`start`](Self::start), once the lease manager tracks the lease.
     pub(crate) fn new(
         shared: Arc<Shared>,
-        job: &Job,
+        job: &ClaimedJob,
         (queue, kind): (Arc<str>, Arc<str>),
-        token: LeaseToken,
         attempt: Arc<Attempt>,
         finished: Arc<Recipient<JobFinished>>,
     ) -> Self {
@@ -129,7 +128,7 @@ impl JobSupervisor {
             id: job.id,
             queue,
             kind,
-            token,
+            token: job.token.clone(),
             attempts: job.attempts,
             max_attempts: job.max_attempts,
             timeout: job.timeout,
@@ -222,7 +221,7 @@ impl JobSupervisor {
     /// once, after the lease manager was told of the lease (so no report can overtake it).
     pub(crate) fn start(
         self: &Arc<Self>,
-        mut job: Job,
+        job: ClaimedJob,
         workers: Arc<Semaphore>,
         metrics: Arc<KindMetrics>,
     ) {
@@ -258,16 +257,16 @@ impl JobSupervisor {
         // The handler's context takes the names, the payload and the progress: the supervisor
         // has no further use for them (a copy of each would cost an allocation or a deep clone
         // per job).
+        let run_at = job.run_at;
         let job_ctx = JobContext::new(
-            &mut job,
+            job,
             shared.clock.now(),
             self.cancel.clone(),
             shared.client.clone(),
             self.attempt.clone(),
-            self.token.clone(),
             shared.clock.clone(),
         );
-        let task = self.clone().run(reg, job_ctx, workers, metrics, job.run_at);
+        let task = self.clone().run(reg, job_ctx, workers, metrics, run_at);
         shared.handler_rt.spawn(task.instrument(span));
     }
 
@@ -612,7 +611,7 @@ mod tests {
     use crate::clock::{Clock, SystemClock};
     use crate::config::SchedulerConfig;
     use crate::handler::{handler_fn, Erased};
-    use crate::job::{JobId, JobState};
+    use crate::job::JobId;
     use crate::lease::NodeId;
     use crate::scheduler::event::EventBus;
     use crate::scheduler::shared::Registered;
@@ -682,39 +681,21 @@ mod tests {
         })
     }
 
-    fn job(payload: Value) -> Job {
+    fn job(payload: Value) -> ClaimedJob {
         let now: DateTime<Utc> = Utc::now();
-        Job {
+        ClaimedJob {
             id: JobId(1),
             queue: "default".into(),
             kind: "double".into(),
-            unique_key: None,
-            unique_scope: None,
-            unique_until: None,
-            unique_held: false,
-            partition: None,
-            state: JobState::Running,
             priority: 0,
             payload,
-            result: None,
             progress: None,
-            last_error: None,
-            errors: Vec::new(),
             attempts: 1,
             max_attempts: 3,
             run_at: now,
             timeout: Duration::from_secs(60),
-            timeout_at: None,
-            lease: None,
-            version: 1,
-            cancel_requested_at: None,
             created_at: now,
-            updated_at: now,
-            first_started_at: None,
-            finished_at: None,
-            archived_at: None,
-            started_at: None,
-            refunds: 0,
+            token: LeaseToken::generate(),
         }
     }
 
@@ -745,7 +726,6 @@ mod tests {
             shared,
             &job,
             ("default".into(), "double".into()),
-            LeaseToken::generate(),
             attempt,
             Arc::new(reports.recipient()),
         ));

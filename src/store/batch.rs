@@ -23,6 +23,7 @@ pub(crate) fn bound(now: Option<chrono::DateTime<chrono::Utc>>) -> Option<i64> {
 /// `attempts` (0) and `version` (1) are the schema's column defaults; `errors` is written
 /// because MySQL's `JSON` column can have no default (PostgreSQL's and SQLite's default to
 /// `[]`, which their batch inserts rely on).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! new_row {
     ($job:expr, $now:expr) => {{
         use diesel::ExpressionMethods;
@@ -130,7 +131,6 @@ macro_rules! take_over {
     }};
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 #[derive(QueryableByName)]
 pub(crate) struct LastId {
     #[diesel(sql_type = BigInt)]
@@ -248,16 +248,19 @@ pub(crate) struct RenewedRow {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[derive(QueryableByName)]
+#[derive(Queryable)]
 pub(crate) struct Finalized {
-    #[diesel(sql_type = BigInt)]
     pub(crate) id: i64,
-    #[diesel(sql_type = Text)]
     pub(crate) state: String,
     /// Whether a child was ever enqueued after it (`has_children`): its end must settle them.
-    #[diesel(sql_type = diesel::sql_types::Bool)]
     pub(crate) has_children: bool,
 }
+
+/// A finalize statement's rows (`RETURNING id, state, has_children`), read by position: one
+/// per job, so by name they cost the client a dynamic row and a search per column per job.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) type FinalizedRows<Q, DB> =
+    super::expr::Positional<Q, (BigInt, Text, diesel::sql_types::Bool), DB>;
 
 /// One finalization as the columns of a batched statement.
 pub(crate) struct FinalRow {
@@ -301,6 +304,7 @@ impl From<&Finalize> for FinalRow {
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use holder;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use new_row;
 pub(crate) use take_over;
 

@@ -31,7 +31,9 @@
 //!   never burns an attempt on a node without the kind), skipping rows another claimer holds; up to `limit` in (priority,
 //!   run_at, id) order. Writes `running`, `lease_owner`, `lease_token`, `lease_expires_at =
 //!   now + lease`, `heartbeat_at = now`, `attempts + 1`, `version + 1`, `updated_at`, and
-//!   clears `started_at` / `timeout_at`. Returns the claimed rows as they now are (any order).
+//!   clears `started_at` / `timeout_at`. Returns, in any order, each claimed row's
+//!   `claim_columns!` (`expr.rs`: what the attempt runs with, and the claim order) as they
+//!   now are — no more, since every column returned costs per job on both sides.
 //! * [`renew`](Driver::renew) — guard per row: `(id, lease_token)` presented and state
 //!   `running`. Writes `lease_expires_at = now + lease`, `heartbeat_at = now`; for a lease
 //!   carrying `started_ago` whose start is not recorded yet: `started_at = now − ago`,
@@ -73,7 +75,7 @@ pub(crate) use super::params::Notice;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::params::OpenError;
 use super::params::{ClaimArgs, Claimed, RenewArgs};
-use super::rows::JobRow;
+use super::rows::ClaimRow;
 use super::{Backend, Enqueued, Finalize, StoreOptions};
 use crate::error::{Error, Result};
 use crate::job::{JobState, NewJob};
@@ -267,7 +269,7 @@ impl Driver {
     }
 
     /// Claims due jobs (see the module doc).
-    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
+    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<ClaimRow>> {
         match self {
             #[cfg(feature = "postgres")]
             Driver::Postgres(d) => d.claim(a).await,
@@ -301,7 +303,10 @@ impl Driver {
     /// SQLite: none at all; PostgreSQL: a rate limit) — nothing was claimed, the portable
     /// claim is to run.
     #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
-    pub(crate) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Option<Claimed<JobRow>>> {
+    pub(crate) async fn claim_controlled(
+        &self,
+        a: &ClaimArgs,
+    ) -> Result<Option<Claimed<ClaimRow>>> {
         match self {
             #[cfg(feature = "postgres")]
             Driver::Postgres(d) => d.claim_controlled(a).await,

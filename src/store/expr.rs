@@ -15,7 +15,7 @@
 //!
 //! * [`InList`]: `column IN (?, …)` whose text takes one of a few shapes, so it stays cached
 //!   (diesel's `eq_any` is never cached: on MySQL every use cost a prepare round trip).
-//! * [`StateIn`], [`SkipLocked`], [`ForUpdate`], `prepared_statement!`, `job_columns!`.
+//! * [`StateIn`], [`SkipLocked`], [`ForUpdate`], `prepared_statement!`, `claim_columns!`.
 //! * [`ScanSql`]: how the partition scan of a controlled claim reads (`claim/partitions.rs`).
 //!
 //! All render static SQL for a given backend and type, so prepared statements stay cached.
@@ -150,6 +150,7 @@ where
 
 /// "Now" plus an optional offset: `NULL` when the offset is `None` (the end of a
 /// [`UniqueScope::For`](crate::job::UniqueScope::For) hold, absent for other jobs).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 #[derive(Debug, Clone, Copy, QueryId)]
 pub(crate) struct DbNowPlus {
     /// The test clock's instant, or `None` for the database clock.
@@ -158,16 +159,21 @@ pub(crate) struct DbNowPlus {
     pub(crate) plus_us: Option<i64>,
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl Expression for DbNowPlus {
     type SqlType = Nullable<BigInt>;
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<QS> AppearsOnTable<QS> for DbNowPlus {}
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<QS> SelectableExpression<QS> for DbNowPlus {}
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<GB> ValidGrouping<GB> for DbNowPlus {
     type IsAggregate = is_aggregate::Never;
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<DB> QueryFragment<DB> for DbNowPlus
 where
     DB: Backend + ClockSql + diesel::sql_types::HasSqlType<BigInt>,
@@ -486,59 +492,60 @@ macro_rules! prepared_statement {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-/// Every column of a live row but the token, in `JobRow`'s order.
-macro_rules! job_columns {
+/// The columns a claim returns, in `ClaimRow`'s order (see `rows.rs`).
+macro_rules! claim_columns {
     () => {
-        "id, queue, kind, unique_key, state, priority, payload, result, last_error, errors, \
-         attempts, max_attempts, run_at, timeout_ms, timeout_at, lease_owner, lease_expires_at, \
-         heartbeat_at, version, cancel_requested_at, created_at, updated_at, first_started_at, \
-         finished_at, started_at, refunds, partition_key, unique_hold, unique_until, unique_scope, \
-         progress"
+        "id, queue, kind, priority, payload, progress, attempts, max_attempts, run_at, \
+         timeout_ms, created_at"
     };
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) use job_columns;
+pub(crate) use claim_columns;
 
-/// A statement returning `job_columns!()` whose rows are read by position instead of by
-/// name, on backend `DB`. By name, diesel finds each of a row's 31 columns by comparing its
-/// name with every column before it (a linear search per field), which made decoding a
-/// claimed row the largest per-job cost on the client. The columns are listed in `JobRow`'s
-/// field order (see `job_columns!`), so the row's SQL type is `JobRow`'s selection.
+/// A statement whose rows are read by position, as the SQL types `ST` in order, instead of by
+/// name, on backend `DB`. By name, diesel finds each of a row's columns by comparing its name
+/// with every column before it (a linear search per field) and goes through a dynamic row;
+/// for the claim's rows this was once the largest per-job cost on the client.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[derive(Debug, Clone)]
-pub(crate) struct JobRows<Q, DB>(pub(crate) Q, std::marker::PhantomData<DB>);
+pub(crate) struct Positional<Q, ST, DB>(pub(crate) Q, std::marker::PhantomData<(ST, DB)>);
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-impl<Q, DB> JobRows<Q, DB> {
+impl<Q, ST, DB> Positional<Q, ST, DB> {
     /// `q`'s rows, read by position.
     pub(crate) fn new(q: Q) -> Self {
-        JobRows(q, std::marker::PhantomData)
+        Positional(q, std::marker::PhantomData)
     }
 }
 
+/// A claim statement returning `claim_columns!()`, its rows read by position: the columns are
+/// listed in `ClaimRow`'s field order, so the row's SQL type is `ClaimRow`'s selection.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-impl<Q: QueryId, DB: 'static> QueryId for JobRows<Q, DB> {
-    type QueryId = JobRows<Q::QueryId, DB>;
+pub(crate) type ClaimRows<Q, DB> = Positional<
+    Q,
+    <<super::rows::ClaimRow as diesel::Selectable<DB>>::SelectExpression as Expression>::SqlType,
+    DB,
+>;
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<Q: QueryId, ST: 'static, DB: 'static> QueryId for Positional<Q, ST, DB> {
+    type QueryId = Positional<Q::QueryId, ST, DB>;
     const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-impl<Q, DB: Backend> diesel::query_builder::Query for JobRows<Q, DB>
-where
-    super::rows::JobRow: diesel::Selectable<DB>,
-{
-    type SqlType =
-        <<super::rows::JobRow as diesel::Selectable<DB>>::SelectExpression as Expression>::SqlType;
+impl<Q, ST, DB: Backend> diesel::query_builder::Query for Positional<Q, ST, DB> {
+    type SqlType = ST;
 }
 
 /// Runs on diesel's own (blocking) connections too: SQLite's claim reads its rows on the
 /// connection's thread (`sqlite/mod.rs`).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-impl<Q, DB, Conn> diesel::RunQueryDsl<Conn> for JobRows<Q, DB> {}
+impl<Q, ST, DB, Conn> diesel::RunQueryDsl<Conn> for Positional<Q, ST, DB> {}
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-impl<Q: QueryFragment<DB>, DB: Backend> QueryFragment<DB> for JobRows<Q, DB> {
+impl<Q: QueryFragment<DB>, ST, DB: Backend> QueryFragment<DB> for Positional<Q, ST, DB> {
     fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.0.walk_ast(out)
     }

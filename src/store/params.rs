@@ -98,11 +98,33 @@ pub struct ClaimParams {
     pub now: Option<DateTime<Utc>>,
 }
 
-/// A job just claimed, with the token its holder must present.
+/// A job just claimed: what its attempt runs with, and the token its holder must present.
+/// The claim reads no more of the row than this (each column is a cost per job); the rest
+/// of the job (its state is `running` now) is read with `job_get`.
 #[derive(Debug, Clone)]
 pub struct ClaimedJob {
-    /// The job as it is now (state `running`, attempts counted).
-    pub job: Job,
+    /// The job.
+    pub id: JobId,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its priority (lower runs first).
+    pub priority: i16,
+    /// Its arguments.
+    pub payload: Value,
+    /// The progress an earlier attempt last reported (`None`: none did).
+    pub progress: Option<Value>,
+    /// Attempts so far, this one counted.
+    pub attempts: u32,
+    /// Attempts allowed in all.
+    pub max_attempts: u32,
+    /// When it was due.
+    pub run_at: DateTime<Utc>,
+    /// How long an attempt may run.
+    pub timeout: Duration,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
     /// The lease token of this claim.
     pub token: LeaseToken,
 }

@@ -11,9 +11,10 @@ use diesel::prelude::*;
 use serde_json::Value;
 
 use super::schema::{jobvisor_jobs, jobvisor_jobs_archive};
+use super::ClaimedJob;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobFailure, JobId, JobState, LeaseInfo, UniqueScope};
-use crate::lease::NodeId;
+use crate::lease::{LeaseToken, NodeId};
 
 /// A live row, exactly as stored.
 #[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
@@ -54,6 +55,61 @@ pub(crate) struct JobRow {
     pub(crate) unique_until: Option<i64>,
     pub(crate) unique_scope: Option<String>,
     pub(crate) progress: Option<Value>,
+}
+
+/// What a claim reads of each row it takes: what the attempt runs with, and the claim
+/// order. Nothing else: every column returned costs the server and the client per job (a
+/// full row is 31 columns, this is 11), and the rest of the row stays the store's until a
+/// read asks for it. Its fields are in `claim_columns!`'s order, so the claim statements'
+/// rows are read by position (`expr.rs`).
+#[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
+#[diesel(table_name = jobvisor_jobs)]
+#[cfg_attr(
+    all(feature = "postgres", feature = "mysql", feature = "sqlite"),
+    diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))
+)]
+pub(crate) struct ClaimRow {
+    pub(crate) id: i64,
+    pub(crate) queue: String,
+    pub(crate) kind: String,
+    pub(crate) priority: i32,
+    pub(crate) payload: Value,
+    pub(crate) progress: Option<Value>,
+    pub(crate) attempts: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_at: i64,
+    pub(crate) timeout_ms: i64,
+    pub(crate) created_at: i64,
+}
+
+impl ClaimRow {
+    /// The job as its claimer runs it, under `token`; a row whose numbers cannot be what
+    /// jobvisor wrote (written by something else) is [`Error::Corrupt`], naming the field.
+    pub(crate) fn into_claimed(self, token: LeaseToken) -> Result<ClaimedJob> {
+        let id = self.id;
+        let count = |v: i32, what: &str| {
+            u32::try_from(v).map_err(|_| corrupt(id, format!("{what} {v} is negative")))
+        };
+        Ok(ClaimedJob {
+            id: JobId(id),
+            queue: self.queue,
+            kind: self.kind,
+            priority: i16::try_from(self.priority)
+                .map_err(|_| corrupt(id, format!("priority {} out of range", self.priority)))?,
+            payload: self.payload,
+            progress: self.progress,
+            attempts: count(self.attempts, "attempts")?,
+            max_attempts: count(self.max_attempts, "max_attempts")?,
+            run_at: from_us(self.run_at),
+            timeout: Duration::from_millis(
+                u64::try_from(self.timeout_ms).map_err(|_| {
+                    corrupt(id, format!("timeout_ms {} is negative", self.timeout_ms))
+                })?,
+            ),
+            created_at: from_us(self.created_at),
+            token,
+        })
+    }
 }
 
 /// An archived row, exactly as stored.

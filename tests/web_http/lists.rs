@@ -200,7 +200,7 @@ pub(crate) async fn dead_letters_group_in_sql(b: Backend) {
                 store
                     .job_finalize_many(FinalizeParams {
                         items: vec![Finalize::dead(
-                            c.job.id,
+                            c.id,
                             c.token,
                             JobFailure::new(code, format!("{kind} failed with {code}"), 1),
                         )],

@@ -66,7 +66,7 @@ async fn env(b: Backend) -> Env {
     store
         .job_finalize_many(FinalizeParams {
             items: vec![Finalize::dead(
-                c.job.id,
+                c.id,
                 c.token,
                 JobFailure::new("boom", XSS_ERROR, 1),
             )],

@@ -39,7 +39,7 @@ use super::super::driver::with_tx;
 use super::super::params::ClaimArgs;
 use super::super::params::{Claimed, Route};
 use super::super::queues::{QueueRow, RateLimit, RATE_START_MARGIN};
-use super::super::rows::{dur_us, JobRow};
+use super::super::rows::{dur_us, ClaimRow};
 use super::super::Store;
 use super::partitions::{self, Candidate, PartitionScan, Pick, Ranking, Rooms, Walk};
 use super::route::Routes;
@@ -50,7 +50,7 @@ use crate::job::JobState;
 impl Store {
     /// The controlled claim of `a.queue`: the backend's own where it takes the queue's
     /// settings, else [`portable`]. Answers [`Route::Fast`] when the queue has no row.
-    pub(super) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Claimed<JobRow>> {
+    pub(super) async fn claim_controlled(&self, a: &ClaimArgs) -> Result<Claimed<ClaimRow>> {
         let routes = &self.inner.routes;
         if !routes.is_portable(&a.queue) {
             if let Some(own) = self.inner.driver.claim_controlled(a).await? {
@@ -75,7 +75,7 @@ pub(crate) async fn portable<C: ClaimSteps>(
     routes: &Routes,
     own_partitions: bool,
     began: Instant,
-) -> QueryResult<Claimed<JobRow>> {
+) -> QueryResult<Claimed<ClaimRow>> {
     let q = a.queue.as_str();
     let Some((row, mut now)) = c.lock_settings(q, a.now).await? else {
         return Ok(Claimed::none(Route::Fast));

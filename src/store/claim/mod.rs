@@ -41,7 +41,7 @@ pub(crate) use route::Routes;
 use super::batch::bound;
 use super::params::ClaimArgs;
 use super::params::{Claimed, Route};
-use super::rows::{dur_us, JobRow};
+use super::rows::{dur_us, ClaimRow};
 use super::timeout::Op;
 use super::{ClaimParams, ClaimedJob, FinalizeParams, Store};
 use crate::error::Result;
@@ -91,7 +91,7 @@ impl Store {
     }
 
     /// The claim by the queue's route (see the module doc), as the backend returned it.
-    async fn claim_rows(&self, a: &ClaimArgs) -> Result<Claimed<JobRow>> {
+    async fn claim_rows(&self, a: &ClaimArgs) -> Result<Claimed<ClaimRow>> {
         let routes = &self.inner.routes;
         let mut route = routes.of(&a.queue);
         if route == Route::Fast {
@@ -119,7 +119,7 @@ impl Store {
     /// The claimed rows as jobs, in claim order; a row jobvisor cannot read is marked dead.
     async fn finish(
         &self,
-        got: Claimed<JobRow>,
+        got: Claimed<ClaimRow>,
         token: &LeaseToken,
         now: Option<chrono::DateTime<chrono::Utc>>,
     ) -> Result<Claimed> {
@@ -127,11 +127,8 @@ impl Store {
         let mut corrupt = Vec::new();
         for r in got.jobs {
             let (id, attempts) = (r.id, r.attempts);
-            match r.into_job(None) {
-                Ok(job) => claimed.push(ClaimedJob {
-                    job,
-                    token: token.clone(),
-                }),
+            match r.into_claimed(token.clone()) {
+                Ok(job) => claimed.push(job),
                 // A row jobvisor cannot read (written by something else): it can never run, so
                 // it is dead at once, with the reason; the rest of the batch goes on.
                 Err(e) => corrupt.push(super::Finalize::dead(
@@ -157,7 +154,7 @@ impl Store {
             .await?;
         }
         // RETURNING order is unspecified: restore the claim order.
-        claimed.sort_by_key(|c| (c.job.priority, c.job.run_at, c.job.id));
+        claimed.sort_by_key(|c| (c.priority, c.run_at, c.id));
         Ok(Claimed {
             jobs: claimed,
             route: got.route,

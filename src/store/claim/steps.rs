@@ -15,7 +15,7 @@ use super::super::expr::{
 };
 use super::super::params::ClaimArgs;
 use super::super::queues::QueueRow;
-use super::super::rows::JobRow;
+use super::super::rows::ClaimRow;
 use super::super::schema::{
     jobvisor_jobs as jobs, jobvisor_queue_claims as claims_log, jobvisor_queues as queues,
 };
@@ -138,7 +138,7 @@ pub(crate) trait ClaimSteps: Send {
         ids: Vec<i64>,
         a: &ClaimArgs,
         now: i64,
-    ) -> impl Future<Output = QueryResult<Vec<JobRow>>> + Send;
+    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send;
 
     /// Records `n` jobs claimed at `now` in the queue's rate window.
     fn record_claim(
@@ -350,7 +350,7 @@ macro_rules! claim_steps {
                 ids: Vec<i64>,
                 a: &ClaimArgs,
                 now: i64,
-            ) -> QueryResult<Vec<JobRow>> {
+            ) -> QueryResult<Vec<ClaimRow>> {
                 // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as
                 // it is.
                 diesel::update(
@@ -375,7 +375,7 @@ macro_rules! claim_steps {
                 jobs::table
                     .filter(in_list(jobs::id, ids))
                     .filter(jobs::lease_token.eq(&a.token))
-                    .select(JobRow::as_select())
+                    .select(ClaimRow::as_select())
                     .load(self)
                     .await
             }

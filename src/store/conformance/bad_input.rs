@@ -122,36 +122,48 @@ pub async fn corrupt_rows_go_dead_and_the_batch_goes_on(b: Backend) {
     let t = Bundle::new(b).await;
     let bad = t.enqueue(NewJob::new("k", json!(1)), 0).await;
     let good = t.enqueue(NewJob::new("k", json!(2)), 0).await;
-    // Valid JSON, but not an error record: jobvisor cannot read this row.
+    let scarred = t.enqueue(NewJob::new("k", json!(3)), 0).await;
+    // A number jobvisor never writes, in a column the attempt runs with: it cannot run.
     exec_sql(
         &t.store,
         &format!(
-            "UPDATE jobvisor_jobs SET last_error = '{{\"nope\": true}}' WHERE id = {}",
+            "UPDATE jobvisor_jobs SET max_attempts = -1 WHERE id = {}",
             bad.0
         ),
     )
     .await
     .unwrap();
+    // Valid JSON, but not an error record, in a column the attempt does not run with: a
+    // read names it; the claim, which does not read it, runs the job.
+    exec_sql(
+        &t.store,
+        &format!(
+            "UPDATE jobvisor_jobs SET last_error = '{{\"nope\": true}}' WHERE id = {}",
+            scarred.0
+        ),
+    )
+    .await
+    .unwrap();
     assert!(matches!(
-        t.store.job_get(bad).await,
+        t.store.job_get(scarred).await,
         Err(Error::Corrupt { .. })
     ));
     let claimed: Vec<JobId> = t
         .claim("default", "n", 10, 1)
         .await
         .iter()
-        .map(|c| c.job.id)
+        .map(|c| c.id)
         .collect();
     assert_eq!(
         claimed,
-        vec![good],
-        "the readable job is claimed, the corrupt one is not"
+        vec![good, scarred],
+        "the runnable jobs are claimed, the corrupt one is not"
     );
     let j = t.get(bad).await;
     assert_eq!(j.state, JobState::Dead);
     let e = j.last_error.unwrap();
     assert_eq!(e.code, "corrupt");
-    assert!(e.message.contains("last_error"), "{}", e.message);
+    assert!(e.message.contains("max_attempts -1"), "{}", e.message);
     // Every backend refuses a payload that is not JSON; nothing stored changes.
     let refused = exec_sql(
         &t.store,

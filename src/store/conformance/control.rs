@@ -12,7 +12,7 @@ pub async fn cancel_pending_running_and_finished_jobs(b: Backend) {
         .await;
     let running = t.enqueue(NewJob::new("k", json!(2)), 0).await;
     let c = t.claim("default", "n", 1, 1).await.pop().unwrap();
-    assert_eq!(c.job.id, running);
+    assert_eq!(c.id, running);
 
     let out = t
         .store
@@ -142,7 +142,7 @@ pub async fn manual_retry_of_a_dead_job_is_version_guarded(b: Backend) {
         "{e}"
     );
     let c = t.claim("default", "n", 1, 3).await.pop().unwrap();
-    assert_eq!(c.job.attempts, 2);
+    assert_eq!(c.attempts, 2);
 }
 
 pub async fn delete_of_a_finished_job_is_version_guarded(b: Backend) {
@@ -188,7 +188,7 @@ pub async fn ended_histogram_counts_finished_jobs_per_window(b: Backend) {
         let f = t
             .store
             .job_finalize_many(FinalizeParams {
-                items: vec![Finalize::succeeded(c.job.id, c.token, json!(null))],
+                items: vec![Finalize::succeeded(c.id, c.token, json!(null))],
                 now: None,
             })
             .await

@@ -92,7 +92,7 @@ fn renew_params(held: &[ClaimedJob]) -> RenewParams {
             .map(|c| LeaseRef {
                 started_ago: None,
                 progress: None,
-                id: c.job.id,
+                id: c.id,
                 token: c.token.clone(),
             })
             .collect(),
@@ -103,7 +103,7 @@ fn renew_params(held: &[ClaimedJob]) -> RenewParams {
 
 fn finalize_params(c: &ClaimedJob) -> FinalizeParams {
     FinalizeParams {
-        items: vec![Finalize::succeeded(c.job.id, c.token.clone(), json!("ok"))],
+        items: vec![Finalize::succeeded(c.id, c.token.clone(), json!("ok"))],
         now: None,
     }
 }

@@ -25,7 +25,7 @@ async fn claim_ids(t: &Bundle, at: i64) -> Vec<JobId> {
         .claim("default", "n1", 100, at)
         .await
         .into_iter()
-        .map(|c| c.job.id)
+        .map(|c| c.id)
         .collect();
     ids.sort();
     ids
@@ -36,7 +36,7 @@ async fn run(t: &Bundle, id: JobId, at: i64, outcome: JobState) -> Guarded<JobSt
     let got = t.claim("default", "n1", 100, at).await;
     let c = got
         .iter()
-        .find(|c| c.job.id == id)
+        .find(|c| c.id == id)
         .unwrap_or_else(|| panic!("job {id} is not claimable at {at}"));
     t.renew_started(id, &c.token, at, Some(0)).await;
     let f = match outcome {
@@ -45,9 +45,9 @@ async fn run(t: &Bundle, id: JobId, at: i64, outcome: JobState) -> Guarded<JobSt
         _ => Finalize::cancelled(id, c.token.clone(), err("stop", 1)),
     };
     // Give back whatever else was claimed.
-    for other in got.iter().filter(|c| c.job.id != id) {
+    for other in got.iter().filter(|c| c.id != id) {
         t.finalize(
-            Finalize::requeue(other.job.id, other.token.clone(), Duration::ZERO),
+            Finalize::requeue(other.id, other.token.clone(), Duration::ZERO),
             at,
         )
         .await;
@@ -67,17 +67,10 @@ pub async fn a_child_starts_only_after_every_parent_succeeded(b: Backend) {
 
     // Only the parents are claimable.
     let claimed = t.claim("default", "n1", 100, 1).await;
-    let ids: Vec<JobId> = claimed.iter().map(|c| c.job.id).collect();
+    let ids: Vec<JobId> = claimed.iter().map(|c| c.id).collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert!(ids.contains(&p1) && ids.contains(&p2));
-    let token = |id: JobId| {
-        claimed
-            .iter()
-            .find(|c| c.job.id == id)
-            .unwrap()
-            .token
-            .clone()
-    };
+    let token = |id: JobId| claimed.iter().find(|c| c.id == id).unwrap().token.clone();
     t.renew_started(p1, &token(p1), 1, Some(0)).await;
     t.renew_started(p2, &token(p2), 1, Some(0)).await;
     t.finalize(Finalize::succeeded(p1, token(p1), json!(1)), 2)
@@ -245,9 +238,9 @@ pub async fn batch_callback_race(b: Backend, reps: usize) {
             let (store, gate, now) = (t.store.clone(), gate.clone(), t.at(2));
             tasks.push(tokio::spawn(async move {
                 let f = if i < 2 {
-                    Finalize::dead(c.job.id, c.token, err("boom", 1))
+                    Finalize::dead(c.id, c.token, err("boom", 1))
                 } else {
-                    Finalize::succeeded(c.job.id, c.token, json!(i))
+                    Finalize::succeeded(c.id, c.token, json!(i))
                 };
                 gate.wait().await;
                 store

@@ -43,7 +43,7 @@ pub async fn claims_take_only_the_kinds_their_node_runs(b: Backend) {
         .job_claim(claim(Some(names(&["a", "c"]))))
         .await
         .unwrap();
-    let mut kinds: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
+    let mut kinds: Vec<&str> = got.iter().map(|c| c.kind.as_str()).collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["a", "a", "c"]);
     for (kind, id) in &ids {
@@ -66,7 +66,7 @@ pub async fn claims_take_only_the_kinds_their_node_runs(b: Backend) {
         .await
         .unwrap();
     assert_eq!(got.len(), 2);
-    assert!(got.iter().all(|c| c.job.kind == "b" && c.job.attempts == 1));
+    assert!(got.iter().all(|c| c.kind == "b" && c.attempts == 1));
 }
 
 pub async fn jobs_no_live_node_can_run_are_named_with_why(b: Backend) {

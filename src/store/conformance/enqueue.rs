@@ -143,10 +143,8 @@ pub async fn large_batches_keep_order_and_every_field(b: Backend) {
         due,
         "every due job of the queue, none of the delayed"
     );
-    let order: Vec<(i16, DateTime<Utc>, JobId)> = c
-        .iter()
-        .map(|c| (c.job.priority, c.job.run_at, c.job.id))
-        .collect();
+    let order: Vec<(i16, DateTime<Utc>, JobId)> =
+        c.iter().map(|c| (c.priority, c.run_at, c.id)).collect();
     let mut sorted = order.clone();
     sorted.sort();
     assert_eq!(order, sorted);

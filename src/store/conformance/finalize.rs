@@ -18,7 +18,7 @@ pub async fn finalize_succeeded_clears_last_error_and_keeps_attempts(b: Backend)
     assert_eq!(j.last_error.as_ref().unwrap().code, "flaky");
     assert!(j.lease.is_none());
     let c2 = t.claim("default", "n", 1, 6).await.pop().unwrap();
-    let v_before = c2.job.version;
+    let v_before = t.get(id).await.version;
     let r = t
         .finalize(Finalize::succeeded(id, c2.token, json!({"sent": true})), 7)
         .await;
@@ -50,7 +50,7 @@ pub async fn attempts_exhausted_become_dead_with_every_error_kept(b: Backend) {
     let r = t.reclaim(40).await;
     assert_eq!(r[0].new_state, JobState::Retrying);
     let c = t.claim("default", "n", 1, 70).await.pop().unwrap();
-    assert_eq!(c.job.attempts, 3);
+    assert_eq!(c.attempts, 3);
     let r = t
         .finalize(
             Finalize::retry(id, c.token, err("e3", 3), Duration::ZERO),
@@ -101,7 +101,7 @@ pub async fn requeue_does_not_use_an_attempt(b: Backend) {
     assert_eq!((j.state, j.attempts), (JobState::Pending, 0));
     assert!(t.claim("default", "n", 1, 30).await.is_empty());
     let c = t.claim("default", "n", 1, 31).await.pop().unwrap();
-    assert_eq!(c.job.attempts, 1);
+    assert_eq!(c.attempts, 1);
 }
 
 pub async fn finalize_many_mixes_outcomes_and_guards_each_row(b: Backend) {
@@ -111,16 +111,16 @@ pub async fn finalize_many_mixes_outcomes_and_guards_each_row(b: Backend) {
     }
     let c = t.claim("default", "n", 5, 0).await;
     let items = vec![
-        Finalize::succeeded(c[0].job.id, c[0].token.clone(), json!("ok")),
+        Finalize::succeeded(c[0].id, c[0].token.clone(), json!("ok")),
         Finalize::retry(
-            c[1].job.id,
+            c[1].id,
             c[1].token.clone(),
             err("again", 1),
             Duration::from_secs(9),
         ),
-        Finalize::dead(c[2].job.id, c[2].token.clone(), err("fatal", 1)),
-        Finalize::cancelled(c[3].job.id, c[3].token.clone(), err("cancelled", 1)),
-        Finalize::succeeded(c[4].job.id, LeaseToken::generate(), json!("forged")),
+        Finalize::dead(c[2].id, c[2].token.clone(), err("fatal", 1)),
+        Finalize::cancelled(c[3].id, c[3].token.clone(), err("cancelled", 1)),
+        Finalize::succeeded(c[4].id, LeaseToken::generate(), json!("forged")),
     ];
     let out = t
         .store
@@ -142,14 +142,14 @@ pub async fn finalize_many_mixes_outcomes_and_guards_each_row(b: Backend) {
         ]
     );
     assert_eq!(
-        t.get(c[4].job.id).await.state,
+        t.get(c[4].id).await.state,
         JobState::Running,
         "forged token changed nothing"
     );
-    assert_eq!(t.get(c[1].job.id).await.run_at, t.at(10).unwrap());
+    assert_eq!(t.get(c[1].id).await.run_at, t.at(10).unwrap());
     let twice = vec![
-        Finalize::succeeded(c[4].job.id, c[4].token.clone(), json!(1)),
-        Finalize::succeeded(c[4].job.id, c[4].token.clone(), json!(2)),
+        Finalize::succeeded(c[4].id, c[4].token.clone(), json!(1)),
+        Finalize::succeeded(c[4].id, c[4].token.clone(), json!(2)),
     ];
     let e = t
         .store

@@ -34,7 +34,7 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     .await;
     let b1 = t.enqueue(NewJob::new("k", json!(5)).queue("gb"), 2).await;
     let c = t.claim("gb", "n1", 1, 5).await;
-    assert_eq!(c[0].job.id, b1);
+    assert_eq!(c[0].id, b1);
     t.finalize(Finalize::succeeded(b1, c[0].token.clone(), json!(null)), 6)
         .await;
     let running = t.claim("ga", "n1", 1, 7).await;

@@ -81,7 +81,7 @@ impl Bundle {
     fn ctx(&self, c: &ClaimedJob, at: i64, valid_for: Duration) -> JobContext {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(self.at(at).unwrap()));
         let client = Client::with_clock(self.store.clone(), clock.clone());
-        JobContext::for_claim(&c.job, c.token.clone(), client, clock, valid_for)
+        JobContext::for_claim(c, client, clock, valid_for)
     }
 }
 
@@ -103,7 +103,7 @@ async fn zombie_case<C: Biz>(b: Backend) {
     // Its lease expires unrenewed; the sweeper gives the job back; another node runs it.
     assert_eq!(t.reclaim(40).await.len(), 1);
     let holder = t.claim("default", "b", 1, 41).await.pop().unwrap();
-    let holder_version = holder.job.version;
+    let holder_version = t.get(id).await.version;
 
     // The zombie still believes in its lease (its own clock says 25 s are left).
     let ctx = t.ctx(&zombie, 1, LEASE);

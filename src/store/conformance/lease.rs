@@ -12,13 +12,13 @@ pub async fn a_hedged_renewal_on_a_fresh_connection_renews_the_same_way(b: Backe
         LeaseRef {
             started_ago: None,
             progress: None,
-            id: claimed[0].job.id,
+            id: claimed[0].id,
             token: claimed[0].token.clone(),
         },
         LeaseRef {
             started_ago: None,
             progress: None,
-            id: claimed[0].job.id,
+            id: claimed[0].id,
             token: LeaseToken::generate(),
         },
     ];
@@ -40,7 +40,7 @@ pub async fn a_hedged_renewal_on_a_fresh_connection_renews_the_same_way(b: Backe
     }
     assert_eq!(out[1].1, Guarded::LeaseLost, "a wrong token renews nothing");
     assert_eq!(
-        t.get(claimed[0].job.id).await.lease.unwrap().expires_at,
+        t.get(claimed[0].id).await.lease.unwrap().expires_at,
         t.at(50).unwrap()
     );
     // More at once than the lane has connections: each opens its own.
@@ -64,14 +64,14 @@ pub async fn renew_extends_leases_and_reports_lost_ones(b: Backend) {
         .map(|c| LeaseRef {
             started_ago: None,
             progress: None,
-            id: c.job.id,
+            id: c.id,
             token: c.token.clone(),
         })
         .collect();
     leases.push(LeaseRef {
         started_ago: None,
         progress: None,
-        id: claimed[0].job.id,
+        id: claimed[0].id,
         token: LeaseToken::generate(),
     });
     leases.push(LeaseRef {
@@ -106,7 +106,7 @@ pub async fn renew_extends_leases_and_reports_lost_ones(b: Backend) {
         Guarded::LeaseLost,
         "an unknown job renews nothing"
     );
-    let j = t.get(claimed[0].job.id).await;
+    let j = t.get(claimed[0].id).await;
     assert_eq!(j.lease.unwrap().expires_at, t.at(50).unwrap());
 }
 
@@ -130,7 +130,7 @@ pub async fn zombie_renew_and_finalize_are_rejected_after_reclaim_and_reclaim_by
     );
     // Another node claims it after the backoff (10 s for attempt 1).
     let fresh = t.claim("default", "alive", 1, 42).await.pop().unwrap();
-    assert_eq!(fresh.job.attempts, 2);
+    assert_eq!(fresh.attempts, 2);
     // The zombie wakes up: its renew and its finalize change nothing.
     assert_eq!(t.renew(id, &zombie.token, 43).await, Guarded::LeaseLost);
     let z = t

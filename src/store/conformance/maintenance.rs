@@ -18,7 +18,7 @@ pub async fn reclaim_moves_over_time_jobs_and_leaves_live_ones(b: Backend) {
     for (at, ago) in [(9, 6), (15, 12)] {
         for c in &claimed {
             assert!(t
-                .renew_started(c.job.id, &c.token, at, Some(ago))
+                .renew_started(c.id, &c.token, at, Some(ago))
                 .await
                 .is_applied());
         }
@@ -77,7 +77,7 @@ pub async fn an_unstarted_claim_is_never_over_time_and_gets_its_attempt_back(b: 
     assert!(j.lease.is_none());
     // It runs on its one attempt and succeeds.
     let c = t.claim("default", "n", 1, 121).await.pop().unwrap();
-    assert_eq!(c.job.attempts, 1);
+    assert_eq!(c.attempts, 1);
     assert!(t
         .renew_started(id, &c.token, 122, Some(0))
         .await
@@ -137,7 +137,7 @@ pub async fn archive_moves_terminal_jobs_atomically_and_prune_deletes_them(b: Ba
         .await;
     let live = t.enqueue(NewJob::new("k", json!("live")), 0).await;
     let c = t.claim("default", "n", 1, 0).await.pop().unwrap();
-    assert_eq!(c.job.id, done);
+    assert_eq!(c.id, done);
     t.finalize(Finalize::succeeded(done, c.token, json!(1)), 10)
         .await;
     let archive = |now: i64, older: u64| ArchiveParams {
@@ -223,7 +223,7 @@ pub async fn archive_is_bounded_by_its_limit(b: Backend) {
     let claimed = t.claim("default", "n", 25, 0).await;
     let items = claimed
         .into_iter()
-        .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
+        .map(|c| Finalize::succeeded(c.id, c.token, json!(null)))
         .collect();
     let out = t
         .store

@@ -189,6 +189,12 @@ impl Bundle {
     }
 }
 
+/// The partition of a claimed job these cases enqueued with it in the payload (`"p"`): a
+/// claim returns only what an attempt runs with, and the partition is not part of that.
+fn partition_of(c: &ClaimedJob) -> Option<&str> {
+    c.payload.get("p").and_then(serde_json::Value::as_str)
+}
+
 fn err(code: &str, attempt: u32) -> JobFailure {
     JobFailure::new(code, format!("{code} on attempt {attempt}"), attempt)
 }
@@ -222,6 +228,7 @@ macro_rules! conformance_tests {
             claim_orders_by_priority_then_run_at_then_id,
             no_claim_before_run_at,
             claim_sets_lease_attempts_and_version,
+            a_claim_returns_what_the_attempt_runs_with,
             concurrent_claimers_never_claim_a_job_twice,
             renew_extends_leases_and_reports_lost_ones,
             a_hedged_renewal_on_a_fresh_connection_renews_the_same_way,

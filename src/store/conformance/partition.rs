@@ -98,17 +98,14 @@ pub async fn partition_keys_round_trip_on_every_enqueue_path(b: Backend) {
 
     // Claimed, finished and archived: the key stays with the job.
     let c = t.claim("default", "n", 1, 1).await.pop().unwrap();
-    assert_eq!(c.job.id, single[0]);
-    assert_eq!(c.job.partition, part(0));
+    assert_eq!(c.id, single[0]);
+    assert_eq!(t.get(c.id).await.partition, part(0));
     let second = t.claim("default", "n", 1, 1).await.pop().unwrap();
-    assert_eq!(second.job.partition.as_deref(), Some("acct:1"));
-    t.finalize(Finalize::succeeded(c.job.id, c.token, json!("ok")), 2)
+    assert_eq!(t.get(second.id).await.partition.as_deref(), Some("acct:1"));
+    t.finalize(Finalize::succeeded(c.id, c.token, json!("ok")), 2)
         .await;
-    t.finalize(
-        Finalize::succeeded(second.job.id, second.token, json!("ok")),
-        2,
-    )
-    .await;
+    t.finalize(Finalize::succeeded(second.id, second.token, json!("ok")), 2)
+        .await;
     let moved = t
         .store
         .job_archive(ArchiveParams {
@@ -120,7 +117,7 @@ pub async fn partition_keys_round_trip_on_every_enqueue_path(b: Backend) {
         .await
         .unwrap();
     assert_eq!(moved, 2);
-    let archived = t.get(second.job.id).await;
+    let archived = t.get(second.id).await;
     assert!(archived.archived_at.is_some());
     assert_eq!(archived.partition.as_deref(), Some("acct:1"));
     let listed = t

@@ -41,10 +41,10 @@ pub async fn a_long_backlog_of_full_partitions_hides_no_others_due_jobs(b: Backe
             })
             .await
             .unwrap();
-        got.sort_by_key(|c| c.job.id);
+        got.sort_by_key(|c| c.id);
         got
     };
-    let ids_of = |got: &[ClaimedJob]| got.iter().map(|c| c.job.id).collect::<Vec<_>>();
+    let ids_of = |got: &[ClaimedJob]| got.iter().map(|c| c.id).collect::<Vec<_>>();
     // The head of the queue: A's first two, all A may run.
     assert_eq!(ids_of(&claim(2, 1).await), vec![id(0), id(1)]);
     // A is at its limit, its 598 waiting jobs first in claim order: B's first two, C's two,
@@ -60,7 +60,7 @@ pub async fn a_long_backlog_of_full_partitions_hides_no_others_due_jobs(b: Backe
     assert!(claim(10, 4).await.is_empty());
     // One of B's ends: B's third.
     t.finalize(
-        Finalize::succeeded(second[0].job.id, second[0].token.clone(), json!(null)),
+        Finalize::succeeded(second[0].id, second[0].token.clone(), json!(null)),
         5,
     )
     .await;
@@ -105,7 +105,7 @@ pub async fn a_walk_past_a_backlog_finds_every_partition_in_claim_order(b: Backe
         .collect();
     let first = t.claim("t", "n1", 10, 1).await;
     assert_eq!(
-        first.iter().map(|c| c.job.id).collect::<Vec<_>>(),
+        first.iter().map(|c| c.id).collect::<Vec<_>>(),
         [ids[0].id, ids[1].id]
             .into_iter()
             .chain(claimable[..8].iter().copied())
@@ -115,7 +115,7 @@ pub async fn a_walk_past_a_backlog_finds_every_partition_in_claim_order(b: Backe
     let mut next = 8;
     for round in 0..50 {
         let got = t.claim("t", "n1", 10, 2 + round).await;
-        let mut got: Vec<JobId> = got.iter().map(|c| c.job.id).collect();
+        let mut got: Vec<JobId> = got.iter().map(|c| c.id).collect();
         got.sort();
         let want = &claimable[next..(next + 10).min(claimable.len())];
         assert_eq!(got, want, "claim {round} after the first");
@@ -149,9 +149,9 @@ pub async fn a_retrying_job_behind_a_backlog_is_found(b: Backend) {
         .queue_set_limits("t", QueueLimits::default().per_partition(1), t.at(0))
         .await
         .unwrap();
-    assert_eq!(t.claim("t", "n1", 1, 1).await[0].job.id, ids[0].id);
+    assert_eq!(t.claim("t", "n1", 1, 1).await[0].id, ids[0].id);
     let got = t.claim("t", "n1", 10, 2).await;
-    assert_eq!(got.iter().map(|c| c.job.id).collect::<Vec<_>>(), [r]);
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), [r]);
     let token = got[0].token.clone();
     t.finalize(
         Finalize::retry(r, token, err("flaky", 1), Duration::ZERO),
@@ -164,10 +164,7 @@ pub async fn a_retrying_job_behind_a_backlog_is_found(b: Backend) {
     );
     let again = t.claim("t", "n1", 10, 4).await;
     assert_eq!(
-        again
-            .iter()
-            .map(|c| (c.job.id, c.job.attempts))
-            .collect::<Vec<_>>(),
+        again.iter().map(|c| (c.id, c.attempts)).collect::<Vec<_>>(),
         [(r, 2)],
         "the retrying job of a partition with room, behind A's backlog"
     );
@@ -194,12 +191,12 @@ pub async fn a_keyless_job_far_behind_a_backlog_runs(b: Backend) {
         .await
         .unwrap();
     let first = t.claim("t", "n1", 1, 1).await;
-    assert_eq!(first[0].job.id, ids[0].id);
+    assert_eq!(first[0].id, ids[0].id);
     let got: Vec<JobId> = t
         .claim("t", "n1", 4, 2)
         .await
         .iter()
-        .map(|c| c.job.id)
+        .map(|c| c.id)
         .collect();
     if b == Backend::Mysql {
         assert_eq!(got, [keyless]);
@@ -210,7 +207,7 @@ pub async fn a_keyless_job_far_behind_a_backlog_runs(b: Backend) {
     let mut running = first[0].clone();
     for n in 0..200 {
         t.finalize(
-            Finalize::succeeded(running.job.id, running.token.clone(), json!(null)),
+            Finalize::succeeded(running.id, running.token.clone(), json!(null)),
             3 + n,
         )
         .await;
@@ -222,7 +219,7 @@ pub async fn a_keyless_job_far_behind_a_backlog_runs(b: Backend) {
         .claim("t", "n1", 4, 300)
         .await
         .iter()
-        .map(|c| c.job.id)
+        .map(|c| c.id)
         .collect();
     assert_eq!(got, [keyless]);
 }
@@ -231,11 +228,20 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let t = Bundle::new(b).await;
     // A's backlog comes first in claim order; B and C behind it; keyless jobs last.
     let mut jobs: Vec<NewJob> = (0..50)
-        .map(|i| NewJob::new("k", json!(i)).queue("t").partition("A"))
+        .map(|i| {
+            NewJob::new("k", json!({ "i": i, "p": "A" }))
+                .queue("t")
+                .partition("A")
+        })
         .collect();
-    jobs.extend((0..5).map(|i| NewJob::new("k", json!(i)).queue("t").partition("B")));
-    jobs.extend((0..5).map(|i| NewJob::new("k", json!(i)).queue("t").partition("C")));
-    jobs.extend((0..3).map(|i| NewJob::new("k", json!(i)).queue("t")));
+    for p in ["B", "C"] {
+        jobs.extend((0..5).map(|i| {
+            NewJob::new("k", json!({ "i": i, "p": p }))
+                .queue("t")
+                .partition(p)
+        }));
+    }
+    jobs.extend((0..3).map(|i| NewJob::new("k", json!({ "i": i })).queue("t")));
     t.store
         .job_enqueue_many(EnqueueParams::many(jobs).at(t.at(0)))
         .await
@@ -245,11 +251,8 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
         .await
         .unwrap();
     let got = t.claim("t", "n1", 100, 1).await;
-    let count = |got: &[ClaimedJob], p: Option<&str>| {
-        got.iter()
-            .filter(|c| c.job.partition.as_deref() == p)
-            .count()
-    };
+    let count =
+        |got: &[ClaimedJob], p: Option<&str>| got.iter().filter(|c| partition_of(c) == p).count();
     assert_eq!(
         (
             count(&got, Some("A")),
@@ -263,18 +266,12 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     // Every partition at its limit: A's backlog hides nothing, and nothing more is claimed.
     assert!(t.claim("t", "n1", 100, 2).await.is_empty());
     // One of A's finishes: exactly one more of A.
-    let a = got
-        .iter()
-        .find(|c| c.job.partition.as_deref() == Some("A"))
-        .unwrap();
-    t.finalize(
-        Finalize::succeeded(a.job.id, a.token.clone(), json!(null)),
-        3,
-    )
-    .await;
+    let a = got.iter().find(|c| partition_of(c) == Some("A")).unwrap();
+    t.finalize(Finalize::succeeded(a.id, a.token.clone(), json!(null)), 3)
+        .await;
     let next = t.claim("t", "n1", 100, 3).await;
     assert_eq!(next.len(), 1);
-    assert_eq!(next[0].job.partition.as_deref(), Some("A"));
+    assert_eq!(partition_of(&next[0]), Some("A"));
 
     // Concurrent claimers over 1,000 jobs in 10 partitions limited to 2 each: never more
     // than 2 of a partition held at once, counted as in the global-limit case.
@@ -283,7 +280,7 @@ pub async fn partitions_at_their_limit_are_skipped_and_others_run(b: Backend) {
     let total = claim_in_parallel(&t, "t", 5, move |got, sign| {
         let mut h = held.lock().unwrap();
         for c in got {
-            let p = c.job.partition.clone().unwrap();
+            let p = partition_of(c).unwrap().to_string();
             let e = h.entry(p.clone()).or_insert(0);
             *e += sign;
             assert!(*e <= 2, "{e} jobs of {p} held under a limit of 2");
@@ -312,7 +309,7 @@ pub async fn a_global_and_a_partition_limit_hold_together(b: Backend) {
         h.peak = h.peak.max(h.all);
         assert!(h.all <= 5, "{} jobs held under a global limit of 5", h.all);
         for c in got {
-            let p = c.job.partition.clone().unwrap();
+            let p = partition_of(c).unwrap().to_string();
             let e = h.parts.entry(p.clone()).or_insert(0);
             *e += sign;
             assert!(*e <= 2, "{e} jobs of {p} held under a limit of 2");

@@ -15,7 +15,7 @@ async fn renew_with(
         .job_renew_leases(RenewParams {
             timeout_grace: Duration::ZERO,
             leases: vec![LeaseRef {
-                id: held.job.id,
+                id: held.id,
                 token: held.token.clone(),
                 started_ago: Some(Duration::from_secs(1)),
                 progress: progress.map(str::to_string),
@@ -36,7 +36,7 @@ pub async fn progress_is_written_with_the_renewal_and_guarded_by_the_token(b: Ba
         .enqueue(NewJob::new("k", json!(0)).max_attempts(3), 0)
         .await;
     let first = t.claim("default", "n1", 1, 0).await.pop().unwrap();
-    assert_eq!(first.job.progress, None, "a new job has no progress");
+    assert_eq!(first.progress, None, "a new job has no progress");
 
     // Written by the holder's renewal; a renewal without a report keeps it.
     assert!(renew_with(&t, &first, Some(r#"{"done":10,"of":100}"#), 5)
@@ -63,9 +63,9 @@ pub async fn progress_is_written_with_the_renewal_and_guarded_by_the_token(b: Ba
     // The lease expires; the job is reclaimed and claimed again by another node.
     assert_eq!(t.reclaim(100).await.len(), 1);
     let second = t.claim("default", "n2", 1, 200).await.pop().unwrap();
-    assert_eq!(second.job.attempts, 2);
+    assert_eq!(second.attempts, 2);
     assert_eq!(
-        second.job.progress,
+        second.progress,
         Some(json!({"done": 40})),
         "the next attempt is claimed with the last progress: it can resume"
     );
@@ -78,8 +78,8 @@ pub async fn progress_is_written_with_the_renewal_and_guarded_by_the_token(b: Ba
     assert_eq!(t.get(id).await.progress, Some(json!({"done": 40})));
     // Nor does a report carried with a made-up token for the same job.
     let forged = ClaimedJob {
-        job: second.job.clone(),
         token: LeaseToken::generate(),
+        ..second.clone()
     };
     assert_eq!(
         renew_with(&t, &forged, Some("1"), 202).await,

@@ -93,7 +93,7 @@ where
                 mine += got.len();
                 let items = got
                     .into_iter()
-                    .map(|c| Finalize::succeeded(c.job.id, c.token, json!(null)))
+                    .map(|c| Finalize::succeeded(c.id, c.token, json!(null)))
                     .collect();
                 store
                     .job_finalize_many(FinalizeParams { items, now })
@@ -148,7 +148,7 @@ pub async fn a_paused_queue_is_never_claimed_and_the_pause_is_shared_and_stored(
     assert_eq!(t.claim("other", "n1", 10, 3).await.len(), 3);
     let done = t
         .finalize(
-            Finalize::succeeded(before[0].job.id, before[0].token.clone(), json!(1)),
+            Finalize::succeeded(before[0].id, before[0].token.clone(), json!(1)),
             4,
         )
         .await;
@@ -234,18 +234,15 @@ pub async fn a_concurrency_limit_is_never_exceeded_by_concurrent_claimers(b: Bac
         .await
         .unwrap();
     for c in &a[..3] {
-        t.finalize(
-            Finalize::succeeded(c.job.id, c.token.clone(), json!(null)),
-            4,
-        )
-        .await;
+        t.finalize(Finalize::succeeded(c.id, c.token.clone(), json!(null)), 4)
+            .await;
         assert!(
             t.claim("q", "n1", 10, 4).await.is_empty(),
             "still ≥ 2 running"
         );
     }
     t.finalize(
-        Finalize::succeeded(a[3].job.id, a[3].token.clone(), json!(null)),
+        Finalize::succeeded(a[3].id, a[3].token.clone(), json!(null)),
         5,
     )
     .await;
@@ -352,9 +349,10 @@ pub async fn bad_queue_settings_get_clear_errors_and_change_nothing(b: Backend) 
 pub(super) async fn enqueue_spread(t: &Bundle, queue: &str, n: usize, kinds: usize, parts: usize) {
     let jobs: Vec<NewJob> = (0..n)
         .map(|i| {
-            NewJob::new(format!("k{}", i % kinds), json!(i))
+            let part = format!("p{}", i % parts);
+            NewJob::new(format!("k{}", i % kinds), json!({ "i": i, "p": part }))
                 .queue(queue)
-                .partition(format!("p{}", i % parts))
+                .partition(part)
         })
         .collect();
     t.store
@@ -402,7 +400,7 @@ pub async fn a_dead_holders_slots_return_when_its_leases_expire(b: Backend) {
         .await
         .unwrap();
     let ids = |got: &[ClaimedJob]| {
-        let mut v: Vec<JobId> = got.iter().map(|c| c.job.id).collect();
+        let mut v: Vec<JobId> = got.iter().map(|c| c.id).collect();
         v.sort();
         v
     };
@@ -421,14 +419,14 @@ pub async fn a_dead_holders_slots_return_when_its_leases_expire(b: Backend) {
     // n1 comes back as a zombie: its answers are refused and free no slot.
     assert!(matches!(
         t.finalize(
-            Finalize::succeeded(dead[0].job.id, dead[0].token.clone(), json!(null)),
+            Finalize::succeeded(dead[0].id, dead[0].token.clone(), json!(null)),
             55,
         )
         .await,
         Guarded::LeaseLost
     ));
     assert!(matches!(
-        t.renew(dead[1].job.id, &dead[1].token, 55).await,
+        t.renew(dead[1].id, &dead[1].token, 55).await,
         Guarded::LeaseLost
     ));
     assert_eq!(running_in(&t, "q").await, 2);
@@ -439,14 +437,17 @@ pub async fn a_dead_holders_slots_return_when_its_leases_expire(b: Backend) {
     // n2 finishes one: exactly one more, of the same partition.
     assert!(t
         .finalize(
-            Finalize::succeeded(live[0].job.id, live[0].token.clone(), json!(null)),
+            Finalize::succeeded(live[0].id, live[0].token.clone(), json!(null)),
             62,
         )
         .await
         .is_applied());
     let next = t.claim("q", "n3", 10, 63).await;
     assert_eq!(next.len(), 1);
-    assert_eq!(next[0].job.partition, live[0].job.partition);
+    assert_eq!(
+        t.get(next[0].id).await.partition,
+        t.get(live[0].id).await.partition
+    );
 }
 
 /// A node remembers which queues have settings, and which of those need the portable claim;
@@ -459,11 +460,8 @@ pub async fn claims_follow_a_queue_whose_limits_change(b: Backend) {
         let now = t.at(at);
         async move { store.queue_set_limits("s", limits, now).await.unwrap() }
     };
-    let per_partition = |got: &[ClaimedJob], p: &str| {
-        got.iter()
-            .filter(|c| c.job.partition.as_deref() == Some(p))
-            .count()
-    };
+    let per_partition =
+        |got: &[ClaimedJob], p: &str| got.iter().filter(|c| partition_of(c) == Some(p)).count();
     set(QueueLimits::default().per_partition(1), 0).await;
     let first = t.claim("s", "n1", 10, 1).await;
     assert_eq!(
@@ -552,7 +550,7 @@ pub async fn a_resume_or_a_changed_limit_wakes_listeners(b: Backend) {
 /// the lock before they send the claim.)
 pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
     use super::postgres::sql::{PgClaimControlled, PgClaimPartitioned, PgLockQueue};
-    use super::rows::{to_us, JobRow};
+    use super::rows::{to_us, ClaimRow};
     use diesel_async::RunQueryDsl as _;
 
     // Both claim statements, each under the settings it is chosen for.
@@ -587,16 +585,16 @@ pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
         macro_rules! run {
             ($c:expr) => {
                 if partitioned {
-                    PgClaimPartitioned(claim()).load::<JobRow>($c).await
+                    PgClaimPartitioned(claim()).load::<ClaimRow>($c).await
                 } else {
-                    claim().load::<JobRow>($c).await
+                    claim().load::<ClaimRow>($c).await
                 }
             };
         }
         let mut c = AsyncPgConnection::establish(&t.db.url).await.unwrap();
-        let alone: Vec<JobRow> = run!(&mut c).unwrap();
+        let alone: Vec<ClaimRow> = run!(&mut c).unwrap();
         assert!(alone.is_empty(), "claimed outside the lock's transaction");
-        let unlocked: Vec<JobRow> = c.transaction(async |c| run!(c)).await.unwrap();
+        let unlocked: Vec<ClaimRow> = c.transaction(async |c| run!(c)).await.unwrap();
         assert!(
             unlocked.is_empty(),
             "claimed in a transaction that took no lock"
@@ -607,12 +605,12 @@ pub async fn postgres_claim_statement_takes_nothing_without_its_own_lock() {
             .await
             .unwrap();
         assert_eq!(bumped, 1);
-        let after_other: Vec<JobRow> = run!(&mut c).unwrap();
+        let after_other: Vec<ClaimRow> = run!(&mut c).unwrap();
         assert!(
             after_other.is_empty(),
             "claimed under a lock it did not take"
         );
-        let locked: Vec<JobRow> = c
+        let locked: Vec<ClaimRow> = c
             .transaction(async |c| {
                 PgLockQueue { queue: "q".into() }.execute(c).await?;
                 run!(c)

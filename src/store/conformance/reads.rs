@@ -98,7 +98,7 @@ pub async fn database_clock_is_used_when_no_time_is_bound(b: Backend) {
         .await
         .unwrap();
     assert_eq!(c.len(), 1, "due by the database clock");
-    let exp = c[0].job.lease.as_ref().unwrap().expires_at;
+    let exp = t.get(c[0].id).await.lease.unwrap().expires_at;
     assert!(
         exp > before + chrono::Duration::seconds(30) && exp < after + chrono::Duration::seconds(30)
     );

@@ -296,7 +296,7 @@ pub async fn period_keys_are_held_for_their_period(b: Backend) {
     let (h, _) = t.try_enqueue(keyed("h", hour, 1), 0).await;
     let c = t.claim("default", "n", 10, 1000).await;
     for c in c {
-        t.finalize(Finalize::succeeded(c.job.id, c.token, json!(1)), 1001)
+        t.finalize(Finalize::succeeded(c.id, c.token, json!(1)), 1001)
             .await;
     }
     let archive = |at: i64| ArchiveParams {

@@ -85,7 +85,7 @@ pub async fn jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is(b:
     let plain = w.q("plain");
     t.enqueue(NewJob::new("k", json!(0)).queue(&plain), 0).await;
     let c = claim(&plain, 1).await;
-    t.finalize(Finalize::succeeded(c.job.id, c.token, json!(1)), 1)
+    t.finalize(Finalize::succeeded(c.id, c.token, json!(1)), 1)
         .await;
     w.quiet(&t, "an ordinary job's enqueue, claim and finalization")
         .await;

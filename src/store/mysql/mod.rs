@@ -33,7 +33,7 @@ use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::own_conn::{Held, OwnConn};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool, Lanes};
-use super::rows::{dur_ms, dur_us, JobRow};
+use super::rows::{dur_ms, dur_us, ClaimRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
@@ -149,7 +149,7 @@ impl MysqlDriver {
 
     /// [`Driver::claim`](super::driver::Driver::claim): select with `SKIP LOCKED`, update,
     /// read back by the new token, in one transaction.
-    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
+    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<ClaimRow>> {
         let now = DbNow::new(a.now);
         let (lease_us, limit) = (a.lease_us, a.limit);
         let (owner, tok) = (&a.owner, &a.token);
@@ -207,7 +207,7 @@ impl MysqlDriver {
                 jobs::table
                     .filter(in_list(jobs::id, ids))
                     .filter(jobs::lease_token.eq(tok))
-                    .select(JobRow::as_select())
+                    .select(ClaimRow::as_select())
                     .load(c)
                     .await
             })

@@ -9,7 +9,7 @@ use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Json, Nullable, Text};
 
-use crate::store::expr::{job_columns, prepared_statement};
+use crate::store::expr::{claim_columns, prepared_statement};
 use crate::store::expr::{
     ClaimableSql, ClockSql, ErrorCode, ForUpdate, JsonAppend, PartitionScanSql, ScanSql, SkipLocked,
 };
@@ -203,7 +203,7 @@ pub(crate) const CLAIM: &str = concat!(
     FOR UPDATE SKIP LOCKED
 ))
 RETURNING ",
-    job_columns!()
+    claim_columns!()
 );
 
 prepared_statement!(
@@ -371,7 +371,7 @@ pub(crate) const CLAIM_CONTROLLED: &str = concat!(
     LIMIT COALESCE((SELECT budget FROM q), 0)
 ))
 RETURNING ",
-    job_columns!()
+    claim_columns!()
 );
 
 prepared_statement!(
@@ -538,7 +538,7 @@ pub(crate) const CLAIM_PARTITIONED: &str = concat!(
       AND t.run_at <= (SELECT now FROM n)
 ))
 RETURNING ",
-    job_columns!()
+    claim_columns!()
 );
 
 /// [`PgClaimControlled`]'s binds for [`CLAIM_PARTITIONED`], the claim of a queue with a
@@ -655,8 +655,47 @@ prepared_statement!(
     }
 );
 
-/// A PostgreSQL statement returning `job_columns!()`, its rows read by position.
-pub(crate) type JobRows<Q> = crate::store::expr::JobRows<Q, Pg>;
+/// Inserts one job, writing what `new_row!` (`batch.rs`) writes; the key's holder is
+/// resolved by the keyed enqueue (`keyed.rs`) when the insert skips (`ON CONFLICT`). A
+/// constant text with typed binds: built by the query builder, the insert's text was
+/// rebuilt and looked up in the statement cache on every enqueue, two thirds of the
+/// client's instructions per enqueue. `run_at`: the instant given, else now plus the delay.
+pub(crate) const ENQUEUE_ONE: &str = concat!(
+    "\
+INSERT INTO jobvisor_jobs (queue, kind, unique_key, partition_key, unique_hold, unique_scope,
+                           unique_until, state, priority, payload, errors, max_attempts,
+                           run_at, timeout_ms, created_at, updated_at)
+SELECT $1, $2, $3, $4, $5, $6, n.now + $7, 'pending', $8, $9::json, '[]', $10,
+       COALESCE($11, n.now + $12), $13, n.now, n.now
+FROM (SELECT COALESCE($14::bigint, ",
+    now_us!(),
+    ") AS now) AS n
+ON CONFLICT (kind, unique_hold) WHERE unique_hold IS NOT NULL DO NOTHING
+RETURNING id"
+);
+
+prepared_statement!(
+    /// Inserts one job unless its key is held (see [`ENQUEUE_ONE`]).
+    PgEnqueueOne<'a>, ENQUEUE_ONE, {
+        queue: &'a str => Text,
+        kind: &'a str => Text,
+        unique_key: Option<&'a str> => Nullable<Text>,
+        partition_key: Option<&'a str> => Nullable<Text>,
+        unique_hold: Option<&'a str> => Nullable<Text>,
+        unique_scope: Option<&'static str> => Nullable<Text>,
+        period_us: Option<i64> => Nullable<BigInt>,
+        priority: i32 => diesel::sql_types::Integer,
+        payload: String => Text,
+        max_attempts: i32 => diesel::sql_types::Integer,
+        run_at: Option<i64> => Nullable<BigInt>,
+        delay_us: i64 => BigInt,
+        timeout_ms: i64 => BigInt,
+        now: Option<i64> => Nullable<BigInt>,
+    }
+);
+
+/// A PostgreSQL statement returning `claim_columns!()`, its rows read by position.
+pub(crate) type ClaimRows<Q> = crate::store::expr::ClaimRows<Q, Pg>;
 
 impl QueryFragment<Pg> for ErrorCode {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
@@ -680,5 +719,6 @@ mod tests {
         assert_eq!(segments(CLAIM_PARTITIONED).len(), 13);
         assert_eq!(segments(RENEW).len(), 8);
         assert_eq!(segments(ENQUEUE_BATCH).len(), 14);
+        assert_eq!(segments(ENQUEUE_ONE).len(), 15);
     }
 }

@@ -32,12 +32,12 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::batch::{
     batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
-    LastId, RenewedRow,
+    FinalizedRows, LastId, RenewedRow,
 };
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::params::{ClaimArgs, RenewArgs};
 use super::pool::Lanes;
-use super::rows::{dur_us, JobRow};
+use super::rows::{dur_us, ClaimRow};
 use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{in_bounded_op, set_phase, ConnPool, Connector, Manager, Phase, PooledConn};
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_SQLITE_POOL_SIZE, RENEW_LANE_SIZE};
@@ -171,8 +171,8 @@ impl SqliteDriver {
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING`
     /// ([`sql::CLAIM`]) in `BEGIN IMMEDIATE`, its rows read by position on the connection's
     /// own thread (see [`conn::load_in_place`]).
-    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<JobRow>> {
-        let q = sql::JobRows::new(sql::SqliteClaim {
+    pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<ClaimRow>> {
+        let q = sql::ClaimRows::new(sql::SqliteClaim {
             now: a.now,
             owner: a.owner.clone(),
             token: a.token.clone(),
@@ -476,7 +476,7 @@ async fn finalize(
         .collect();
     let batch = serde_json::to_string(&batch)
         .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
-    let q = sql::SqliteFinalize { now, batch };
+    let q = FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::SqliteFinalize { now, batch });
     let rows: Vec<Finalized> = immediate(conn, async |c| q.load(c).await).await?;
     Ok(rows
         .into_iter()
