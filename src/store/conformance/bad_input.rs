@@ -148,12 +148,8 @@ pub async fn corrupt_rows_go_dead_and_the_batch_goes_on(b: Backend) {
         t.store.job_get(scarred).await,
         Err(Error::Corrupt { .. })
     ));
-    let claimed: Vec<JobId> = t
-        .claim("default", "n", 10, 1)
-        .await
-        .iter()
-        .map(|c| c.id)
-        .collect();
+    let claims = t.claim("default", "n", 10, 1).await;
+    let claimed: Vec<JobId> = claims.iter().map(|c| c.id).collect();
     assert_eq!(
         claimed,
         vec![good, scarred],
@@ -164,6 +160,37 @@ pub async fn corrupt_rows_go_dead_and_the_batch_goes_on(b: Backend) {
     let e = j.last_error.unwrap();
     assert_eq!(e.code, "corrupt");
     assert!(e.message.contains("max_attempts -1"), "{}", e.message);
+    // SQLite's `errors` column takes any text: a history an outside writer made unreadable
+    // is kept, and the batch that ends the job (with an error to append) still applies.
+    if b == Backend::Sqlite {
+        exec_sql(
+            &t.store,
+            &format!(
+                "UPDATE jobvisor_jobs SET errors = 'not json' WHERE id = {}",
+                scarred.0
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let ended = t
+        .store
+        .job_finalize_many(FinalizeParams {
+            items: vec![
+                Finalize::succeeded(good, claims[0].token.clone(), json!(null)),
+                Finalize::dead(scarred, claims[1].token.clone(), err("boom", 1)),
+            ],
+            now: t.at(2),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        ended,
+        vec![
+            (good, Guarded::Applied(JobState::Succeeded)),
+            (scarred, Guarded::Applied(JobState::Dead))
+        ]
+    );
     // Every backend refuses a payload that is not JSON; nothing stored changes.
     let refused = exec_sql(
         &t.store,

@@ -46,9 +46,15 @@ impl ClockSql for Sqlite {
 
 impl QueryFragment<Sqlite> for JsonAppend {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-        out.push_sql("json_insert(COALESCE(errors, '[]'), '$[#]', json(");
+        // A history an outside writer left unreadable is kept as it is, not appended to: the
+        // append would fail the statement (PostgreSQL's and MariaDB's JSON columns refuse such
+        // text; SQLite's does not).
+        out.push_sql(
+            "CASE WHEN json_valid(COALESCE(errors, '[]')) \
+             THEN json_insert(COALESCE(errors, '[]'), '$[#]', json(",
+        );
         out.push_bind_param::<Json, _>(&self.value)?;
-        out.push_sql("))");
+        out.push_sql(")) ELSE errors END");
         Ok(())
     }
 }
@@ -181,7 +187,8 @@ UPDATE jobvisor_jobs SET \
     result = v.result, \
     last_error = CASE WHEN v.state = 'succeeded' THEN NULL \
                       WHEN v.error IS NULL THEN jobvisor_jobs.last_error ELSE v.error END, \
-    errors = CASE WHEN v.error IS NULL THEN jobvisor_jobs.errors \
+    errors = CASE WHEN v.error IS NULL \
+                       OR NOT json_valid(COALESCE(jobvisor_jobs.errors, '[]')) THEN jobvisor_jobs.errors \
                   ELSE json_insert(COALESCE(jobvisor_jobs.errors, '[]'), '$[#]', json(v.error)) END, \
     attempts = jobvisor_jobs.attempts - v.refund, \
     run_at = CASE WHEN v.delay_us IS NULL THEN jobvisor_jobs.run_at ELSE n.now + v.delay_us END, \
