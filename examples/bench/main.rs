@@ -541,11 +541,16 @@ async fn main() {
         }
         if want("enqueue") {
             let m = (n / 10).max(100);
-            let r = enqueue_single(b, m).await;
-            let extra = raw_single_insert.map_or(
-                json!({}),
-                |raw| json!({"ratio_to_raw_insert": (r / raw * 100.0).round() / 100.0}),
-            );
+            let (r, raw) = enqueue_single(b, m).await;
+            // The ratio to raw inserts alternated with these in one database; the baseline's
+            // (run minutes apart) for comparison.
+            let mut extra = json!({
+                "raw_insert_alternated": raw.round(),
+                "ratio_to_raw_insert": (r / raw * 100.0).round() / 100.0,
+            });
+            if let Some(apart) = raw_single_insert {
+                extra["ratio_to_baseline_insert"] = json!((r / apart * 100.0).round() / 100.0);
+            }
             report(
                 &mut rows,
                 Row {

@@ -170,76 +170,100 @@ pub(crate) async fn raw_drain(backend: Backend, n: usize, c: u32, k: i64) -> f64
     n as f64 / t0.elapsed().as_secs_f64()
 }
 
+const COLS: &str = "(queue, kind, state, priority, payload, errors, attempts, max_attempts, run_at, timeout_ms, version, created_at, updated_at)";
+
+/// Row `i` of the raw inserts, as SQL values.
+fn raw_row(i: usize) -> String {
+    format!("('default', 'noop', 'pending', 10, '{{\"i\": {i}}}', '[]', 0, 5, {t}, 1800000, 1, {t}, {t})", t = now_us())
+}
+
+/// A connection that inserts raw rows one statement at a time: on PostgreSQL a prepared
+/// tokio-postgres statement, elsewhere diesel's SQL strings.
+pub(crate) enum RawInserter {
+    Pg(tokio_postgres::Client, tokio_postgres::Statement),
+    Mysql(AsyncMysqlConnection),
+    Sqlite(crate::scale::SqliteAsync),
+}
+
+impl RawInserter {
+    pub(crate) async fn open(backend: Backend, url: &str) -> Self {
+        match backend {
+            Backend::Postgres => {
+                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .expect("connect");
+                tokio::spawn(conn);
+                let stmt = client
+                    .prepare(&format!("INSERT INTO jobvisor_jobs {COLS} VALUES ('default', 'noop', 'pending', 10, ($1::text)::json, '[]', 0, 5, $2, 1800000, 1, $2, $2) RETURNING id"))
+                    .await
+                    .expect("prepare");
+                RawInserter::Pg(client, stmt)
+            }
+            Backend::Mysql => {
+                RawInserter::Mysql(AsyncMysqlConnection::establish(url).await.expect("connect"))
+            }
+            Backend::Sqlite => {
+                // jobvisor's own durability (`synchronous = NORMAL` in WAL): with SQLite's
+                // default (`FULL`) every raw insert waited for a flush jobvisor's did not.
+                let mut c = sqlite_conn(url).await;
+                c.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;")
+                    .await
+                    .expect("pragma");
+                RawInserter::Sqlite(c)
+            }
+        }
+    }
+
+    /// Inserts row `i` in a statement of its own.
+    pub(crate) async fn insert(&mut self, i: usize) {
+        match self {
+            RawInserter::Pg(client, stmt) => {
+                let payload = format!("{{\"i\": {i}}}");
+                client
+                    .query_one(&*stmt, &[&payload, &now_us()])
+                    .await
+                    .expect("insert");
+            }
+            RawInserter::Mysql(c) => Self::sql(c, i).await,
+            RawInserter::Sqlite(c) => Self::sql(c, i).await,
+        }
+    }
+
+    async fn sql<C: SimpleAsyncConnection>(c: &mut C, i: usize) {
+        c.batch_execute(&format!(
+            "INSERT INTO jobvisor_jobs {COLS} VALUES {}",
+            raw_row(i)
+        ))
+        .await
+        .expect("insert");
+    }
+
+    /// Inserts `n` rows in one statement.
+    async fn insert_many(&mut self, n: usize) {
+        let values: Vec<String> = (0..n).map(raw_row).collect();
+        let sql = format!(
+            "INSERT INTO jobvisor_jobs {COLS} VALUES {}",
+            values.join(",")
+        );
+        match self {
+            RawInserter::Pg(client, _) => client.batch_execute(&sql).await.expect("batch"),
+            RawInserter::Mysql(c) => c.batch_execute(&sql).await.expect("batch"),
+            RawInserter::Sqlite(c) => c.batch_execute(&sql).await.expect("batch"),
+        }
+    }
+}
+
 /// Raw single inserts (each its own statement) and one multi-row insert.
 pub(crate) async fn raw_inserts(backend: Backend, n: usize, batch: usize) -> (f64, f64) {
     let db = TestDb::create(backend).await;
     let _store = db.store().await;
-    let cols = "(queue, kind, state, priority, payload, errors, attempts, max_attempts, run_at, timeout_ms, version, created_at, updated_at)";
-    let row = |i: usize| {
-        format!("('default', 'noop', 'pending', 10, '{{\"i\": {i}}}', '[]', 0, 5, {t}, 1800000, 1, {t}, {t})", t = now_us())
-    };
-    match backend {
-        Backend::Postgres => {
-            let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            tokio::spawn(conn);
-            let stmt = client
-                .prepare(&format!("INSERT INTO jobvisor_jobs {cols} VALUES ('default', 'noop', 'pending', 10, ($1::text)::json, '[]', 0, 5, $2, 1800000, 1, $2, $2) RETURNING id"))
-                .await
-                .expect("prepare");
-            let t0 = Instant::now();
-            for i in 0..n {
-                let payload = format!("{{\"i\": {i}}}");
-                client
-                    .query_one(&stmt, &[&payload, &now_us()])
-                    .await
-                    .expect("insert");
-            }
-            let single = n as f64 / t0.elapsed().as_secs_f64();
-            let values: Vec<String> = (0..batch).map(row).collect();
-            let t0 = Instant::now();
-            client
-                .batch_execute(&format!(
-                    "INSERT INTO jobvisor_jobs {cols} VALUES {}",
-                    values.join(",")
-                ))
-                .await
-                .expect("batch");
-            (single, batch as f64 / t0.elapsed().as_secs_f64())
-        }
-        _ => {
-            macro_rules! run {
-                ($conn:expr) => {{
-                    let mut conn = $conn;
-                    let t0 = Instant::now();
-                    for i in 0..n {
-                        conn.batch_execute(&format!(
-                            "INSERT INTO jobvisor_jobs {cols} VALUES {}",
-                            row(i)
-                        ))
-                        .await
-                        .expect("insert");
-                    }
-                    let single = n as f64 / t0.elapsed().as_secs_f64();
-                    let values: Vec<String> = (0..batch).map(row).collect();
-                    let t0 = Instant::now();
-                    conn.batch_execute(&format!(
-                        "INSERT INTO jobvisor_jobs {cols} VALUES {}",
-                        values.join(",")
-                    ))
-                    .await
-                    .expect("batch");
-                    (single, batch as f64 / t0.elapsed().as_secs_f64())
-                }};
-            }
-            if backend == Backend::Mysql {
-                run!(AsyncMysqlConnection::establish(&db.url)
-                    .await
-                    .expect("connect"))
-            } else {
-                run!(sqlite_conn(&db.url).await)
-            }
-        }
+    let mut raw = RawInserter::open(backend, &db.url).await;
+    let t0 = Instant::now();
+    for i in 0..n {
+        raw.insert(i).await;
     }
+    let single = n as f64 / t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    raw.insert_many(batch).await;
+    (single, batch as f64 / t0.elapsed().as_secs_f64())
 }
