@@ -118,9 +118,10 @@ fn budget(backend: Backend) -> Budget {
             renew: Cost::new(5, 1, 1),
             finalize: Cost::new(5, 1, 1),
         },
-        // Writes in `BEGIN IMMEDIATE … COMMIT` (the writer lock is taken up front).
+        // Writes in `BEGIN IMMEDIATE … COMMIT` (the writer lock is taken up front) — but one
+        // job without a key: its insert alone, in autocommit (`sqlite/mod.rs`).
         Backend::Sqlite => Budget {
-            enqueue: Cost::new(3, 1, 1),
+            enqueue: Cost::new(1, 0, 0),
             enqueue_many: Cost::new(3, 1, 1),
             claim: Cost::new(3, 1, 1),
             claim_limited: Cost::new(7, 1, 1),

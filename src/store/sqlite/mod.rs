@@ -42,7 +42,7 @@ use super::schema::jobvisor_jobs as jobs;
 use super::timeout::{in_bounded_op, set_phase, ConnPool, Connector, Manager, Phase, PooledConn};
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_SQLITE_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
-use crate::job::{JobState, NewJob};
+use crate::job::{JobId, JobState, NewJob};
 
 mod conn;
 pub(crate) mod sql;
@@ -158,13 +158,25 @@ impl SqliteDriver {
     }
 
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue`], in one
-    /// `BEGIN IMMEDIATE` transaction.
+    /// `BEGIN IMMEDIATE` transaction — except one job without a key, whose insert is one
+    /// statement in autocommit: atomic alone, it takes the write lock itself and reads
+    /// nothing first, so no lock upgrade can fail, and it saves two calls into the
+    /// connection's thread (`BEGIN`, `COMMIT`), each a hand-off of its own.
     pub(crate) async fn enqueue(
         &self,
         batch: &[&NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         let mut c = self.writer(false).await?;
+        if let [job] = batch {
+            if job.unique_key.is_none() {
+                let id = insert_one(&mut *c, job, now).await?;
+                return Ok(vec![id.map(|id| Enqueued {
+                    id: JobId(id),
+                    duplicate: false,
+                })]);
+            }
+        }
         Ok(immediate(&mut c, async |c| enqueue(c, batch, now).await).await?)
     }
 
