@@ -15,6 +15,9 @@
 //!   handler's start (p50/p95/p99/max). `latency` enqueues through the node's own client
 //!   (in-process wake-up); `latency-remote` through a separate client, as another process
 //!   would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
+//!   `latency-raw` (PostgreSQL): the same for raw SQL — raw inserts from another connection,
+//!   one idle worker that `LISTEN`s and claims one job at a time; the latencies' `p50_to_raw`
+//!   and `p99_to_raw` are to it.
 //! * `limits`: four drains in turn — unlimited, under a global concurrency limit equal to
 //!   C (`drain-limit-global`), under one of 100,000 that never binds (`drain-limit-loose`:
 //!   the controlled claim's own cost), and with the jobs in 100 partitions limited to 1 running job
@@ -89,7 +92,7 @@ use jobvisor::Backend;
 use serde_json::{json, Value};
 
 use limits::{drain_limited, Limit};
-use modes::{drain, enqueue_batch, enqueue_single, latency};
+use modes::{drain, enqueue_batch, enqueue_single, latency, latency_raw};
 use nodes::nodes_vs_one;
 use observability::{drain_with_metrics, gauge_cost, maintenance_cost};
 use raw::{raw_drain, raw_inserts};
@@ -129,7 +132,7 @@ usage: bench [flags]
   --concurrency C   queue concurrency per node (default 10)
   --prefetch P      the queue's prefetch (default: jobvisor's)
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
-                    latency-remote (default: these);
+                    latency-remote, latency-raw (default: these);
                     cost, metrics, gauges, maintenance, limits-burst, nodes, deps,
                     drain-backlog, drain-archive, archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
@@ -627,9 +630,37 @@ async fn main() {
                 },
             );
         }
+        // Raw SQL's pickup (PostgreSQL: the one backend whose raw worker can be woken by a
+        // notification rather than wait for its poll), which each latency's ratios are to.
+        let mut raw_pickup = None;
+        if b == Backend::Postgres && want("latency-raw") {
+            let l = latency_raw(200).await;
+            raw_pickup = Some(l.clone());
+            report(
+                &mut rows,
+                Row {
+                    backend: bn,
+                    bench: "latency-raw".into(),
+                    jobs: 200,
+                    per_sec: None,
+                    extra: l,
+                },
+            );
+        }
         for (mode, remote) in [("latency", false), ("latency-remote", true)] {
             if want(mode) {
-                let l = latency(b, 200, remote).await;
+                let mut l = latency(b, 200, remote).await;
+                if let (Some(raw), Some(m)) = (&raw_pickup, l.as_object_mut()) {
+                    for p in ["p50", "p99"] {
+                        let key = format!("{p}_ms");
+                        if let (Some(x), Some(r)) = (m[&key].as_f64(), raw[&key].as_f64()) {
+                            m.insert(
+                                format!("{p}_to_raw"),
+                                json!((x / r * 100.0).round() / 100.0),
+                            );
+                        }
+                    }
+                }
                 report(
                     &mut rows,
                     Row {

@@ -226,12 +226,14 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         handle.client()
     };
     tokio::time::sleep(Duration::from_millis(300)).await; // let the node go idle
+    let mut enqueues = Vec::with_capacity(n);
     for _ in 0..n {
         let t_ms = epoch.elapsed().as_secs_f64() * 1000.0;
         client
             .enqueue(NewJob::new("probe", json!({"t_ms": t_ms})))
             .await
             .expect("enqueue");
+        enqueues.push(epoch.elapsed().as_secs_f64() * 1000.0 - t_ms);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let t0 = Instant::now();
@@ -240,8 +242,23 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     handle.shutdown().await;
-    let mut v = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    pickup_summary(
+        samples.lock().map(|v| v.clone()).unwrap_or_default(),
+        enqueues,
+    )
+}
+
+/// Raw SQL's pickup (`raw::raw_pickup_pg`), summarized as [`latency`]'s.
+pub(crate) async fn latency_raw(n: usize) -> Value {
+    let (samples, enqueues) = crate::raw::raw_pickup_pg(n).await;
+    pickup_summary(samples, enqueues)
+}
+
+/// Pickup samples (ms) as p50/p95/p99/max, beside the median time the enqueue (or insert)
+/// itself took of them (`enqueue_p50_ms`).
+fn pickup_summary(mut v: Vec<f64>, mut enqueues: Vec<f64>) -> Value {
     v.sort_by(|a, b| a.total_cmp(b));
+    enqueues.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
         return json!({"error": "no samples"});
     }
@@ -250,6 +267,7 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         "p95_ms": (percentile(&v, 0.95) * 100.0).round() / 100.0,
         "p99_ms": (percentile(&v, 0.99) * 100.0).round() / 100.0,
         "max_ms": (v[v.len() - 1] * 100.0).round() / 100.0,
+        "enqueue_p50_ms": (percentile(&enqueues, 0.50) * 100.0).round() / 100.0,
         "samples": v.len(),
     })
 }

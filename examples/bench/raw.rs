@@ -19,6 +19,12 @@ pub(crate) const PG_CLAIM: &str =
      WHERE id IN (SELECT id FROM jobvisor_jobs WHERE queue = 'default' \
      AND state IN ('pending', 'retrying') AND run_at <= $1 \
      ORDER BY priority, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING id";
+/// The raw pickup's claim: one job, its payload returned.
+const PG_CLAIM_ONE: &str = "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', \
+     lease_token = md5(random()::text), attempts = attempts + 1 \
+     WHERE id IN (SELECT id FROM jobvisor_jobs WHERE queue = 'default' \
+     AND state IN ('pending', 'retrying') AND run_at <= $1 \
+     ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, payload::text";
 pub(crate) const PG_DONE: &str = "UPDATE jobvisor_jobs SET state = 'succeeded', finished_at = $1, \
      lease_token = NULL WHERE id = ANY($2)";
 
@@ -217,15 +223,19 @@ impl RawInserter {
     /// Inserts row `i` in a statement of its own.
     pub(crate) async fn insert(&mut self, i: usize) {
         match self {
-            RawInserter::Pg(client, stmt) => {
-                let payload = format!("{{\"i\": {i}}}");
-                client
-                    .query_one(&*stmt, &[&payload, &now_us()])
-                    .await
-                    .expect("insert");
-            }
+            RawInserter::Pg(..) => self.insert_payload(&format!("{{\"i\": {i}}}")).await,
             RawInserter::Mysql(c) => Self::sql(c, i).await,
             RawInserter::Sqlite(c) => Self::sql(c, i).await,
+        }
+    }
+
+    /// PostgreSQL: inserts one row with `payload` (JSON text) by the prepared statement.
+    pub(crate) async fn insert_payload(&mut self, payload: &str) {
+        if let RawInserter::Pg(client, stmt) = self {
+            client
+                .query_one(&*stmt, &[&payload, &now_us()])
+                .await
+                .expect("insert");
         }
     }
 
@@ -266,4 +276,62 @@ pub(crate) async fn raw_inserts(backend: Backend, n: usize, batch: usize) -> (f6
     let t0 = Instant::now();
     raw.insert_many(batch).await;
     (single, batch as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// Raw SQL's pickup on PostgreSQL, the latency baseline: one idle worker that `LISTEN`s on
+/// the channel jobvisor's insert trigger notifies (so a raw insert wakes it as it wakes a
+/// node), claims one job at a time until none is left and marks each done, waiting for a
+/// notification (or 1 s) between; a raw inserter on another connection sends `n` jobs 10 ms
+/// apart. Each sample: milliseconds from just before the insert to the claim's return (the
+/// moment a handler could start); beside them, the time each insert took.
+pub(crate) async fn raw_pickup_pg(n: usize) -> (Vec<f64>, Vec<f64>) {
+    use futures_util::StreamExt;
+    let db = TestDb::create(Backend::Postgres).await;
+    let _store = db.store().await; // the schema
+    let epoch = Instant::now();
+    let (client, mut conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(_) = m {
+                let _ = wake.send(());
+            }
+        }
+    });
+    client
+        .batch_execute("LISTEN jobvisor_jobs")
+        .await
+        .expect("listen");
+    let claim = client.prepare(PG_CLAIM_ONE).await.expect("prepare");
+    let fin = client.prepare(PG_DONE).await.expect("prepare");
+    let worker = tokio::spawn(async move {
+        let mut samples = Vec::with_capacity(n);
+        while samples.len() < n {
+            while let Some(row) = client.query_opt(&claim, &[&now_us()]).await.expect("claim") {
+                let started = epoch.elapsed().as_secs_f64() * 1000.0;
+                let id: i64 = row.get(0);
+                let payload: serde_json::Value = serde_json::from_str(row.get(1)).expect("payload");
+                samples.push(started - payload["t_ms"].as_f64().unwrap_or(started));
+                tokio_postgres::Client::execute(&client, &fin, &[&now_us(), &vec![id]])
+                    .await
+                    .expect("done");
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), woken.recv()).await;
+            while woken.try_recv().is_ok() {} // one claim loop answers them all
+        }
+        samples
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await; // let the worker go idle
+    let mut raw = RawInserter::open(Backend::Postgres, &db.url).await;
+    let mut inserts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t_ms = epoch.elapsed().as_secs_f64() * 1000.0;
+        raw.insert_payload(&format!("{{\"t_ms\": {t_ms}}}")).await;
+        inserts.push(epoch.elapsed().as_secs_f64() * 1000.0 - t_ms);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    (worker.await.expect("worker"), inserts)
 }
