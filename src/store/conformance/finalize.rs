@@ -1,6 +1,7 @@
 //! Conformance cases. Finalizing: each outcome, attempts and errors kept, requeue without an attempt, mixed batches guarded row by row.
 
 use super::*;
+use crate::job::UniqueScope;
 
 pub async fn finalize_succeeded_clears_last_error_and_keeps_attempts(b: Backend) {
     let t = Bundle::new(b).await;
@@ -160,4 +161,85 @@ pub async fn finalize_many_mixes_outcomes_and_guards_each_row(b: Backend) {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("twice"), "{e}");
+}
+
+/// A batch larger than any one statement of it (SQLite ends at most 128 successes per
+/// statement): each success writes its own result and start, a forged token in its midst
+/// changes nothing, a `while_active` key is released, and a failure in the same batch is
+/// written beside them.
+pub async fn a_batch_of_successes_writes_each_job_its_own_result_and_start(b: Backend) {
+    let t = Bundle::new(b).await;
+    let n = 150;
+    for i in 0..n {
+        let job = NewJob::new("k", json!(i));
+        let job = if i == 7 {
+            job.unique_key("w").unique_scope(UniqueScope::WhileActive)
+        } else {
+            job
+        };
+        t.enqueue(job, 0).await;
+    }
+    let mut c = t.claim("default", "n", 100, 0).await;
+    c.extend(t.claim("default", "n", 100, 0).await);
+    assert_eq!(c.len(), n);
+    let ago = |i: usize| (!i.is_multiple_of(3)).then(|| Duration::from_millis(i as u64 * 10));
+    let (forged, failed) = (140, 3);
+    let items: Vec<Finalize> =
+        c.iter()
+            .enumerate()
+            .map(|(i, c)| match i {
+                _ if i == forged => Finalize::succeeded(c.id, LeaseToken::generate(), json!(i)),
+                _ if i == failed => {
+                    Finalize::retry(c.id, c.token.clone(), err("again", 1), Duration::ZERO)
+                }
+                _ => Finalize::succeeded(c.id, c.token.clone(), json!({"i": i}))
+                    .with_started_ago(ago(i)),
+            })
+            .collect();
+    let out = t
+        .store
+        .job_finalize_many(FinalizeParams {
+            items,
+            now: t.at(100),
+        })
+        .await
+        .unwrap();
+    for (i, (c, (id, g))) in c.iter().zip(out).enumerate() {
+        assert_eq!(c.id, id);
+        let j = t.get(id).await;
+        match i {
+            _ if i == forged => {
+                assert_eq!(g, Guarded::LeaseLost);
+                assert_eq!(j.state, JobState::Running, "a forged token changed nothing");
+            }
+            _ if i == failed => {
+                assert_eq!(g, Guarded::Applied(JobState::Retrying));
+                assert_eq!(j.last_error.map(|e| e.code), Some("again".into()));
+            }
+            _ => {
+                assert_eq!(g, Guarded::Applied(JobState::Succeeded), "job #{i}");
+                assert_eq!(j.state, JobState::Succeeded);
+                assert_eq!(j.result, Some(json!({"i": i})), "job #{i}'s own result");
+                assert_eq!(j.finished_at, t.at(100));
+                let started = ago(i).map(|d| t.at(100).unwrap() - d);
+                assert_eq!(j.started_at, started, "job #{i}'s own start");
+                assert_eq!(j.first_started_at, started);
+                assert!(j.lease.is_none());
+            }
+        }
+    }
+    let again = t
+        .store
+        .job_enqueue(
+            NewJob::new("k", json!("again"))
+                .unique_key("w")
+                .unique_scope(UniqueScope::WhileActive),
+            t.at(101),
+        )
+        .await
+        .unwrap();
+    assert!(
+        !again.duplicate,
+        "the success released its while_active key"
+    );
 }

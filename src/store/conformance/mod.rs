@@ -247,6 +247,7 @@ macro_rules! conformance_tests {
             archive_moves_terminal_jobs_atomically_and_prune_deletes_them,
             archive_is_bounded_by_its_limit,
             finalize_many_mixes_outcomes_and_guards_each_row,
+            a_batch_of_successes_writes_each_job_its_own_result_and_start,
             outbox_enqueue_follows_the_callers_transaction,
             bad_inputs_get_clear_errors_and_change_nothing,
             bad_urls_and_missing_schema_are_clear_errors,

@@ -122,20 +122,22 @@ impl SpawnBlocking for Detached {
     }
 }
 
-/// Runs `q` on the connection's own (blocking) thread and reads its rows there, straight
-/// from SQLite's statement. diesel-async's `load` renders the statement's SQL text at every
-/// call and copies every value of every row into an owned row before it is read: for the
-/// 31 columns of a claimed job, most of the claim's cost on the client. Same statement,
-/// same prepared-statement cache (the connection's) and the same instrumentation.
-pub(crate) async fn load_in_place<Q, U>(conn: &mut SqliteConn, q: Q) -> diesel::QueryResult<Vec<U>>
+/// Runs `body` in a `BEGIN IMMEDIATE` transaction on the connection's own (blocking) thread,
+/// all of it in one call there: `BEGIN`, the statements and `COMMIT` (or `ROLLBACK` on
+/// `Err`) are one hand-off between threads instead of one each (each a wake-up of the other
+/// thread). `body` reads rows straight from SQLite's statement, through the same
+/// prepared-statement cache and instrumentation; diesel-async's `load` renders the
+/// statement's SQL text at every call and copies every value of every row into an owned row
+/// before it is read (for a claim's rows, once most of the claim's cost on the client).
+pub(crate) async fn immediate_in_place<R, F>(
+    conn: &mut SqliteConn,
+    body: F,
+) -> diesel::QueryResult<R>
 where
-    Q: diesel::RunQueryDsl<SqliteConnection>
-        + for<'q> diesel::query_dsl::LoadQuery<'q, SqliteConnection, U>
-        + Send
-        + 'static,
-    U: Send + 'static,
+    F: FnOnce(&mut SqliteConnection) -> diesel::QueryResult<R> + Send + 'static,
+    R: Send + 'static,
 {
-    conn.spawn_blocking(move |c| diesel::RunQueryDsl::load(q, c))
+    conn.spawn_blocking(move |c| c.immediate_transaction(body))
         .await
 }
 

@@ -181,8 +181,8 @@ impl SqliteDriver {
     }
 
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING`
-    /// ([`sql::CLAIM`]) in `BEGIN IMMEDIATE`, its rows read by position on the connection's
-    /// own thread (see [`conn::load_in_place`]).
+    /// ([`sql::CLAIM`]) in `BEGIN IMMEDIATE`, all in one call on the connection's own thread
+    /// ([`conn::immediate_in_place`]), its rows read by position there.
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<ClaimRow>> {
         let q = sql::ClaimRows::new(sql::SqliteClaim {
             now: a.now,
@@ -195,7 +195,7 @@ impl SqliteDriver {
             limit: a.limit,
         });
         let mut c = self.writer(false).await?;
-        Ok(immediate(&mut c, async move |c| conn::load_in_place(c, q).await).await?)
+        Ok(conn::immediate_in_place(&mut c, move |c| diesel::RunQueryDsl::load(q, c)).await?)
     }
 
     /// [`Driver::renew`](super::driver::Driver::renew): one statement
@@ -451,10 +451,14 @@ async fn enqueue_one<C: SqliteAsync>(
     enqueue_keyed(&mut SqliteKeyed(conn), j, now).await
 }
 
-/// SQLite: the whole batch in one cached `UPDATE … FROM json_each(…)` statement — one call
-/// into the database thread, each row still guarded by its own token. The batch travels as
-/// one JSON bind: a `VALUES` list of 8 binds per job made SQLite compile a new, long statement
-/// per batch, in time quadratic in its binds (a third of a drain's CPU).
+/// SQLite: a batch's successes by [`sql::FinalizeSucceeded`] (up to
+/// [`sql::SUCCEEDED_MAX`] per statement), the rest by one cached `UPDATE … FROM
+/// jsonb_each(…)` ([`sql::FINALIZE`]), in one transaction run in one call on the
+/// connection's thread ([`conn::immediate_in_place`]); each row guarded by its own token.
+/// The general statement's batch travels as one JSON bind: a `VALUES` list of 8 binds per
+/// job made SQLite compile a new, long statement per batch, in time quadratic in its binds (a
+/// third of a drain's CPU); the successes' lists are padded to two widths, each compiled once
+/// per connection.
 async fn finalize(
     conn: &mut SqliteConn,
     items: &[Finalize],
@@ -470,11 +474,14 @@ async fn finalize(
         i32,
         Option<i64>,
     );
-    let batch: Vec<Item<'_>> = items
-        .iter()
-        .map(|f| {
-            let row = FinalRow::from(f);
-            (
+    let mut succeeded: Vec<sql::Succeeded> = Vec::new();
+    let mut rest: Vec<Item<'_>> = Vec::new();
+    for f in items {
+        let row = FinalRow::from(f);
+        if matches!(f.outcome, crate::store::Finalization::Succeeded { .. }) {
+            succeeded.push((f.id.0, f.token.as_str().to_owned(), row.result, row.ago_us));
+        } else {
+            rest.push((
                 f.id.0,
                 f.token.as_str(),
                 row.state,
@@ -483,13 +490,35 @@ async fn finalize(
                 row.delay_us,
                 row.refund,
                 row.ago_us,
-            )
-        })
-        .collect();
-    let batch = serde_json::to_string(&batch)
-        .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
-    let q = FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::SqliteFinalize { now, batch });
-    let rows: Vec<Finalized> = immediate(conn, async |c| q.load(c).await).await?;
+            ));
+        }
+    }
+    let rest = if rest.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::to_string(&rest)
+                .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?,
+        )
+    };
+    let n = items.len();
+    let rows: Vec<Finalized> = conn::immediate_in_place(conn, move |c| {
+        let mut rows = Vec::with_capacity(n);
+        for jobs in succeeded.chunks(sql::SUCCEEDED_MAX) {
+            let q = FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::FinalizeSucceeded {
+                now,
+                jobs,
+            });
+            rows.extend(diesel::RunQueryDsl::load::<Finalized>(q, c)?);
+        }
+        if let Some(batch) = rest {
+            let q =
+                FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::SqliteFinalize { now, batch });
+            rows.extend(diesel::RunQueryDsl::load::<Finalized>(q, c)?);
+        }
+        Ok(rows)
+    })
+    .await?;
     Ok(rows
         .into_iter()
         .map(|r| {

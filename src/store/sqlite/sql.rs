@@ -219,6 +219,142 @@ prepared_statement!(Sqlite
     }
 );
 
+/// The most jobs one [`FinalizeSucceeded`] statement ends, and the width of its lists for
+/// more than [`SUCCEEDED_SMALL`]: its `VALUES` list and `CASE`s compile in time quadratic in
+/// their length (1.4 ms at 128 rows, 14 ms at 1,024; measured), so a larger batch is ended
+/// by several statements.
+pub(crate) const SUCCEEDED_MAX: usize = 128;
+
+/// The width of [`FinalizeSucceeded`]'s lists for a batch of at most this many jobs.
+pub(crate) const SUCCEEDED_SMALL: usize = 16;
+
+/// SQLite: ends a batch of successes, each row guarded by its token, as [`FINALIZE`] would.
+/// The jobs are an `IN` list of `(id, lease_token)` pairs and each per-job value a
+/// `CASE id` over them, not an `UPDATE … FROM` a JSON batch: SQLite runs an `UPDATE … FROM`
+/// in two passes through a temporary table, and the list ended a batch of 100 in 6.4 µs
+/// per job against 8.3 (measured on SQLite 3.51, the same columns written). A success
+/// writes no error, refund or delay, so `errors`, `attempts` and `run_at` are left out of
+/// the `SET`.
+///
+/// The lists are padded with `NULL` binds (which match nothing) to one of two widths
+/// ([`SUCCEEDED_SMALL`], [`SUCCEEDED_MAX`]), and `result` is one bind when every job's is
+/// the same: a connection compiles at most four texts, once each (a text per batch size
+/// made a drain spend a tenth of its CPU compiling). The start's `CASE` is evaluated only
+/// for a job whose start is not recorded (`COALESCE` stops at a recorded one).
+#[derive(Debug)]
+pub(crate) struct FinalizeSucceeded<'a> {
+    pub(crate) now: Option<i64>,
+    /// The jobs, at least one and at most [`SUCCEEDED_MAX`].
+    pub(crate) jobs: &'a [Succeeded],
+}
+
+impl diesel::query_builder::QueryId for FinalizeSucceeded<'_> {
+    type QueryId = ();
+    // The text depends on the batch's width: cached by its text.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl diesel::query_builder::Query for FinalizeSucceeded<'_> {
+    type SqlType = diesel::sql_types::Untyped;
+}
+
+/// One job of a [`FinalizeSucceeded`]: its id, token, result (JSON) and how long ago its
+/// handler started, if its start is not recorded yet.
+pub(crate) type Succeeded = (i64, String, Option<String>, Option<i64>);
+
+impl FinalizeSucceeded<'_> {
+    /// `CASE id WHEN ? THEN ? … END` over the jobs, padded to `width`; `then` binds each
+    /// job's value.
+    fn case_id<'b>(
+        &'b self,
+        out: &mut AstPass<'_, 'b, Sqlite>,
+        width: usize,
+        then: impl Fn(&mut AstPass<'_, 'b, Sqlite>, &'b Succeeded) -> QueryResult<()>,
+    ) -> QueryResult<()> {
+        out.push_sql("CASE id");
+        for j in self.jobs {
+            out.push_sql(" WHEN ");
+            out.push_bind_param::<BigInt, _>(&j.0)?;
+            out.push_sql(" THEN ");
+            then(out, j)?;
+        }
+        for _ in self.jobs.len()..width {
+            out.push_sql(" WHEN ");
+            out.push_bind_param::<Nullable<BigInt>, _>(&None::<i64>)?;
+            out.push_sql(" THEN ");
+            out.push_bind_param::<Nullable<BigInt>, _>(&None::<i64>)?;
+        }
+        out.push_sql(" END");
+        Ok(())
+    }
+}
+
+impl QueryFragment<Sqlite> for FinalizeSucceeded<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        let width = if self.jobs.len() <= SUCCEEDED_SMALL {
+            SUCCEEDED_SMALL
+        } else {
+            SUCCEEDED_MAX
+        };
+        let now = "(SELECT now FROM n)";
+        out.push_sql("WITH n(now) AS (SELECT COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.now)?;
+        out.push_sql(concat!(
+            ", ",
+            now_us!(),
+            ")) UPDATE jobvisor_jobs SET state = 'succeeded', result = "
+        ));
+        match self.jobs.first() {
+            Some(first) if self.jobs.iter().all(|j| j.2 == first.2) => {
+                out.push_bind_param::<Nullable<Text>, _>(&first.2)?;
+            }
+            _ => self.case_id(&mut out, width, |out, j| {
+                out.push_bind_param::<Nullable<Text>, _>(&j.2)
+            })?,
+        }
+        out.push_sql(", last_error = NULL, finished_at = ");
+        out.push_sql(now);
+        for column in ["started_at", "first_started_at"] {
+            out.push_sql(", ");
+            out.push_sql(column);
+            out.push_sql(" = COALESCE(");
+            out.push_sql(column);
+            out.push_sql(", ");
+            out.push_sql(now);
+            out.push_sql(" - ");
+            self.case_id(&mut out, width, |out, j| {
+                out.push_bind_param::<Nullable<BigInt>, _>(&j.3)
+            })?;
+            out.push_sql(")");
+        }
+        out.push_sql(
+            ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, \
+            heartbeat_at = NULL, timeout_at = NULL, version = version + 1, updated_at = ",
+        );
+        out.push_sql(now);
+        out.push_sql(
+            ", unique_hold = CASE WHEN unique_scope = 'while_active' THEN NULL \
+            ELSE unique_hold END WHERE state = 'running' AND (id, lease_token) IN (VALUES ",
+        );
+        for (i, j) in self.jobs.iter().enumerate() {
+            out.push_sql(if i == 0 { "(" } else { ", (" });
+            out.push_bind_param::<BigInt, _>(&j.0)?;
+            out.push_sql(", ");
+            out.push_bind_param::<Text, _>(&j.1)?;
+            out.push_sql(")");
+        }
+        for i in self.jobs.len()..width {
+            out.push_sql(if i == 0 { "(" } else { ", (" });
+            out.push_bind_param::<Nullable<BigInt>, _>(&None::<i64>)?;
+            out.push_sql(", ");
+            out.push_bind_param::<Nullable<Text>, _>(&None::<&str>)?;
+            out.push_sql(")");
+        }
+        out.push_sql(") RETURNING id, state, has_children");
+        Ok(())
+    }
+}
+
 /// SQLite: inserts jobs without unique keys given as one JSON array of
 /// `[queue, kind, priority, payload, max_attempts, run_at or null, delay_us, timeout_ms,
 /// partition or null]`, in array order (so their ids ascend in it).
