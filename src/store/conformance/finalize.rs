@@ -166,7 +166,7 @@ pub async fn finalize_many_mixes_outcomes_and_guards_each_row(b: Backend) {
 /// A batch larger than any one statement of it (SQLite ends at most 128 successes per
 /// statement): each success writes its own result and start, a forged token in its midst
 /// changes nothing, a `while_active` key is released, and a failure in the same batch is
-/// written beside them.
+/// written beside them; then 20 successes with one result between them.
 pub async fn a_batch_of_successes_writes_each_job_its_own_result_and_start(b: Backend) {
     let t = Bundle::new(b).await;
     let n = 150;
@@ -242,4 +242,28 @@ pub async fn a_batch_of_successes_writes_each_job_its_own_result_and_start(b: Ba
         !again.duplicate,
         "the success released its while_active key"
     );
+
+    // More than 16 successes with one result between them (SQLite binds it once).
+    for i in 0..20 {
+        t.enqueue(NewJob::new("k", json!(i)).queue("same"), 101)
+            .await;
+    }
+    let c = t.claim("same", "n", 20, 101).await;
+    let items = c
+        .iter()
+        .map(|c| Finalize::succeeded(c.id, c.token.clone(), json!("same")))
+        .collect();
+    let out = t
+        .store
+        .job_finalize_many(FinalizeParams {
+            items,
+            now: t.at(102),
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 20);
+    for (id, g) in out {
+        assert_eq!(g, Guarded::Applied(JobState::Succeeded));
+        assert_eq!(t.get(id).await.result, Some(json!("same")));
+    }
 }

@@ -129,6 +129,12 @@ impl SpawnBlocking for Detached {
 /// prepared-statement cache and instrumentation; diesel-async's `load` renders the
 /// statement's SQL text at every call and copies every value of every row into an owned row
 /// before it is read (for a claim's rows, once most of the claim's cost on the client).
+///
+/// A caller that gives up while `body` runs (its bound passed, its actor stopped) leaves
+/// the call to finish on that thread: it then rolls back instead of committing, so a claim
+/// or a finalization nobody awaits any more writes nothing, as when each statement was a
+/// call of its own and the abandoned connection was closed. Only one abandoned during the
+/// `COMMIT` itself commits (a commit whose answer is lost, which every backend may meet).
 pub(crate) async fn immediate_in_place<R, F>(
     conn: &mut SqliteConn,
     body: F,
@@ -137,8 +143,39 @@ where
     F: FnOnce(&mut SqliteConnection) -> diesel::QueryResult<R> + Send + 'static,
     R: Send + 'static,
 {
-    conn.spawn_blocking(move |c| c.immediate_transaction(body))
-        .await
+    let mut awaited = Awaited {
+        gone: Arc::default(),
+        answered: false,
+    };
+    let gone = awaited.gone.clone();
+    let out = conn
+        .spawn_blocking(move |c| {
+            c.immediate_transaction(|c| {
+                let r = body(c)?;
+                if gone.load(Ordering::Acquire) {
+                    return Err(diesel::result::Error::RollbackTransaction);
+                }
+                Ok(r)
+            })
+        })
+        .await;
+    awaited.answered = true;
+    out
+}
+
+/// Sets `gone` when dropped unanswered: the future that awaited an [`immediate_in_place`]
+/// was dropped before its answer.
+struct Awaited {
+    gone: Arc<std::sync::atomic::AtomicBool>,
+    answered: bool,
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.gone.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// An async closure over the connection whose future can be named (and so required `Send`):
@@ -221,6 +258,49 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         panic!("the dropped call never finished");
+    }
+
+    /// A transaction whose caller gave up while it ran rolls back; one still awaited
+    /// commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_transaction_in_place_rolls_back() {
+        use diesel::connection::SimpleConnection;
+        use diesel::Connection;
+        use diesel_async::SimpleAsyncConnection;
+        let dir = std::env::temp_dir().join(format!("jobvisor-inplace-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let path = dir.to_string_lossy().to_string();
+        let raw = SqliteConnection::establish(&path).unwrap();
+        let busy = Arc::new(AtomicUsize::new(0));
+        let mut c = SqliteConn::with_runtime(raw, Detached::counting(busy.clone()));
+        c.batch_execute("CREATE TABLE t (v INTEGER)").await.unwrap();
+        let insert = |v: i64| {
+            move |c: &mut SqliteConnection| {
+                c.batch_execute(&format!("INSERT INTO t VALUES ({v})"))?;
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                Ok(())
+            }
+        };
+        let gave_up = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            immediate_in_place(&mut c, insert(1)),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the caller gave up");
+        while busy.load(Ordering::Acquire) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        immediate_in_place(&mut c, insert(2)).await.unwrap();
+        let mut check = SqliteConnection::establish(&path).unwrap();
+        #[derive(diesel::QueryableByName)]
+        struct V {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            v: i64,
+        }
+        let rows: Vec<V> =
+            diesel::RunQueryDsl::load(diesel::sql_query("SELECT v FROM t"), &mut check).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        assert_eq!(rows.iter().map(|r| r.v).collect::<Vec<_>>(), vec![2]);
     }
 
     #[tokio::test(flavor = "current_thread")]

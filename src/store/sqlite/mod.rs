@@ -10,8 +10,10 @@
 //!   the statement bound is `statement_timeout + busy_timeout` here.
 //! * **No row locks, no `SKIP LOCKED`**: a claim is `UPDATE … WHERE id IN (SELECT …)
 //!   RETURNING` inside `BEGIN IMMEDIATE`, so a read-then-write never fails on a lock upgrade.
-//! * **Batches as one JSON bind** (`jsonb_each`): renew and finalize are one cached statement
-//!   each; keyless enqueue runs one multi-row insert.
+//! * **Batches as one JSON bind** (`jsonb_each`): renew is one cached statement, and so is
+//!   finalize but for its successes (an `IN` list padded to two widths,
+//!   [`sql::FinalizeSucceeded`]); keyless enqueue runs one multi-row insert. The claim's and
+//!   the finalization's transactions are each one call into the connection's thread.
 //! * No network: no keepalives, no server-side bounds, no `LISTEN` (nodes poll and wake
 //!   in-process). WAL mode; migrations run in an exclusive transaction.
 

@@ -2,7 +2,9 @@
 //!
 //! No row locks (the caller holds the writer lock and `BEGIN IMMEDIATE`); batches travel as
 //! one JSON bind unpacked by `jsonb_each`, because a `VALUES` list compiles in time quadratic
-//! in its binds. The database clock is written once, in [`now_us!`].
+//! in its binds — except a finalization's successes, whose list is padded to two widths so
+//! that a connection compiles each once ([`FinalizeSucceeded`]). The database clock is
+//! written once, in [`now_us!`].
 
 use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::result::QueryResult;
