@@ -196,14 +196,7 @@ pub async fn a_batch_of_successes_writes_each_job_its_own_result_and_start(b: Ba
                     .with_started_ago(ago(i)),
             })
             .collect();
-    let out = t
-        .store
-        .job_finalize_many(FinalizeParams {
-            items,
-            now: t.at(100),
-        })
-        .await
-        .unwrap();
+    let out = t.finalize_many(items, 100).await;
     for (i, (c, (id, g))) in c.iter().zip(out).enumerate() {
         assert_eq!(c.id, id);
         let j = t.get(id).await;
@@ -253,14 +246,7 @@ pub async fn a_batch_of_successes_writes_each_job_its_own_result_and_start(b: Ba
         .iter()
         .map(|c| Finalize::succeeded(c.id, c.token.clone(), json!("same")))
         .collect();
-    let out = t
-        .store
-        .job_finalize_many(FinalizeParams {
-            items,
-            now: t.at(102),
-        })
-        .await
-        .unwrap();
+    let out = t.finalize_many(items, 102).await;
     assert_eq!(out.len(), 20);
     for (id, g) in out {
         assert_eq!(g, Guarded::Applied(JobState::Succeeded));

@@ -132,15 +132,22 @@ impl Bundle {
     }
 
     pub async fn finalize(&self, f: Finalize, at: i64) -> Guarded<JobState> {
-        let mut v = self
-            .store
+        self.finalize_many(vec![f], at).await.pop().unwrap().1
+    }
+
+    /// Finalizes `items` in one batch at `at`; each job's outcome, in `items`' order.
+    pub async fn finalize_many(
+        &self,
+        items: Vec<Finalize>,
+        at: i64,
+    ) -> Vec<(JobId, Guarded<JobState>)> {
+        self.store
             .job_finalize_many(FinalizeParams {
-                items: vec![f],
+                items,
                 now: self.at(at),
             })
             .await
-            .unwrap();
-        v.pop().unwrap().1
+            .unwrap()
     }
 
     pub async fn renew(&self, id: JobId, token: &LeaseToken, at: i64) -> Guarded<Renewed> {
