@@ -32,7 +32,7 @@ use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::own_conn::{Held, OwnConn};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
-use super::pool::{pool, Lanes};
+use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::PooledConn;
@@ -98,8 +98,14 @@ impl MysqlDriver {
         let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
         Ok(MysqlDriver {
             lanes: Lanes::new(
-                pool(opts, size, true, setup(&connector)),
-                pool(opts, RENEW_LANE_SIZE, true, setup(&connector)),
+                pool(opts, size, true, Reuse::Oldest, setup(&connector)),
+                pool(
+                    opts,
+                    RENEW_LANE_SIZE,
+                    true,
+                    Reuse::Oldest,
+                    setup(&connector),
+                ),
             ),
             connector,
             insert_returning: connect::supports_insert_returning(&version),

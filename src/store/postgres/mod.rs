@@ -26,7 +26,7 @@ use super::batch::{
 use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::params::{Claimed, Route};
-use super::pool::{pool, Lanes};
+use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, to_us, ClaimRow};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
@@ -95,8 +95,14 @@ impl PgDriver {
         let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
         Ok(PgDriver {
             lanes: Lanes::new(
-                pool(opts, size, false, setup(&connector)),
-                pool(opts, RENEW_LANE_SIZE, false, setup(&connector)),
+                pool(opts, size, false, Reuse::Latest, setup(&connector)),
+                pool(
+                    opts,
+                    RENEW_LANE_SIZE,
+                    false,
+                    Reuse::Oldest,
+                    setup(&connector),
+                ),
             ),
             connector,
             copy: CopyConn::default(),
