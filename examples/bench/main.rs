@@ -17,7 +17,9 @@
 //!   would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
 //!   `latency-raw` (PostgreSQL): the same for raw SQL — raw inserts from another connection,
 //!   one idle worker that `LISTEN`s and claims one job at a time; the latencies' `p50_to_raw`
-//!   and `p99_to_raw` are to it.
+//!   and `p99_to_raw` are to it. Each latency row splits its samples into stages
+//!   (`stages_p50_ms`: the enqueue, the wake-up, the claim's round trip, the handler's start;
+//!   see `stages.rs`).
 //! * `limits`: four drains in turn — unlimited, under a global concurrency limit equal to
 //!   C (`drain-limit-global`), under one of 100,000 that never binds (`drain-limit-loose`:
 //!   the controlled claim's own cost), and with the jobs in 100 partitions limited to 1 running job
@@ -87,6 +89,7 @@ mod nodes;
 mod observability;
 mod raw;
 mod scale;
+mod stages;
 
 use jobvisor::Backend;
 use serde_json::{json, Value};
@@ -235,12 +238,15 @@ fn report(rows: &mut Vec<Row>, row: Row) {
 
 #[actix::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
-        )
+    use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
+    use tracing_subscriber::{EnvFilter, Layer};
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .init();
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()));
+    // The fetcher's claim timings, for the latency modes' stages.
+    let claims = stages::ClaimRecorder
+        .with_filter(Targets::new().with_target(stages::FETCHER, tracing::Level::TRACE));
+    tracing_subscriber::registry().with(log).with(claims).init();
     // A node process of the `nodes` mode.
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("--serve-node") {

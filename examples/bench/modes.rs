@@ -9,6 +9,7 @@ use jobvisor::{handler_fn, Backend, Client, JobOutcome, NewJob, QueueConfig, Sch
 use serde_json::{json, Value};
 
 use crate::raw::RawInserter;
+use crate::stages::{self, Stages};
 
 pub(crate) async fn fill(store: &Store, n: usize) {
     let mut left = n;
@@ -203,6 +204,7 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
     let epoch = Instant::now();
+    // Per job: the pickup (ms) and the handler's start.
     let samples = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
     let s2 = samples.clone();
     let handle = Scheduler::builder(store)
@@ -210,10 +212,12 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         .handler(
             "probe",
             handler_fn(move |p: Value, _ctx| {
-                let started = epoch.elapsed().as_secs_f64() * 1000.0;
+                let at = Instant::now();
+                let started = at.duration_since(epoch).as_secs_f64() * 1000.0;
                 let sent = p["t_ms"].as_f64().unwrap_or(started);
+                let i = p["i"].as_u64().unwrap_or(u64::MAX);
                 if let Ok(mut v) = s2.lock() {
-                    v.push(started - sent);
+                    v.push((i, started - sent, at));
                 }
                 async { JobOutcome::done() }
             }),
@@ -226,14 +230,16 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         handle.client()
     };
     tokio::time::sleep(Duration::from_millis(300)).await; // let the node go idle
+    stages::record(true);
     let mut enqueues = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t_ms = epoch.elapsed().as_secs_f64() * 1000.0;
+    for i in 0..n {
+        let sent = Instant::now();
+        let t_ms = sent.duration_since(epoch).as_secs_f64() * 1000.0;
         client
-            .enqueue(NewJob::new("probe", json!({"t_ms": t_ms})))
+            .enqueue(NewJob::new("probe", json!({"t_ms": t_ms, "i": i})))
             .await
             .expect("enqueue");
-        enqueues.push(epoch.elapsed().as_secs_f64() * 1000.0 - t_ms);
+        enqueues.push((sent, Instant::now()));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let t0 = Instant::now();
@@ -242,32 +248,43 @@ pub(crate) async fn latency(backend: Backend, n: usize, remote: bool) -> Value {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     handle.shutdown().await;
-    pickup_summary(
-        samples.lock().map(|v| v.clone()).unwrap_or_default(),
-        enqueues,
-    )
+    stages::record(false);
+    let claims = stages::claims();
+    let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    let split: Vec<Stages> = samples
+        .iter()
+        .filter_map(|&(i, _, started)| {
+            let &(sent, enqueued) = enqueues.get(usize::try_from(i).ok()?)?;
+            let claim = Stages::claim_before(&claims, started)?;
+            Some(Stages::of(sent, enqueued, claim, started))
+        })
+        .collect();
+    pickup_summary(samples.iter().map(|s| s.1).collect(), &split)
 }
 
 /// Raw SQL's pickup (`raw::raw_pickup_pg`), summarized as [`latency`]'s.
 pub(crate) async fn latency_raw(n: usize) -> Value {
-    let (samples, enqueues) = crate::raw::raw_pickup_pg(n).await;
-    pickup_summary(samples, enqueues)
+    let (samples, split) = crate::raw::raw_pickup_pg(n).await;
+    pickup_summary(samples, &split)
 }
 
 /// Pickup samples (ms) as p50/p95/p99/max, beside the median time the enqueue (or insert)
-/// itself took of them (`enqueue_p50_ms`).
-fn pickup_summary(mut v: Vec<f64>, mut enqueues: Vec<f64>) -> Value {
+/// itself took of them (`enqueue_p50_ms`) and the medians of each stage
+/// (`stages_p50_ms`, see `stages.rs`).
+fn pickup_summary(mut v: Vec<f64>, split: &[Stages]) -> Value {
     v.sort_by(|a, b| a.total_cmp(b));
-    enqueues.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
         return json!({"error": "no samples"});
     }
+    let mut enqueues: Vec<f64> = split.iter().map(|s| s.enqueue).collect();
+    enqueues.sort_by(|a, b| a.total_cmp(b));
     json!({
         "p50_ms": (percentile(&v, 0.50) * 100.0).round() / 100.0,
         "p95_ms": (percentile(&v, 0.95) * 100.0).round() / 100.0,
         "p99_ms": (percentile(&v, 0.99) * 100.0).round() / 100.0,
         "max_ms": (v[v.len() - 1] * 100.0).round() / 100.0,
-        "enqueue_p50_ms": (percentile(&enqueues, 0.50) * 100.0).round() / 100.0,
+        "enqueue_p50_ms": enqueues.get(enqueues.len() / 2).map(|x| (x * 100.0).round() / 100.0),
+        "stages_p50_ms": stages::summary(split),
         "samples": v.len(),
     })
 }

@@ -12,6 +12,7 @@ use jobvisor::Backend;
 
 use crate::modes::fill;
 use crate::scale::sqlite_conn;
+use crate::stages::Stages;
 
 pub(crate) const PG_CLAIM: &str =
     "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', \
@@ -283,8 +284,9 @@ pub(crate) async fn raw_inserts(backend: Backend, n: usize, batch: usize) -> (f6
 /// node), claims one job at a time until none is left and marks each done, waiting for a
 /// notification (or 1 s) between; a raw inserter on another connection sends `n` jobs 10 ms
 /// apart. Each sample: milliseconds from just before the insert to the claim's return (the
-/// moment a handler could start); beside them, the time each insert took.
-pub(crate) async fn raw_pickup_pg(n: usize) -> (Vec<f64>, Vec<f64>) {
+/// moment a handler could start); beside them, each sample's stages (`stages.rs`; the
+/// claim that found the job was sent when the worker woke, or after its previous job).
+pub(crate) async fn raw_pickup_pg(n: usize) -> (Vec<f64>, Vec<Stages>) {
     use futures_util::StreamExt;
     let db = TestDb::create(Backend::Postgres).await;
     let _store = db.store().await; // the schema
@@ -308,13 +310,21 @@ pub(crate) async fn raw_pickup_pg(n: usize) -> (Vec<f64>, Vec<f64>) {
     let claim = client.prepare(PG_CLAIM_ONE).await.expect("prepare");
     let fin = client.prepare(PG_DONE).await.expect("prepare");
     let worker = tokio::spawn(async move {
+        // Per job: its number, the pickup (ms), the claim sent and answered.
         let mut samples = Vec::with_capacity(n);
         while samples.len() < n {
-            while let Some(row) = client.query_opt(&claim, &[&now_us()]).await.expect("claim") {
-                let started = epoch.elapsed().as_secs_f64() * 1000.0;
+            loop {
+                let sent = Instant::now();
+                let Some(row) = client.query_opt(&claim, &[&now_us()]).await.expect("claim") else {
+                    break;
+                };
+                let answered = Instant::now();
+                let started = answered.duration_since(epoch).as_secs_f64() * 1000.0;
                 let id: i64 = row.get(0);
                 let payload: serde_json::Value = serde_json::from_str(row.get(1)).expect("payload");
-                samples.push(started - payload["t_ms"].as_f64().unwrap_or(started));
+                let t_ms = payload["t_ms"].as_f64().unwrap_or(started);
+                let i = payload["i"].as_u64().unwrap_or(u64::MAX);
+                samples.push((i, started - t_ms, sent, answered));
                 tokio_postgres::Client::execute(&client, &fin, &[&now_us(), &vec![id]])
                     .await
                     .expect("done");
@@ -327,11 +337,21 @@ pub(crate) async fn raw_pickup_pg(n: usize) -> (Vec<f64>, Vec<f64>) {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await; // let the worker go idle
     let mut raw = RawInserter::open(Backend::Postgres, &db.url).await;
     let mut inserts = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t_ms = epoch.elapsed().as_secs_f64() * 1000.0;
-        raw.insert_payload(&format!("{{\"t_ms\": {t_ms}}}")).await;
-        inserts.push(epoch.elapsed().as_secs_f64() * 1000.0 - t_ms);
+    for i in 0..n {
+        let sent = Instant::now();
+        let t_ms = sent.duration_since(epoch).as_secs_f64() * 1000.0;
+        raw.insert_payload(&format!("{{\"t_ms\": {t_ms}, \"i\": {i}}}"))
+            .await;
+        inserts.push((sent, Instant::now()));
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    (worker.await.expect("worker"), inserts)
+    let samples = worker.await.expect("worker");
+    let split = samples
+        .iter()
+        .filter_map(|&(i, _, sent, answered)| {
+            let &(insert, inserted) = inserts.get(usize::try_from(i).ok()?)?;
+            Some(Stages::of(insert, inserted, (sent, answered), answered))
+        })
+        .collect();
+    (samples.iter().map(|s| s.1).collect(), split)
 }
