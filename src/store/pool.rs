@@ -96,6 +96,7 @@ pub(crate) enum Reuse {
     /// jobs/s (medians of 6 alternated pairs; 20,800 to 23,500 in another 6). Connections
     /// left idle are closed after bb8's idle timeout (10 minutes) and opened again when a
     /// burst needs them.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's alone
     Latest,
     /// The one idle longest, each in turn. MariaDB's pools: its drain measured slower with
     /// [`Reuse::Latest`] (9,000 against 8,000 jobs/s, medians of 6 alternated pairs). The
