@@ -7,7 +7,7 @@
 //! runs it:
 //!
 //! ```sh
-//! cargo test --features test-util --test fanin -- --ignored --test-threads=1
+//! cargo test --all-features --test fanin -- --ignored --test-threads=1
 //! ```
 //!
 //! `JOBVISOR_FANIN_REPS` sets the repetitions (default 1,000). PostgreSQL and MariaDB come

@@ -9,7 +9,7 @@
 //! `#[ignore]`d (30 s each, root for the private server); `.ci/crash` runs them:
 //!
 //! ```sh
-//! cargo test --features test-util --test outage -- --ignored --test-threads=1 --nocapture
+//! cargo test --all-features --test outage -- --ignored --test-threads=1 --nocapture
 //! ```
 
 #![allow(clippy::unwrap_used)]

@@ -7,7 +7,7 @@
 //! with 30,000 jobs:
 //!
 //! ```sh
-//! JOBVISOR_SOAK_JOBS=30000 cargo test --features test-util --test soak -- --ignored --nocapture
+//! JOBVISOR_SOAK_JOBS=30000 cargo test --all-features --test soak -- --ignored --nocapture
 //! ```
 
 #![allow(clippy::unwrap_used)]

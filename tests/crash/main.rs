@@ -43,7 +43,7 @@
 //! runs as its own user) and load the machine — and run one at a time, as `.ci/crash` does:
 //!
 //! ```sh
-//! cargo test --features test-util --test crash -- --ignored --test-threads=1
+//! cargo test --all-features --test crash -- --ignored --test-threads=1
 //! ```
 //!
 //! Settings (environment; a value that does not parse fails the test):
@@ -54,9 +54,9 @@
 //! * `JOBVISOR_CRASH_KEEP` — set to keep the directory of node logs and journals after a
 //!   passing run too (a failing run always keeps it).
 //! * `JOBVISOR_CRASH_NODE_BIN` — a prebuilt `crash_node`; by default the test builds it with
-//!   `cargo build --example crash_node` into the target directory the test binary itself runs
-//!   from (examples have no `CARGO_BIN_EXE_*`), so the node always matches the library under
-//!   test.
+//!   `cargo build --all-features --example crash_node` into the target directory the test
+//!   binary itself runs from (examples have no `CARGO_BIN_EXE_*`), so the node always matches
+//!   the library under test.
 //!
 //! Node processes are killed when the test ends, and each node also stops by itself when its
 //! standard input (a pipe from the test) closes; then the private server is stopped. On

@@ -53,17 +53,14 @@ pub(crate) fn node_binary() -> PathBuf {
         let profile = profile_dir.file_name().and_then(|s| s.to_str());
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
         let mut cmd = Command::new(&cargo);
-        cmd.args([
-            "build",
-            "--example",
-            "crash_node",
-            "--features",
-            "test-util",
-        ])
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target_dir);
+        // `--all-features`: the feature set `cargo test --all-features` (.ci/test, .ci/crash)
+        // builds everything with, so the node reuses that build instead of compiling the
+        // library once more.
+        cmd.args(["build", "--example", "crash_node", "--all-features"])
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target_dir);
         match profile {
             Some("debug") => {}
             Some("release") => {

@@ -50,7 +50,7 @@
 //! runs them, about 45 s per backend. As root:
 //!
 //! ```sh
-//! cargo test --features test-util --test partition -- --ignored --test-threads=1 --nocapture
+//! cargo test --all-features --test partition -- --ignored --test-threads=1 --nocapture
 //! ```
 //!
 //! Settings: `JOBVISOR_CRASH_NODE_BIN` (a prebuilt `crash_node`, as for the crash test) and
