@@ -53,7 +53,9 @@ pub(crate) async fn enqueue_keyed<S: KeyedSteps>(
                 duplicate: false,
             }));
         }
-        if let Some(e) = resolve(steps, job, now).await? {
+        // Boxed: a held key is the rare case, and its steps would otherwise size every
+        // enqueue's future (copied whole at each layer above it).
+        if let Some(e) = Box::pin(resolve(steps, job, now)).await? {
             return Ok(Some(e));
         }
     }

@@ -67,8 +67,11 @@ impl Store {
         let bytes = self.validate_jobs(jobs)?;
         let limit = enqueue_bound(self.inner.statement_bound(), jobs.len(), bytes);
         if jobs.iter().any(NewJob::has_parents) {
+            // Boxed, so that this path's larger future does not size every enqueue's.
             let enqueue = self.enqueue_dependent(jobs, now);
-            return Ok(self.bounded_for(Op::Enqueue, limit, enqueue).await?.0);
+            return Ok(Box::pin(self.bounded_for(Op::Enqueue, limit, enqueue))
+                .await?
+                .0);
         }
         self.bounded_for(Op::Enqueue, limit, self.enqueue_valid(jobs, now))
             .await

@@ -124,7 +124,8 @@ impl PgDriver {
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         if copy::eligible(batch) {
-            return self.copy.enqueue(&self.connector, batch, now).await;
+            // Boxed: a large batch's path, which would otherwise size every enqueue's future.
+            return Box::pin(self.copy.enqueue(&self.connector, batch, now)).await;
         }
         let mut c = self.conn(false).await?;
         Ok(enqueue(&mut c, batch, now).await?)
@@ -491,6 +492,16 @@ pub(crate) async fn enqueue(
     if let [job] = batch {
         return Ok(vec![enqueue_one(conn, job, now).await?]);
     }
+    // Boxed, so that the batch's larger future does not size the single insert's.
+    Box::pin(enqueue_batch(conn, batch, now)).await
+}
+
+/// [`enqueue`] of more than one job.
+async fn enqueue_batch(
+    conn: &mut diesel_async::AsyncPgConnection,
+    batch: &[&NewJob],
+    now: Option<i64>,
+) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     let n = batch.len();
     let mut queue: Vec<&str> = Vec::with_capacity(n);
     let mut kind: Vec<&str> = Vec::with_capacity(n);
