@@ -11,10 +11,10 @@
 //!   queue concurrency C runs them; time until every finalization is written.
 //! * `enqueue`: N/10 single enqueues, each its own statement/transaction; `enqueue-batch`: N
 //!   in one call.
-//! * `latency`: idle workers; one job every 10 ms; time from just before the enqueue to the
-//!   handler's start (p50/p95/p99/max). `latency` enqueues through the node's own client
-//!   (in-process wake-up); `latency-remote` through a separate client, as another process
-//!   would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
+//! * `latency`: idle workers; one job every 10 ms, 1,000 of them; time from just before the
+//!   enqueue to the handler's start (p50/p95/p99/max). `latency` enqueues through the node's
+//!   own client (in-process wake-up); `latency-remote` through a separate client, as another
+//!   process would (PostgreSQL wakes through LISTEN/NOTIFY, other backends wait for the poll).
 //!   `latency-raw` (PostgreSQL): the same for raw SQL — raw inserts from another connection,
 //!   one idle worker that `LISTEN`s and claims one job at a time; the latencies' `p50_to_raw`
 //!   and `p99_to_raw` are to it. Each latency row splits its samples into stages
@@ -100,6 +100,9 @@ use nodes::nodes_vs_one;
 use observability::{drain_with_metrics, gauge_cost, maintenance_cost};
 use raw::{raw_drain, raw_inserts};
 use scale::{archive_cycle, drain_archive, drain_backlog, rss};
+
+/// Pickups a latency mode times: with 200, its p99 was the second-worst sample alone.
+const LATENCY_SAMPLES: usize = 1000;
 
 struct Args {
     backends: Vec<Backend>,
@@ -640,14 +643,14 @@ async fn main() {
         // notification rather than wait for its poll), which each latency's ratios are to.
         let mut raw_pickup = None;
         if b == Backend::Postgres && want("latency-raw") {
-            let l = latency_raw(200).await;
+            let l = latency_raw(LATENCY_SAMPLES).await;
             raw_pickup = Some(l.clone());
             report(
                 &mut rows,
                 Row {
                     backend: bn,
                     bench: "latency-raw".into(),
-                    jobs: 200,
+                    jobs: LATENCY_SAMPLES,
                     per_sec: None,
                     extra: l,
                 },
@@ -655,7 +658,7 @@ async fn main() {
         }
         for (mode, remote) in [("latency", false), ("latency-remote", true)] {
             if want(mode) {
-                let mut l = latency(b, 200, remote).await;
+                let mut l = latency(b, LATENCY_SAMPLES, remote).await;
                 if let (Some(raw), Some(m)) = (&raw_pickup, l.as_object_mut()) {
                     for p in ["p50", "p99"] {
                         let key = format!("{p}_ms");
@@ -672,7 +675,7 @@ async fn main() {
                     Row {
                         backend: bn,
                         bench: mode.into(),
-                        jobs: 200,
+                        jobs: LATENCY_SAMPLES,
                         per_sec: None,
                         extra: l,
                     },
