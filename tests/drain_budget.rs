@@ -14,7 +14,7 @@
 //! * **default** (concurrency 10, default prefetch): the configuration the cost model
 //!   reports; batch sizes follow timing, so its budget has headroom measured over runs.
 //!
-//! Left out of every count: the change signal on MariaDB and SQLite (a read every 50 ms on a
+//! Left out of every count: the change signal on MariaDB and SQLite (a read every 80 ms on a
 //! connection of its own, whatever the node is doing: `tests/idle_budget.rs` bounds it),
 //! because it grows with the drain's duration, not with its jobs.
 

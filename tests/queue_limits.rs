@@ -337,7 +337,7 @@ async fn limits_hold_across_processes(backend: Backend) {
         running.len()
     );
     assert!(before > 30, "jobs were running when the pause came");
-    // The bound: a notification (PostgreSQL) or the change signal's interval (50 ms) and
+    // The bound: a notification (PostgreSQL) or the change signal's interval (80 ms) and
     // one statement (MariaDB), plus scheduling on a loaded machine. Without the start gate
     // the prefetched jobs kept starting for 300 ms and more.
     assert!(

@@ -1,7 +1,7 @@
 //! Wake-ups across processes: a job enqueued through another store — as another process
 //! would — starts on an idle node well within its poll interval, on every backend: by the
 //! insert's notification on PostgreSQL, by the queue watch's change signal (read every
-//! 50 ms) on MariaDB and SQLite. The node polls every 30 s, so only a wake-up can start the
+//! 80 ms) on MariaDB and SQLite. The node polls every 30 s, so only a wake-up can start the
 //! jobs in time.
 
 #![allow(clippy::unwrap_used)]

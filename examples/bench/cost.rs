@@ -10,7 +10,7 @@
 //!    MariaDB's checkout ping are statements; a pipeline is one round trip; commits are
 //!    transactions that wrote). Raw SQL on PostgreSQL runs on tokio-postgres and counts its
 //!    own statements (each an autocommitted `UPDATE`, one round trip). Figures include the
-//!    node's start and shutdown; the change signal of MariaDB and SQLite (a read every 50 ms
+//!    node's start and shutdown; the change signal of MariaDB and SQLite (a read every 80 ms
 //!    on its own connection, whatever the drain) is reported apart (`signal_per_1k`).
 //! 2. **timed**, `--rounds` times (medians; ranges in the JSON line): no instrumentation. Client CPU is this process's threads' (`/proc/self/task/*/schedstat`)
 //!    over the drain, per job. Server CPU is that of the server processes

@@ -24,7 +24,7 @@
 //!   or by another actor: the simulation sends the same message the timer sends
 //!   (`Simulation::sweep`), so the test decides when it runs, and a message's answer says
 //!   what it did. `QueueWatch` is an actor for the same reason but keeps its own timers,
-//!   because how often it reads depends on the backend (a notification or a 50 ms signal).
+//!   because how often it reads depends on the backend (a notification or an 80 ms signal).
 //! * **A self-timed task** (`schedule_loop`, `reconcile_loop`, `gauge_loop`, `listen_loop`)
 //!   when no one sends it anything: leader-only work that sleeps on its own interval or a wake
 //!   signal (a new term), runs user code on the handler runtime, or blocks on a connection.

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 ///   `max_execution_time`, which bounds `SELECT`s only). Times are stored as integer
 ///   microseconds, so the server's own time zone does not matter.
 /// * **Wake-ups** from other processes' enqueues come from a change signal each node reads
-///   every 50 ms; a node's own enqueues wake it at once.
+///   every 80 ms; a node's own enqueues wake it at once.
 /// * **Prepared statements**: each connection keeps a few shapes of every hot statement
 ///   prepared; with many nodes and large pools mind the server-wide
 ///   `max_prepared_stmt_count` (16,382 by default).

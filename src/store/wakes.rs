@@ -2,7 +2,7 @@
 //! of other processes at once.
 //!
 //! A new job needs nothing: on PostgreSQL its insert trigger notifies, and on MariaDB and
-//! SQLite its id moves the change signal every node reads each 50 ms
+//! SQLite its id moves the change signal every node reads each 80 ms
 //! ([`Store::change_signal`](super::Store::change_signal)). A job that becomes due by an
 //! `UPDATE` moves neither, and would wait for another process's poll. The transitions that
 //! do so announce it inside their own transaction with [`announce_due`]:

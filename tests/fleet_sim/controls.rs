@@ -6,7 +6,7 @@
 //!   ([`Limits`]: a global concurrency of 1–3, below what two nodes can run, and on half the
 //!   seeds a rate of 2–4 starts per [`RATE_PERIOD`]).
 //! * **Pauses.** The seed pauses and resumes either queue through a node's client and has
-//!   nodes read their queues' settings (what a node's queue watch does every 50 ms). A
+//!   nodes read their queues' settings (what a node's queue watch does every 80 ms). A
 //!   pause is *known* to hold from its answer (or, if the answer was lost, from a read-back
 //!   that finds the queue paused) until the next resume is sent, whatever that resume's
 //!   answer: a pause whose answer and read-back were both lost may or may not have applied,
