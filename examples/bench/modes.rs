@@ -269,8 +269,8 @@ pub(crate) async fn latency_raw(n: usize) -> Value {
 }
 
 /// Pickup samples (ms) as p50/p95/p99/max, beside the median time the enqueue (or insert)
-/// itself took of them (`enqueue_p50_ms`) and the medians of each stage
-/// (`stages_p50_ms`, see `stages.rs`).
+/// itself took of them (`enqueue_p50_ms`), the medians of each stage (`stages_p50_ms`, see
+/// `stages.rs`) and the slowest 1 %'s stages (`stages_tail_ms`).
 fn pickup_summary(mut v: Vec<f64>, split: &[Stages]) -> Value {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -285,6 +285,7 @@ fn pickup_summary(mut v: Vec<f64>, split: &[Stages]) -> Value {
         "max_ms": (v[v.len() - 1] * 100.0).round() / 100.0,
         "enqueue_p50_ms": enqueues.get(enqueues.len() / 2).map(|x| (x * 100.0).round() / 100.0),
         "stages_p50_ms": stages::summary(split),
+        "stages_tail_ms": stages::tail(split),
         "samples": v.len(),
     })
 }

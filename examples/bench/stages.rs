@@ -126,3 +126,23 @@ pub(crate) fn summary(stages: &[Stages]) -> Value {
         "samples": stages.len(),
     })
 }
+
+/// What the slowest 1 % of the samples (by the sum of their stages) spent in each stage, on
+/// average, as a latency row's `stages_tail_ms`: which stage a p99 comes from.
+pub(crate) fn tail(stages: &[Stages]) -> Value {
+    let total = |s: &Stages| s.enqueue + s.to_claim + s.claim + s.to_start;
+    let mut sorted: Vec<&Stages> = stages.iter().collect();
+    sorted.sort_by(|a, b| total(b).total_cmp(&total(a)));
+    let slowest = &sorted[..stages.len().div_ceil(100).min(sorted.len())];
+    let mean = |f: fn(&Stages) -> f64| {
+        let n = slowest.len().max(1) as f64;
+        (slowest.iter().map(|s| f(s)).sum::<f64>() / n * 1000.0).round() / 1000.0
+    };
+    json!({
+        "enqueue": mean(|s| s.enqueue),
+        "to_claim": mean(|s| s.to_claim),
+        "claim": mean(|s| s.claim),
+        "to_start": mean(|s| s.to_start),
+        "samples": slowest.len(),
+    })
+}
