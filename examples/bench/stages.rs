@@ -118,13 +118,7 @@ pub(crate) fn summary(stages: &[Stages]) -> Value {
         v.sort_by(|a, b| a.total_cmp(b));
         v.get(v.len() / 2).map(|x| (x * 1000.0).round() / 1000.0)
     };
-    json!({
-        "enqueue": p50(|s| s.enqueue),
-        "to_claim": p50(|s| s.to_claim),
-        "claim": p50(|s| s.claim),
-        "to_start": p50(|s| s.to_start),
-        "samples": stages.len(),
-    })
+    by_stage(stages.len(), |f| json!(p50(f)))
 }
 
 /// What the slowest 1 % of the samples (by the sum of their stages) spent in each stage, on
@@ -138,11 +132,16 @@ pub(crate) fn tail(stages: &[Stages]) -> Value {
         let n = slowest.len().max(1) as f64;
         (slowest.iter().map(|s| f(s)).sum::<f64>() / n * 1000.0).round() / 1000.0
     };
+    by_stage(slowest.len(), |f| json!(mean(f)))
+}
+
+/// One figure per stage, `of` each stage's field, and how many samples they are of.
+fn by_stage(samples: usize, of: impl Fn(fn(&Stages) -> f64) -> Value) -> Value {
     json!({
-        "enqueue": mean(|s| s.enqueue),
-        "to_claim": mean(|s| s.to_claim),
-        "claim": mean(|s| s.claim),
-        "to_start": mean(|s| s.to_start),
-        "samples": slowest.len(),
+        "enqueue": of(|s| s.enqueue),
+        "to_claim": of(|s| s.to_claim),
+        "claim": of(|s| s.claim),
+        "to_start": of(|s| s.to_start),
+        "samples": samples,
     })
 }
