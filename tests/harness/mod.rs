@@ -53,6 +53,15 @@ pub(crate) fn node_binary() -> PathBuf {
         let profile = profile_dir.file_name().and_then(|s| s.to_str());
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
         let mut cmd = Command::new(&cargo);
+        // Without the variables cargo sets for a running test: build scripts that track them
+        // (ring's reads `CARGO_PKG_NAME` and `CARGO_MANIFEST_DIR`) would see them change
+        // between this build and the test's own, and each `cargo test` after it would build
+        // ring and everything above it again (1.5 minutes a test in .ci/crash).
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(set_by_cargo_for_tests) {
+                cmd.env_remove(&name);
+            }
+        }
         // `--all-features`: the feature set `cargo test --all-features` (.ci/test, .ci/crash)
         // builds everything with, so the node reuses that build instead of compiling the
         // library once more.
@@ -162,6 +171,24 @@ impl NodeProc {
             how: how.into(),
         }
     }
+}
+
+/// Whether cargo sets `name` for the test it runs (the package's metadata, its paths, the
+/// test's binaries): not the variables a user sets to steer a build (`CARGO_HOME`,
+/// `CARGO_TARGET_DIR`, `CARGO_INCREMENTAL`, `CARGO_PROFILE_*`, `CARGO_BUILD_*`, `CARGO`).
+fn set_by_cargo_for_tests(name: &str) -> bool {
+    const EXACT: [&str; 9] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    EXACT.contains(&name) || name.starts_with("CARGO_PKG_") || name.starts_with("CARGO_BIN_EXE_")
 }
 
 /// Runs a program to completion; its standard output, or an error with everything it said.
