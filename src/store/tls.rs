@@ -407,8 +407,14 @@ mod network {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "postgres")]
+    use network::root_certs;
     #[cfg(any(feature = "postgres", feature = "mysql"))]
-    use std::path::{Path, PathBuf};
+    use network::TlsSettings;
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    use std::path::Path;
+    #[cfg(feature = "postgres")]
+    use std::path::PathBuf;
 
     #[test]
     fn modes_parse_by_libpq_and_mysql_names() {
