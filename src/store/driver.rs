@@ -64,8 +64,10 @@
 //! * Migrations ([`run_migrations`], [`latest_migration`]) — each backend embeds its own
 //!   folder and serialises concurrent migrators its own way.
 //!
-//! Everything else (reclaim, archive, prune, cancel, manual retry, reads) is written once in
-//! `portable.rs` with diesel's query builder, through the macros below.
+//! Everything else is written once, in the layer above this seam, with diesel's query builder
+//! through the macros below: reclaim, archive, prune, cancel and manual retry in `maintain.rs`,
+//! get, list and counts in `read.rs`, the portable controlled claim in `claim/steps.rs`, and
+//! the rest in the files `mod.rs` maps each operation to.
 
 use std::collections::HashMap;
 use std::time::Duration;
