@@ -2,7 +2,7 @@
 //!
 //! [`Store`] is a cheap-to-clone connection handle for one of three backends (PostgreSQL,
 //! MySQL/MariaDB, SQLite), chosen by the URL given to [`Store::connect`]. Every state
-//! transition of DESIGN §4 is one crate-private method taking a `*Params` struct that carries
+//! transition of ARCHITECTURE §4 is one crate-private method taking a `*Params` struct that carries
 //! `now` (`None`: the database's clock decides; `Some`: a test clock's instant is bound
 //! instead). Writes by a lease holder present its lease token in the
 //! SQL and report a lost guard as `Guarded::LeaseLost` — an outcome, not an error.

@@ -1,4 +1,4 @@
-//! The conformance suite: every store transition and every invariant of DESIGN §6 that the
+//! The conformance suite: every store transition and every invariant of ARCHITECTURE §6 that the
 //! store alone can break, written once and run unchanged against PostgreSQL, MySQL/MariaDB and
 //! SQLite (`conformance_tests!(Backend::…)` in `tests/store_<backend>.rs`).
 //!
