@@ -391,6 +391,8 @@ impl SchedulerBuilder {
                     })?,
             )
         };
+        // A handler's panic is stored with where it was raised (`panic_site.rs`).
+        super::panic_site::install();
         let handler_rt = rt
             .as_ref()
             .map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
