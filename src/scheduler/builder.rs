@@ -478,6 +478,7 @@ impl SchedulerBuilder {
                 .map(|(q, f)| (q.clone(), f.clone().recipient()))
                 .collect(),
             lease_manager.clone().recipient(),
+            lease_manager.clone().recipient(),
         )
         .start();
         let sweeper = Sweeper::new(shared.clone()).start();
