@@ -451,6 +451,9 @@ impl fmt::Display for JobError {
     }
 }
 
+/// Any error becomes a retryable failure (so `?` works in a handler): its message, then each
+/// cause its `source()` chain gives, joined by `: `; the causes are also kept one an entry in
+/// the failure's `detail`, `{"causes": [..]}`, outermost first (no `detail` without a cause).
 impl<E> From<E> for JobError
 where
     E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -458,6 +461,7 @@ where
     fn from(e: E) -> Self {
         let e: Box<dyn std::error::Error + Send + Sync + 'static> = e.into();
         let mut message = e.to_string();
+        let mut causes = Vec::new();
         let mut source = e.source();
         while let Some(cause) = source {
             let text = cause.to_string();
@@ -466,9 +470,16 @@ where
                 message.push_str(": ");
                 message.push_str(&text);
             }
+            causes.push(Value::String(text));
             source = cause.source();
         }
-        JobError::retry(message)
+        let err = JobError::retry(message);
+        if causes.is_empty() {
+            err
+        } else {
+            // The chain one cause an entry, outermost first, as `source()` gave it.
+            err.with_detail(serde_json::json!({ "causes": causes }))
+        }
     }
 }
 
@@ -575,6 +586,47 @@ impl<H: JobHandler> ErasedHandler for Erased<H> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An error with two causes, the inner one repeated in the middle one's message.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn an_errors_cause_chain_is_kept_in_its_detail() {
+        let inner = Layer("connection refused", None);
+        let middle = Layer(
+            "cannot reach the mail server: connection refused",
+            Some(Box::new(inner)),
+        );
+        let e = JobError::from(Layer("sending the receipt", Some(Box::new(middle))));
+        assert_eq!(
+            e.message,
+            "sending the receipt: cannot reach the mail server: connection refused"
+        );
+        assert_eq!(
+            e.detail,
+            Some(json!({"causes": [
+                "cannot reach the mail server: connection refused",
+                "connection refused",
+            ]}))
+        );
+        let f = e.to_failure(1, Utc::now());
+        assert_eq!(f.detail.unwrap()["causes"][1], "connection refused");
+        // Without a cause there is no detail.
+        assert_eq!(JobError::from(Layer("alone", None)).detail, None);
+    }
 
     #[test]
     fn bad_progress_is_refused_naming_the_problem_and_reports_nothing() {

@@ -283,3 +283,89 @@ async fn retry_mysql() {
 async fn retry_sqlite() {
     a_retried_job_starts_at_once(Backend::Sqlite).await;
 }
+
+/// A cancel of a running job reaches its handler at once, not at the node's next heartbeat
+/// (10 s by default): PostgreSQL notifies the job's id, MariaDB and SQLite move the wake
+/// counter the change signal reads every 80 ms; either way the holder renews its leases at
+/// once and the renewal's answer fires the handler's cancel signal. Each handler would run
+/// 60 s; the cancel comes from another store, as another process's would. Timed from before
+/// the cancel call to the handler seeing its signal.
+async fn a_cancel_reaches_a_running_handler_at_once(backend: Backend, bound: Duration) {
+    let db = TestDb::create(backend).await;
+    let (started, mut starts) = mpsc::unbounded_channel::<jobvisor::JobId>();
+    let (signalled, mut signals) = mpsc::unbounded_channel::<Instant>();
+    let node = Scheduler::builder(db.store().await)
+        .queue(
+            "default",
+            QueueConfig::default().poll_interval(Duration::from_secs(30)),
+        )
+        .handler(
+            "long",
+            handler_fn(move |_: Value, ctx: jobvisor::JobContext| {
+                let (started, signalled) = (started.clone(), signalled.clone());
+                async move {
+                    let _ = started.send(ctx.id);
+                    tokio::select! {
+                        () = ctx.cancelled() => {
+                            let _ = signalled.send(Instant::now());
+                        }
+                        () = tokio::time::sleep(Duration::from_secs(60)) => {}
+                    }
+                    JobOutcome::success(())
+                }
+            }),
+        )
+        .start()
+        .unwrap();
+    let other = Client::new(db.store().await);
+    // Let the node settle (its first claims and its first read of the signal).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let id = other
+            .enqueue(NewJob::new("long", serde_json::json!(0)))
+            .await
+            .unwrap()
+            .id;
+        let running = tokio::time::timeout(Duration::from_secs(5), starts.recv())
+            .await
+            .expect("started within 5 s")
+            .unwrap();
+        assert_eq!(running, id);
+        // Past its claim's first moments: the handler is waiting.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t0 = Instant::now();
+        other.cancel(id).await.unwrap();
+        let at = tokio::time::timeout(Duration::from_secs(15), signals.recv())
+            .await
+            .expect("the cancel signal within 15 s")
+            .unwrap();
+        waits.push(at - t0);
+        let job = other
+            .wait(id, Duration::from_secs(5))
+            .await
+            .expect("the job ends once its handler returns");
+        assert_eq!(job.state, jobvisor::JobState::Cancelled);
+    }
+    let p99 = summary("cancel to the handler's signal", backend, waits);
+    assert!(
+        p99 <= bound,
+        "a running handler's cancel signal took {p99:?}, over {bound:?}"
+    );
+    node.shutdown_within(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_postgres() {
+    a_cancel_reaches_a_running_handler_at_once(Backend::Postgres, Duration::from_millis(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mysql() {
+    a_cancel_reaches_a_running_handler_at_once(Backend::Mysql, Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_sqlite() {
+    a_cancel_reaches_a_running_handler_at_once(Backend::Sqlite, Duration::from_secs(1)).await;
+}

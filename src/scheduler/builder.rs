@@ -391,6 +391,8 @@ impl SchedulerBuilder {
                     })?,
             )
         };
+        // A handler's panic is stored with where it was raised (`panic_site.rs`).
+        super::panic_site::install();
         let handler_rt = rt
             .as_ref()
             .map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
@@ -475,6 +477,7 @@ impl SchedulerBuilder {
                 .iter()
                 .map(|(q, f)| (q.clone(), f.clone().recipient()))
                 .collect(),
+            lease_manager.clone().recipient(),
             lease_manager.clone().recipient(),
         )
         .start();

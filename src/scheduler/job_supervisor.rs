@@ -1,6 +1,6 @@
 //! JobSupervisor: one per claimed job. Its handler's task runs on the handler threads (never
-//! on the actors' arbiter), turns a panic into a failure with code `panic`, reports the
-//! outcome to the [`LeaseManager`] and ends.
+//! on the actors' arbiter), turns a panic into a failure with code `panic` (with where it was
+//! raised, `panic_site.rs`), reports the outcome to the [`LeaseManager`] and ends.
 //!
 //! A supervisor is the state its handler's task and the lease manager share, not an actor of
 //! its own: the lease manager tells it to stop ([`JobSupervisor::stop`]) under its lock, and
@@ -38,6 +38,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures_util::task::AtomicWaker;
+
+use super::panic_site::{self, PanicSite};
 use futures_util::FutureExt as _;
 use tokio::sync::Semaphore;
 use tokio::task::JoinError;
@@ -322,9 +324,10 @@ impl JobSupervisor {
         // The body (and the handler in it) is dropped before anything is reported: once
         // reported, the job may run elsewhere. A panic in the handler's drop is caught as
         // one in its poll is.
-        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| slot.set(None))) {
+        let drop_body = || panic_site::in_handler(|| slot.set(None));
+        let ended = match std::panic::catch_unwind(AssertUnwindSafe(drop_body)) {
             Ok(()) => ended,
-            Err(payload) => Ended::Panicked(payload_message(&*payload)),
+            Err(payload) => Ended::Panicked(Panicked::caught(&*payload)),
         };
         self.handler_done(ended);
     }
@@ -356,7 +359,7 @@ impl JobSupervisor {
                 stops.fenced = true;
                 Ok(Err(JobError::retry("stopped: the lease ran short")))
             }
-            Ended::Panicked(msg) => Err(Some(msg)),
+            Ended::Panicked(p) => Err(Some(p)),
             Ended::Aborted => Err(None),
         };
         if let Some(outcome) = stops.decided.take() {
@@ -389,9 +392,7 @@ impl JobSupervisor {
             Ok(Ok(JobOutcome::Succeeded(result))) => Finalization::Succeeded { result },
             Ok(Ok(JobOutcome::Snooze(delay))) => Finalization::Requeue { delay },
             Ok(Err(e)) => self.failed(&e),
-            Err(Some(msg)) => self.failed(
-                &JobError::retry(format!("the handler panicked: {msg}")).with_code("panic"),
-            ),
+            Err(Some(p)) => self.failed(&p.into_error()),
             // Dropped without a stop reason: only a task dropped unfinished (its runtime shut
             // down; see `Finish`), so give it back.
             Err(None) => Finalization::Requeue {
@@ -461,8 +462,8 @@ impl Drop for Finish<'_> {
 enum Ended {
     /// Its body ran to its end.
     Ran(Ran),
-    /// The handler panicked, with this message.
-    Panicked(String),
+    /// The handler panicked.
+    Panicked(Panicked),
     /// Told to stop: the handler (or the wait before it) was dropped.
     Aborted,
 }
@@ -485,10 +486,44 @@ where
         if self.supervisor.aborted.load(Ordering::Acquire) {
             return Poll::Ready(Ended::Aborted);
         }
-        self.body.as_mut().poll(cx).map(|r| match r {
+        let body = self.body.as_mut();
+        panic_site::in_handler(|| body.poll(cx)).map(|r| match r {
             Ok(ran) => Ended::Ran(ran),
-            Err(payload) => Ended::Panicked(payload_message(&*payload)),
+            Err(payload) => Ended::Panicked(Panicked::caught(&*payload)),
         })
+    }
+}
+
+/// A handler's panic: its message and, recorded by the panic hook, where it was raised.
+#[derive(Debug)]
+struct Panicked {
+    message: String,
+    site: Option<PanicSite>,
+}
+
+impl Panicked {
+    /// The panic just caught on this thread, with `payload`.
+    fn caught(payload: &(dyn std::any::Any + Send)) -> Self {
+        Panicked {
+            message: payload_message(payload),
+            site: panic_site::take(),
+        }
+    }
+
+    /// The attempt's failure: code `panic`, the location in the message, the site in
+    /// `detail` (`{"panic": {"file", "line", "column", "backtrace"?}}`).
+    fn into_error(self) -> JobError {
+        match self.site {
+            Some(site) => JobError::retry(format!(
+                "the handler panicked at {}: {}",
+                site.location(),
+                self.message
+            ))
+            .with_code("panic")
+            .with_detail(site.detail()),
+            None => JobError::retry(format!("the handler panicked: {}", self.message))
+                .with_code("panic"),
+        }
     }
 }
 

@@ -201,6 +201,9 @@ pub struct LeaseManager {
     revalidate_since: Option<i64>,
     /// Heartbeats failed in a row (their retries back off).
     renew_failures: u32,
+    /// A cancel was announced while a renewal was in flight (whose statement may have read
+    /// the job before the cancel committed): renew again once it answers.
+    renew_again: bool,
     /// Outcome instruments per (queue, kind), registered at first use: only for an outcome
     /// whose lease was already forgotten (a lease carries its own).
     outcomes: HashMap<String, HashMap<String, OutcomeMetrics>>,
@@ -232,6 +235,7 @@ impl LeaseManager {
             last_check: None,
             revalidate_since: None,
             renew_failures: 0,
+            renew_again: false,
             outcomes: HashMap::new(),
         }
     }
@@ -699,6 +703,35 @@ pub struct RenewReport {
     pub statements: usize,
 }
 
+/// A cancel was asked of a running job — `Some(id)`: PostgreSQL's notification names it;
+/// `None`: the change signal moved, which a cancel may have done — so renew now if this node
+/// holds it (any lease, for `None`): the renewal's answer signals the handler
+/// (`cancel_requested`) at once, where the heartbeat would take up to its interval, and the
+/// heartbeat stays the backstop. Asked while a renewal is in flight, another follows its
+/// answer (that one may have read the job before the cancel committed).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub(crate) struct CancelAsked(pub(crate) Option<JobId>);
+
+impl Handler<CancelAsked> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: CancelAsked, ctx: &mut Context<Self>) {
+        let held = match msg.0 {
+            Some(id) => self.leases.keys().any(|k| k.0 == id),
+            None => !self.leases.is_empty(),
+        };
+        if !held {
+            return;
+        }
+        if self.renewals.is_empty() {
+            ctx.notify(RenewLeases);
+        } else {
+            self.renew_again = true;
+        }
+    }
+}
+
 /// Heartbeat: renew every lease in one statement. While a renewal is in flight, another is
 /// sent only if the newest in flight is overdue — unanswered for half the renewal interval,
 /// at most a second — and then on a fresh connection (a hedge).
@@ -789,6 +822,9 @@ impl Handler<RenewLeases> for LeaseManager {
         };
         Box::pin(fut.into_actor(self).map(move |res, act, ctx| {
             act.renewals.retain(|r| r.0 != seq);
+            if act.renewals.is_empty() && std::mem::take(&mut act.renew_again) {
+                ctx.notify(RenewLeases);
+            }
             let results = match res {
                 Ok(r) => r,
                 Err(e) => {

@@ -1,5 +1,6 @@
-//! The database listener: wakes a queue's fetcher as soon as a job is enqueued on it, and
-//! the queue watch as soon as a queue's settings change (PostgreSQL `LISTEN`), reconnecting
+//! The database listener: wakes a queue's fetcher as soon as a job is enqueued on it, the
+//! queue watch as soon as a queue's settings change, and the lease manager as soon as a
+//! running job is asked to cancel (PostgreSQL `LISTEN`), reconnecting
 //! with backoff; on other backends it ends at once and the queue watch's change signal and
 //! the poll interval do the waking.
 
@@ -11,6 +12,7 @@ use actix::prelude::*;
 
 use super::event::report_store_error;
 use super::fetcher::Wake;
+use super::lease_manager::CancelAsked;
 use super::queue_watch::RefreshSettings;
 use super::shared::Shared;
 use crate::store::Notice;
@@ -27,6 +29,7 @@ pub(crate) async fn listen_loop(
     shared: Arc<Shared>,
     wakers: HashMap<String, Recipient<Wake>>,
     settings: Recipient<RefreshSettings>,
+    cancels: Recipient<CancelAsked>,
 ) {
     let mut pause = LISTEN_RETRY_MIN;
     let mut last_error = None;
@@ -51,6 +54,9 @@ pub(crate) async fn listen_loop(
                             if wakers.contains_key(&queue) {
                                 settings.do_send(RefreshSettings);
                             }
+                        }
+                        Ok(Notice::Cancel(id)) => {
+                            cancels.do_send(CancelAsked(Some(crate::job::JobId(id))));
                         }
                         Err(e) => {
                             report_store_error(

@@ -58,6 +58,7 @@ mod leader_term;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod lease_manager;
 mod listen;
+mod panic_site;
 mod progress;
 pub(crate) mod queue_gate;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]

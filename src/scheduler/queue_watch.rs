@@ -12,7 +12,8 @@
 //!   job, or a moved wake counter (a job another process made due without a new id: a
 //!   dependency child released, a retry by hand, a refunded reclaim), wakes the node's
 //!   fetchers that have idle workers, so such a job is picked up within the signal interval
-//!   rather than at the next poll.
+//!   rather than at the next poll. A moved wake counter also has the lease manager renew its
+//!   leases at once ([`CancelAsked`]): a cancel of a running job moves it too.
 //!
 //! What it does with a change of a queue this node serves:
 //! * paused: closes the gate (no handler of the queue starts any more) and has the lease
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::fetcher::{NewJobsElsewhere, Wake};
-use super::lease_manager::WithdrawQueue;
+use super::lease_manager::{CancelAsked, WithdrawQueue};
 use super::{report_store_error, Shared};
 use crate::store::{ChangeSignal, QueueInfo};
 
@@ -47,6 +48,8 @@ pub(crate) struct QueueWatch {
     fetchers: HashMap<String, Recipient<Wake>>,
     elsewhere: HashMap<String, Recipient<NewJobsElsewhere>>,
     lease_manager: Recipient<WithdrawQueue>,
+    /// Told when the wake counter moves: a cancel of a running job may have moved it.
+    cancels: Recipient<CancelAsked>,
     /// The settings last read, by queue (served queues only; absent: no settings).
     seen: HashMap<String, QueueInfo>,
     /// The change signal last read.
@@ -73,12 +76,14 @@ impl QueueWatch {
         fetchers: HashMap<String, Recipient<Wake>>,
         elsewhere: HashMap<String, Recipient<NewJobsElsewhere>>,
         lease_manager: Recipient<WithdrawQueue>,
+        cancels: Recipient<CancelAsked>,
     ) -> Self {
         QueueWatch {
             shared,
             fetchers,
             elsewhere,
             lease_manager,
+            cancels,
             seen: HashMap::new(),
             signal: None,
             reading: false,
@@ -191,6 +196,10 @@ impl QueueWatch {
                         for f in act.elsewhere.values() {
                             f.do_send(NewJobsElsewhere);
                         }
+                    }
+                    // Or a cancel of a running job: its holder renews at once to learn it.
+                    if before.is_some_and(|b| b.wakes != signal.wakes) {
+                        act.cancels.do_send(CancelAsked(None));
                     }
                     if before.is_none_or(|b| b.settings != signal.settings)
                         || act.again

@@ -174,7 +174,12 @@ impl Actor for Scheduler {
             .iter()
             .map(|(q, a)| (q.clone(), a.clone().recipient()))
             .collect();
-        let listener = listen_loop(self.shared.clone(), wakers, self.watch.clone().recipient());
+        let listener = listen_loop(
+            self.shared.clone(),
+            wakers,
+            self.watch.clone().recipient(),
+            self.lease_manager.clone().recipient(),
+        );
         self.timers.push(ctx.spawn(fut::wrap_future(listener)));
         let schedules = schedule_loop(self.shared.clone(), SCHEDULE_TICK);
         self.timers.push(ctx.spawn(fut::wrap_future(schedules)));

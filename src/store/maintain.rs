@@ -20,7 +20,7 @@ use super::schema::{
     jobvisor_jobs_archive as archive,
 };
 use super::timeout::Op;
-use super::wakes::announce_due;
+use super::wakes::{announce_cancel, announce_due};
 use super::{
     ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
     Reclaimed, RetryParams, Store,
@@ -274,8 +274,9 @@ impl Store {
             let id = p.id.0;
             let version = job.version;
             let n: usize = if job.state == JobState::Running {
-                with_write!(self, |conn| {
-                    diesel::update(
+                // Announced with the request, so the holder signals its handler at once.
+                with_tx!(self, |conn| {
+                    let n = diesel::update(
                         jobs::table
                             .filter(jobs::id.eq(id))
                             .filter(jobs::version.eq(version))
@@ -286,8 +287,12 @@ impl Store {
                         jobs::updated_at.eq(now),
                     ))
                     .execute(conn)
-                    .await?
-                })
+                    .await?;
+                    if n == 1 {
+                        announce_cancel(conn, id).await?;
+                    }
+                    Ok::<usize, diesel::result::Error>(n)
+                })?
             } else {
                 with_write!(self, |conn| {
                     diesel::update(

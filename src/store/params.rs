@@ -586,4 +586,6 @@ pub(crate) enum Notice {
     Due(String),
     /// This queue's settings changed (a pause, a resume, new limits).
     Settings(String),
+    /// A cancel was asked of this running job (its id).
+    Cancel(i64),
 }

@@ -23,6 +23,11 @@
 //!   in its one statement: a node that sees it move wakes its idle fetchers, as it does for a
 //!   newer job id.
 //!
+//! A cancel of a running job is announced the same way ([`announce_cancel`]), on a channel of
+//! its own on PostgreSQL (`jobvisor_cancel`, the job's id): its node renews its leases at once
+//! and the renewal's answer signals the handler, where the heartbeat would have taken up to
+//! its interval.
+//!
 //! The counter is written last in its transaction (its row lock is held only until the
 //! commit), and never by an ordinary enqueue, claim or finalize: the hot path is unchanged.
 
@@ -37,6 +42,23 @@ pub(crate) trait AnnounceDue: diesel::backend::Backend + Sized {
     async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self> + Send;
+
+    /// Announces, inside the transaction open on `conn`, that running job `job` was asked to
+    /// cancel, so its node signals the handler at once rather than at its next heartbeat.
+    async fn announce_cancel<C>(conn: &mut C, job: i64) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self> + Send;
+}
+
+/// Announces, inside the transaction open on `conn`, that running job `job` was asked to
+/// cancel (PostgreSQL: a notification on `jobvisor_cancel` with its id; MariaDB and SQLite:
+/// the wake counter, on which each node with leases renews them at once and so learns of it).
+pub(crate) async fn announce_cancel<C>(conn: &mut C, job: i64) -> QueryResult<()>
+where
+    C: AsyncConnection + Send,
+    C::Backend: AnnounceDue,
+{
+    <C::Backend as AnnounceDue>::announce_cancel(conn, job).await
 }
 
 /// Announces, inside the transaction open on `conn`, that jobs of `queues` became due now

@@ -785,3 +785,78 @@ pub(crate) async fn a_claim_answered_late_does_not_extend_the_lease() {
         "A's handler still runs while B holds the job"
     );
 }
+
+/// A handler's panic is stored with where it was raised: the failure's message names the
+/// file, line and column, and its detail keeps them (`{"panic": {"file", "line", "column"}}`),
+/// read back through each backend's JSON column.
+pub(crate) async fn a_panic_is_stored_with_its_file_and_line(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = jobvisor::clock::ManualClock::at_fixed_start();
+    let line = Arc::new(AtomicU32::new(0));
+    let at = line.clone();
+    let mut sim = Simulation::on_store(db.store().await, clock, "sim-node", |b| {
+        b.handler(
+            "boom",
+            handler_fn(move |_: Value, _ctx| {
+                let at = at.clone();
+                async move {
+                    if true {
+                        at.store(line!() + 1, Ordering::SeqCst);
+                        panic!("kaboom");
+                    }
+                    JobOutcome::done()
+                }
+            }),
+        )
+    })
+    .keep(db.clone());
+    let boom = enqueue(&sim, NewJob::new("boom", json!({}))).await;
+    assert_eq!(sim.fetch("default").await, 1);
+    assert_eq!(sim.finished(boom).await, JobState::Retrying);
+    let e = sim.client.get(boom).await.unwrap().last_error.unwrap();
+    let line = line.load(Ordering::SeqCst);
+    assert_eq!(e.code, "panic");
+    let site = format!("{}:{line}:", file!());
+    assert!(
+        e.message.contains(&site) && e.message.ends_with("kaboom"),
+        "{}",
+        e.message
+    );
+    let detail = e.detail.expect("a panic's detail");
+    assert_eq!(detail["panic"]["file"], file!(), "{detail}");
+    assert_eq!(detail["panic"]["line"], line, "{detail}");
+    assert!(detail["panic"]["column"].as_u64() > Some(0), "{detail}");
+    // The backtrace is there exactly when the environment asks for one (std's rule).
+    let var = |k| std::env::var(k).ok();
+    let asked = var("RUST_LIB_BACKTRACE")
+        .or_else(|| var("RUST_BACKTRACE"))
+        .is_some_and(|v| v != "0");
+    let bt = detail["panic"].get("backtrace").and_then(Value::as_str);
+    assert_eq!(bt.is_some(), asked, "{detail}");
+    if let Some(bt) = bt {
+        assert!(
+            bt.contains(file!()),
+            "the backtrace names the handler's file: {bt}"
+        );
+    }
+}
+
+macro_rules! panic_site_tests {
+    ($($name:ident => $backend:expr),+ $(,)?) => {
+        $(
+            mod $name {
+                use super::*;
+                #[actix::test]
+                async fn a_panic_is_stored_with_its_file_and_line() {
+                    super::a_panic_is_stored_with_its_file_and_line($backend).await;
+                }
+            }
+        )+
+    };
+}
+
+panic_site_tests! {
+    panic_site_postgres => Backend::Postgres,
+    panic_site_mysql => Backend::Mysql,
+    panic_site_sqlite => Backend::Sqlite,
+}

@@ -203,3 +203,50 @@ pub async fn no_trigger_fires_per_row_on_an_update_of_the_jobs(b: Backend) {
         "row triggers on updates of jobvisor_jobs: {names:?}"
     );
 }
+
+/// A cancel asked of a running job is announced to its holder with the request (PostgreSQL:
+/// a notification naming the job; MariaDB, SQLite: the wake counter, once), so the node
+/// signals the handler at once instead of at its next heartbeat; asking again, or cancelling
+/// a job that is not running, announces nothing.
+pub async fn a_cancel_of_a_running_job_is_announced_to_its_holder(b: Backend) {
+    let t = Bundle::new(b).await;
+    let mut w = Watch::new(&t).await;
+    let q = w.q("cancel");
+    let pending = t.enqueue(NewJob::new("k", json!(0)).queue(&q), 0).await;
+    let running = t.enqueue(NewJob::new("k", json!(1)).queue(&q), 0).await;
+    let c = t.claim(&q, "n1", 1, 1).await.pop().unwrap();
+    assert_eq!(c.id, pending, "the older job is claimed first");
+    let (running, pending) = (pending, running);
+    let cancel = async |id: JobId, at: i64| {
+        t.store
+            .job_cancel(CancelParams { id, now: t.at(at) })
+            .await
+            .unwrap()
+    };
+    let out = cancel(pending, 2).await;
+    assert!(matches!(out, CancelOutcome::Cancelled(_)), "{out:?}");
+    w.quiet(&t, "a cancel of a job that was not running").await;
+
+    let out = cancel(running, 3).await;
+    assert!(matches!(out, CancelOutcome::Requested(_)), "{out:?}");
+    match &mut w.listener {
+        None => {
+            let now = t.store.change_signal().await.unwrap().wakes;
+            assert_eq!(now, w.wakes + 1, "the cancel moved the wake counter once");
+            w.wakes = now;
+        }
+        Some(l) => loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), l.next())
+                .await
+                .expect("the cancel's notification within 10 s")
+                .expect("listener open")
+                .unwrap();
+            if n == super::Notice::Cancel(running.0) {
+                break;
+            }
+        },
+    }
+    let out = cancel(running, 4).await;
+    assert!(matches!(out, CancelOutcome::Requested(_)), "{out:?}");
+    w.quiet(&t, "a cancel asked again").await;
+}

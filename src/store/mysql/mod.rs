@@ -406,6 +406,15 @@ impl super::wakes::AnnounceDue for diesel::mysql::Mysql {
             .await
             .map(drop)
     }
+
+    /// The wake counter, as for a due job: every node's change signal moves, and a node with
+    /// leases renews them at once.
+    async fn announce_cancel<C>(conn: &mut C, _: i64) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        Self::announce_due(conn, &[]).await
+    }
 }
 
 impl KeyedSteps for MysqlKeyed<'_> {

@@ -398,6 +398,17 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
         }
         Ok(())
     }
+
+    async fn announce_cancel<C>(conn: &mut C, job: i64) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        diesel::sql_query("SELECT pg_notify('jobvisor_cancel', $1)")
+            .bind::<Text, _>(job.to_string())
+            .execute(conn)
+            .await
+            .map(drop)
+    }
 }
 
 impl KeyedSteps for PgKeyed<'_> {
