@@ -741,6 +741,16 @@ pub(crate) fn check_name(field: &'static str, value: &str, max_chars: usize) -> 
     Ok(())
 }
 
+/// Result of enqueueing one job ([`Client::enqueue`](crate::Client::enqueue)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The new job's id, or for a duplicate the id of the job holding the key.
+    pub id: JobId,
+    /// True when another job held the same (kind, unique_key) (see [`UniqueScope`]): nothing
+    /// new was written.
+    pub duplicate: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,7 +94,7 @@ pub use error::{Error, Result, StoreError};
 pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
-pub use job::{Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
+pub use job::{Enqueued, Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use job_tx::{JobTx, TxBody, TxError};
 pub use lease::{ClaimId, NodeId};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
@@ -102,8 +102,8 @@ pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, Shutdow
 #[cfg(feature = "sqlite")]
 pub use store::SqliteJobConnection;
 pub use store::{
-    Backend, CancelOutcome, Enqueued, ListParams, OutboxConnection, ReclaimReason, RetryOutcome,
-    StateCount, Store, StoreOptions, TcpKeepalive, TlsMode,
+    Backend, CancelOutcome, ListParams, OutboxConnection, ReclaimReason, RetryOutcome, StateCount,
+    Store, StoreOptions, TcpKeepalive, TlsMode,
 };
 pub use store::{Effect, JobConnection, Recorded, MAX_EFFECT_KEY_LEN};
 pub use store::{Leader, NodeInfo, QueueLag, Unserved, UnservedReason};

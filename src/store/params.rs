@@ -38,15 +38,8 @@ impl<T> Guarded<T> {
     }
 }
 
-/// Result of enqueueing one job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The new job's id, or for a duplicate the id of the job holding the key.
-    pub id: JobId,
-    /// True when another job held the same (kind, unique_key) (see
-    /// [`UniqueScope`](crate::UniqueScope)): nothing new was written.
-    pub duplicate: bool,
-}
+// The result of an enqueue is the job's noun (`crate::job`), named here for the store's modules.
+pub use crate::job::Enqueued;
 
 /// Enqueue one or many jobs.
 #[derive(Debug, Clone, Default)]
