@@ -42,7 +42,6 @@ use futures_util::task::AtomicWaker;
 use super::panic_site::{self, PanicSite};
 use futures_util::FutureExt as _;
 use tokio::sync::Semaphore;
-use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -505,7 +504,7 @@ impl Panicked {
     /// The panic just caught on this thread, with `payload`.
     fn caught(payload: &(dyn std::any::Any + Send)) -> Self {
         Panicked {
-            message: payload_message(payload),
+            message: super::panic_site::payload_message(payload),
             site: panic_site::take(),
         }
     }
@@ -592,23 +591,6 @@ async fn run_fenced<F: Future<Output = JobResult>>(
         return Poll::Pending;
     })
     .await
-}
-
-/// The message of a handler (or reconciler) task's panic.
-pub(crate) fn panic_message(e: JoinError) -> String {
-    match e.try_into_panic() {
-        Ok(payload) => payload_message(&*payload),
-        Err(_) => "unknown".into(),
-    }
-}
-
-/// The message a panic was raised with.
-fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".into())
 }
 
 /// Why a supervisor must stop its handler.

@@ -1,6 +1,6 @@
 //! Where a handler panicked: the file, line and column of the `panic!` (and the backtrace,
 //! when `RUST_BACKTRACE` or `RUST_LIB_BACKTRACE` asks for one), kept in the failure's
-//! `detail` under `panic`.
+//! `detail` under `panic`; and a panic's message, for handlers' and reconcilers' tasks alike.
 //!
 //! A panic's payload carries only its message; its location reaches the panic hook alone. So
 //! jobvisor adds a hook, once per process, in front of the one installed before it (the
@@ -134,6 +134,23 @@ pub(crate) fn in_handler<R>(f: impl FnOnce() -> R) -> R {
 /// Called where the unwind is caught, on the thread that panicked.
 pub(crate) fn take() -> Option<PanicSite> {
     LAST.with(|l| l.try_borrow_mut().ok().and_then(|mut l| l.take()))
+}
+
+/// The message of a handler (or reconciler) task's panic.
+pub(crate) fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => payload_message(&*payload),
+        Err(_) => "unknown".into(),
+    }
+}
+
+/// The message a panic was raised with.
+pub(crate) fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
 }
 
 #[cfg(test)]

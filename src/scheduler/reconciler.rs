@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::event::Event;
-use super::job_supervisor::panic_message;
+use super::panic_site::panic_message;
 use super::shared::Shared;
 use crate::client::Client;
 use crate::error::{Error, Result};
