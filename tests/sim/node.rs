@@ -785,3 +785,39 @@ pub(crate) async fn a_claim_answered_late_does_not_extend_the_lease() {
         "A's handler still runs while B holds the job"
     );
 }
+
+#[actix::test]
+pub(crate) async fn a_queue_with_declared_limits_claims_exactly_when_the_test_asks() {
+    for run in 0..3 {
+        let sim = Simulation::sqlite(|b| {
+            b.queue(
+                "default",
+                QueueConfig::default().limits(jobvisor::QueueLimits::default().concurrency(5)),
+            )
+            .handler("k", gated(Arc::new(Semaphore::new(0)), "never"))
+        })
+        .await;
+        let id = enqueue(&sim, NewJob::new("k", json!({}))).await;
+        // The limits' write at start claims nothing by itself.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            sim.client.get(id).await.unwrap().state,
+            JobState::Pending,
+            "run {run}: claimed before the test asked"
+        );
+        assert_eq!(sim.fetch("default").await, 1, "run {run}");
+    }
+    // Asked at once after start: the claim waits for the limits instead of answering 0.
+    for run in 0..3 {
+        let sim = Simulation::sqlite(|b| {
+            b.queue(
+                "default",
+                QueueConfig::default().limits(jobvisor::QueueLimits::default().concurrency(5)),
+            )
+            .handler("k", gated(Arc::new(Semaphore::new(0)), "never"))
+        })
+        .await;
+        enqueue(&sim, NewJob::new("k", json!({}))).await;
+        assert_eq!(sim.fetch("default").await, 1, "run {run}");
+    }
+}
