@@ -1,5 +1,5 @@
-//! jobvisor: durable background jobs for actix services, stored in PostgreSQL, MySQL/MariaDB
-//! or SQLite.
+//! jobvisor: durable background jobs for Rust services (actix or plain tokio), stored in
+//! PostgreSQL, MySQL/MariaDB or SQLite.
 //!
 //! Jobs live in one table. A node claims due jobs under a lease (a random token per claim,
 //! with an expiry it keeps renewing); every write it makes afterwards presents that token, so

@@ -65,6 +65,27 @@ pub(crate) struct NodeActors {
 }
 
 /// The node's root actor: owns the timers and the handler runtime; runs shutdown.
+///
+/// Built with [`Scheduler::builder`] — queues, handlers, settings — and started into a
+/// [`SchedulerHandle`](crate::SchedulerHandle), which the application keeps: its client
+/// enqueues, and its `shutdown` stops the node gracefully.
+///
+/// ```no_run
+/// # async fn demo() -> jobvisor::Result<()> {
+/// use jobvisor::{handler_fn, JobOutcome, QueueConfig, Scheduler, Store, StoreOptions};
+///
+/// let store = Store::connect_with("sqlite://jobs.db", StoreOptions::default().migrate(true)).await?;
+/// let scheduler = Scheduler::builder(store)
+///     .queue("mail", QueueConfig::default().concurrency(20))
+///     .handler("send_email", handler_fn(|to: String, _ctx| async move {
+///         JobOutcome::success(format!("sent to {to}"))
+///     }))
+///     .start()?;
+/// // ... serve requests, enqueue through `scheduler.client()` ...
+/// let report = scheduler.shutdown().await;
+/// println!("{} finished, {} given back", report.finished, report.released);
+/// # Ok(()) }
+/// ```
 pub struct Scheduler {
     shared: Arc<Shared>,
     fetchers: HashMap<String, Addr<Fetcher>>,
