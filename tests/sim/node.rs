@@ -821,3 +821,42 @@ pub(crate) async fn a_queue_with_declared_limits_claims_exactly_when_the_test_as
         assert_eq!(sim.fetch("default").await, 1, "run {run}");
     }
 }
+
+/// A typed job: its kind and defaults come with the type.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Double {
+    n: i64,
+}
+
+impl jobvisor::JobArgs for Double {
+    const KIND: &'static str = "double";
+    const MAX_ATTEMPTS: u32 = 2;
+    const PRIORITY: i16 = 3;
+}
+
+#[actix::test]
+pub(crate) async fn a_typed_job_is_enqueued_and_handled_by_its_type() {
+    let mut sim = Simulation::sqlite(|b| {
+        b.handle(handler_fn(|d: Double, _ctx| async move {
+            JobOutcome::success(d.n * 2)
+        }))
+    })
+    .await;
+    let id = sim.client.enqueue(Double { n: 21 }).await.unwrap().id;
+    assert_eq!(sim.fetch("default").await, 1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+    let job = sim.client.get(id).await.unwrap();
+    assert_eq!(
+        (
+            job.kind.as_str(),
+            job.result,
+            job.max_attempts,
+            job.priority
+        ),
+        ("double", Some(json!(42)), 2, 3)
+    );
+    // The string form reaches the same handler.
+    let id = enqueue(&sim, NewJob::new("double", json!({"n": 5}))).await;
+    assert_eq!(sim.fetch("default").await, 1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+}
