@@ -147,12 +147,13 @@ impl Client {
         }
     }
 
-    /// Enqueues one job.
+    /// Enqueues one job: a [`NewJob`], or the arguments of a [`JobArgs`](crate::JobArgs)
+    /// type (its kind and defaults come with it).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] naming the bad field; [`Error::Database`].
-    pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        let mut v = self.enqueue_many(vec![job]).await?;
+    pub async fn enqueue(&self, job: impl Into<NewJob>) -> Result<Enqueued> {
+        let mut v = self.enqueue_many(vec![job.into()]).await?;
         v.pop()
             .ok_or_else(|| Error::invalid("jobs", "enqueue returned nothing"))
     }

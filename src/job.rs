@@ -480,6 +480,9 @@ pub struct NewJob {
     /// What a parent that ends dead or cancelled does to this job; default
     /// [`ParentPolicy::Cancel`](crate::ParentPolicy::Cancel).
     pub on_parent_failure: crate::ParentPolicy,
+    /// Why the arguments of a job made from [`JobArgs`](crate::JobArgs) did not serialize
+    /// (its payload is then `null`): [`NewJob::validate`] refuses it, naming `payload`.
+    pub(crate) payload_error: Option<String>,
 }
 
 impl NewJob {
@@ -499,6 +502,7 @@ impl NewJob {
             after: Vec::new(),
             after_keys: Vec::new(),
             on_parent_failure: crate::ParentPolicy::Cancel,
+            payload_error: None,
         }
     }
 
@@ -592,6 +596,12 @@ impl NewJob {
     /// # Errors
     /// [`Error::InvalidInput`] naming the first offending field and what was expected.
     pub fn validate(&self, max_payload_bytes: usize) -> Result<usize> {
+        if let Some(e) = &self.payload_error {
+            return Err(Error::invalid(
+                "payload",
+                format!("the job's arguments did not serialize to JSON: {e}"),
+            ));
+        }
         check_name("kind", &self.kind, MAX_KIND_LEN)?;
         check_name("queue", &self.queue, MAX_QUEUE_LEN)?;
         if let Some(key) = &self.unique_key {

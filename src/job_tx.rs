@@ -35,7 +35,7 @@ use crate::store::{
 /// [`JobContext::transaction`] and [`JobContext::complete_in_transaction`].
 ///
 /// `C` is the store's connection type: `diesel_async::AsyncPgConnection`,
-/// `diesel_async::AsyncMysqlConnection` or [`SqliteJobConnection`](crate::SqliteJobConnection).
+/// `diesel_async::AsyncMysqlConnection` or `jobvisor::SqliteJobConnection` (feature `sqlite`).
 pub struct JobTx<'c, C> {
     conn: &'c mut C,
     id: JobId,
@@ -242,7 +242,7 @@ impl JobContext {
     /// that must not commit from an attempt that lost the job.
     ///
     /// `C` is the store's connection type (`diesel_async::AsyncPgConnection`,
-    /// `diesel_async::AsyncMysqlConnection` or [`SqliteJobConnection`](crate::SqliteJobConnection)).
+    /// `diesel_async::AsyncMysqlConnection` or `jobvisor::SqliteJobConnection`, feature `sqlite`).
     /// The body should be short: it holds a pooled connection, and on SQLite the store's one
     /// writer (the node's lease renewals wait for it). Call external services outside it.
     ///

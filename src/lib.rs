@@ -1,5 +1,5 @@
-//! jobvisor: durable background jobs for actix services, stored in PostgreSQL, MySQL/MariaDB
-//! or SQLite.
+//! jobvisor: durable background jobs for Rust services (actix or plain tokio), stored in
+//! PostgreSQL, MySQL/MariaDB or SQLite.
 //!
 //! Jobs live in one table. A node claims due jobs under a lease (a random token per claim,
 //! with an expiry it keeps renewing); every write it makes afterwards presents that token, so
@@ -21,6 +21,8 @@
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
 //! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
+//! * `job_args` — [`JobArgs`]: a payload type tied to its kind, queue, priority, attempts
+//!   and timeout (`client.enqueue(args)`, [`SchedulerBuilder::handle`]).
 //! * [`dependency`] — jobs that wait for others: [`NewJob::after`], [`ParentPolicy`],
 //!   [`Dependencies`] (a job's parents and children), [`Batch`].
 //! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
@@ -73,6 +75,7 @@ pub mod dependency;
 pub mod error;
 pub mod handler;
 pub mod job;
+mod job_args;
 mod job_tx;
 pub mod lease;
 pub mod metrics;
@@ -95,6 +98,7 @@ pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
 pub use job::{Enqueued, Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
+pub use job_args::JobArgs;
 pub use job_tx::{JobTx, TxBody, TxError};
 pub use lease::{ClaimId, NodeId};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};

@@ -147,6 +147,16 @@ async fn commands_do_what_they_say(backend: Backend) {
         text.contains("pending") && text.contains("leader: none"),
         "{text}"
     );
+    // A column per state, `waiting` (jobs waiting on parents) first: q has none, 4 pending.
+    let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(&header[..3], ["queue", "waiting", "pending"], "{text}");
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("q "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[..3], ["q", "0", "4"], "{text}");
     assert!(
         text.contains("unserved: 3 mail job(s) in queue q wait"),
         "{text}"
@@ -550,6 +560,11 @@ async fn commands_do_what_they_say(backend: Backend) {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("cli-nightly") && text.contains("paused"),
+        "{text}"
+    );
+    // The fire times are UTC beside the schedule's own zone: the header says so.
+    assert!(
+        text.contains("next fire (UTC)") && text.contains("last fire (UTC)"),
         "{text}"
     );
     let v = json_of(

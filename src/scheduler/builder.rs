@@ -83,6 +83,30 @@ impl SchedulerBuilder {
         self.register(kind.into(), handler, None)
     }
 
+    /// Registers the handler of a [`JobArgs`](crate::JobArgs) type, under its kind: the
+    /// kind comes from the handler's payload type, never spelled here.
+    ///
+    /// ```no_run
+    /// # fn demo(store: jobvisor::Store) -> jobvisor::Result<()> {
+    /// use jobvisor::{handler_fn, JobArgs, JobOutcome, Scheduler};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Resize { image: u64 }
+    /// impl JobArgs for Resize { const KIND: &'static str = "resize"; }
+    ///
+    /// let scheduler = Scheduler::builder(store)
+    ///     .handle(handler_fn(|r: Resize, _ctx| async move { JobOutcome::success(r.image) }))
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn handle<A, H>(self, handler: H) -> Self
+    where
+        A: crate::JobArgs,
+        H: JobHandler<Payload = A>,
+    {
+        self.register(A::KIND.to_string(), handler, None)
+    }
+
     /// Registers the handler for a job kind, with a retry policy of its own.
     pub fn handler_with_retry<H: JobHandler>(
         self,

@@ -211,7 +211,7 @@ impl Actor for Fetcher {
     fn started(&mut self, ctx: &mut Context<Self>) {
         if let Some(limits) = self.config.limits {
             self.declaring = true;
-            self.declare(limits, ctx);
+            self.declare(limits, true, ctx);
         }
     }
 }
@@ -240,20 +240,34 @@ impl Fetcher {
     }
 
     /// Writes the queue's declared limits, then claims; tried again until it is written.
-    fn declare(&mut self, limits: crate::store::QueueLimits, ctx: &mut Context<Self>) {
+    ///
+    /// The first write holds the mailbox (`first`): a claim asked for meanwhile — the
+    /// scheduler's first one, a simulation's `fetch` — waits for the limits instead of
+    /// answering 0, so a simulation claims exactly when it asks. Once they are written, a
+    /// node with timers claims at once; a simulation's node claims only when asked.
+    fn declare(&mut self, limits: crate::store::QueueLimits, first: bool, ctx: &mut Context<Self>) {
         let (store, queue) = (self.shared.store.clone(), self.queue.clone());
         let now = self.shared.clock.bound_now();
         let write = async move { store.queue_set_limits(&queue, limits, now).await };
-        ctx.spawn(write.into_actor(self).map(move |res, act, ctx| match res {
+        let done = write.into_actor(self).map(move |res, act, ctx| match res {
             Ok(_) => {
                 act.declaring = false;
-                act.wake(ctx);
+                if act.shared.config.timers {
+                    act.wake(ctx);
+                }
             }
             Err(e) => {
                 act.store_failed(&e);
-                ctx.run_later(DECLARE_RETRY, move |act, ctx| act.declare(limits, ctx));
+                ctx.run_later(DECLARE_RETRY, move |act, ctx| {
+                    act.declare(limits, false, ctx)
+                });
             }
-        }));
+        });
+        if first {
+            ctx.wait(done);
+        } else {
+            ctx.spawn(done);
+        }
     }
 }
 

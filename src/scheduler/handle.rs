@@ -92,7 +92,9 @@ impl SchedulerHandle {
     /// default 30 s).
     ///
     /// The node's fetchers stop claiming at once; the jobs the node holds get up to the
-    /// timeout to finish, and those that do are written as usual. Then each job still held is
+    /// timeout to finish, and those that do are written as usual. Their leases are renewed
+    /// all the while, so the timeout may be longer than the lease and no job is fenced while
+    /// it is waited for. Then each job still held is
     /// given back: one not started yet goes back to `pending` at once; a running handler sees
     /// [`JobContext::cancelled`](crate::JobContext::cancelled) complete and its task is
     /// aborted at its next `.await`, and its job goes back to `pending` with the attempt not

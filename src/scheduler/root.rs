@@ -65,6 +65,27 @@ pub(crate) struct NodeActors {
 }
 
 /// The node's root actor: owns the timers and the handler runtime; runs shutdown.
+///
+/// Built with [`Scheduler::builder`] — queues, handlers, settings — and started into a
+/// [`SchedulerHandle`](crate::SchedulerHandle), which the application keeps: its client
+/// enqueues, and its `shutdown` stops the node gracefully.
+///
+/// ```no_run
+/// # async fn demo() -> jobvisor::Result<()> {
+/// use jobvisor::{handler_fn, JobOutcome, QueueConfig, Scheduler, Store, StoreOptions};
+///
+/// let store = Store::connect_with("sqlite://jobs.db", StoreOptions::default().migrate(true)).await?;
+/// let scheduler = Scheduler::builder(store)
+///     .queue("mail", QueueConfig::default().concurrency(20))
+///     .handler("send_email", handler_fn(|to: String, _ctx| async move {
+///         JobOutcome::success(format!("sent to {to}"))
+///     }))
+///     .start()?;
+/// // ... serve requests, enqueue through `scheduler.client()` ...
+/// let report = scheduler.shutdown().await;
+/// println!("{} finished, {} given back", report.finished, report.released);
+/// # Ok(()) }
+/// ```
 pub struct Scheduler {
     shared: Arc<Shared>,
     fetchers: HashMap<String, Addr<Fetcher>>,
@@ -74,8 +95,12 @@ pub struct Scheduler {
     registrar: Addr<Registrar>,
     elector: Addr<LeaderElector>,
     watch: Addr<QueueWatch>,
-    /// Interval timers, cancelled at shutdown.
+    /// Interval timers, cancelled when shutdown begins.
     timers: Vec<SpawnHandle>,
+    /// The lease renewal and deadline check timers: they go on while shutdown waits for
+    /// running jobs (a wait longer than the fence point would otherwise fence them) and are
+    /// cancelled once the give-backs are written.
+    lease_timers: Vec<SpawnHandle>,
     /// Kept at the end of graceful shutdown (see [`HandlerRuntime::keep`]); shut down in the
     /// background if the scheduler is dropped otherwise (its actix system ended).
     runtime: Option<HandlerRuntime>,
@@ -110,6 +135,7 @@ impl Scheduler {
             elector,
             watch,
             timers: Vec::new(),
+            lease_timers: Vec::new(),
             runtime: Some(runtime),
         }
     }
@@ -135,10 +161,10 @@ impl Actor for Scheduler {
                 .push(ctx.run_interval(every, move |_, _| f.do_send(FetchNow)));
         }
         let lm = self.lease_manager.clone();
-        self.timers
+        self.lease_timers
             .push(ctx.run_interval(cfg.renew_every, move |_, _| lm.do_send(RenewLeases)));
         let lm = self.lease_manager.clone();
-        self.timers
+        self.lease_timers
             .push(ctx.run_interval(cfg.deadline_check_every, move |_, _| {
                 lm.do_send(CheckDeadlines)
             }));
@@ -194,8 +220,8 @@ impl Actor for Scheduler {
     }
 }
 
-/// Stop claiming, wait for running jobs up to `timeout`, give back the leases of the rest,
-/// then stop every actor. Answers with what happened.
+/// Stop claiming, wait for running jobs up to `timeout` (renewing their leases all along),
+/// give back the leases of the rest, then stop every actor. Answers with what happened.
 #[derive(Debug, Message)]
 #[rtype(result = "ShutdownReport")]
 pub struct Shutdown {
@@ -206,7 +232,8 @@ pub struct Shutdown {
 /// What graceful shutdown did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ShutdownReport {
-    /// Jobs that finished while shutdown waited.
+    /// Jobs that finished while shutdown waited (their result written; a job whose lease
+    /// was lost meanwhile is not counted).
     pub finished: usize,
     /// Jobs whose leases were given back (they run again promptly, elsewhere or later).
     pub released: usize,
@@ -223,6 +250,8 @@ impl Handler<Shutdown> for Scheduler {
     type Result = ResponseActFuture<Self, ShutdownReport>;
 
     fn handle(&mut self, msg: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        // Every timer but the lease renewal and the deadline check: a job still running is
+        // renewed while it is waited for, so no fence stops it and burns its attempt.
         for t in self.timers.drain(..) {
             ctx.cancel_future(t);
         }
@@ -231,6 +260,8 @@ impl Handler<Shutdown> for Scheduler {
         let registrar = self.registrar.clone();
         let elector = self.elector.clone();
         let events = self.shared.events.clone();
+        // Jobs fenced or found lost during the wait: neither finished here nor given back.
+        let mut lost_events = self.shared.events.subscribe();
         let started = Instant::now();
         let fut = async move {
             for f in &fetchers {
@@ -266,8 +297,21 @@ impl Handler<Shutdown> for Scheduler {
                 lm.do_send(CheckDeadlines);
                 tokio::time::sleep(SHUTDOWN_POLL).await;
             }
+            // A job whose lease was lost during the wait (fenced while the database was out
+            // of reach, or reclaimed) neither finished here nor was given back.
+            let mut lost = std::collections::HashSet::new();
+            loop {
+                match lost_events.try_recv() {
+                    Ok(Event::SelfFenced { id, .. } | Event::LeaseLost { id, .. }) => {
+                        lost.insert(id);
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {}
+                    Err(_) => break,
+                }
+            }
+            let lost = lost.len();
             let report = ShutdownReport {
-                finished: at_start.saturating_sub(released),
+                finished: at_start.saturating_sub(released).saturating_sub(lost),
                 released,
             };
             events.emit(Event::ShutDown {
@@ -278,6 +322,9 @@ impl Handler<Shutdown> for Scheduler {
             report
         };
         Box::pin(fut.into_actor(self).map(|report, act, ctx| {
+            for t in act.lease_timers.drain(..) {
+                ctx.cancel_future(t);
+            }
             for f in act.fetchers.values() {
                 f.do_send(StopActor);
             }

@@ -73,6 +73,17 @@ impl Store {
     /// [`Error::InvalidInput`] for a backend this build leaves out (Cargo features
     /// `postgres`, `mysql`, `sqlite`).
     pub async fn connect_with(url: &str, opts: StoreOptions) -> Result<Store> {
+        let store = Store::open(url, opts).await?;
+        if store.inner.opts.migrate {
+            store.migrate().await?;
+        }
+        store.check_schema().await?;
+        Ok(store)
+    }
+
+    /// Opens a store without migrating or checking the schema (tests preparing a database
+    /// as an application or an earlier build left it).
+    pub(crate) async fn open(url: &str, opts: StoreOptions) -> Result<Store> {
         opts.validate()?;
         let (backend, target) = parse_url(url)?;
         let driver = Driver::open(backend, &target, url, &opts).await?;
@@ -87,10 +98,6 @@ impl Store {
                 faults: super::faults::FaultSlot::default(),
             }),
         };
-        if store.inner.opts.migrate {
-            store.migrate().await?;
-        }
-        store.check_schema().await?;
         Ok(store)
     }
 

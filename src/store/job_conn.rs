@@ -4,7 +4,7 @@
 //! lease guard, the completion, and the effect records.
 //!
 //! It is sealed and implemented for each backend's connection type: `AsyncPgConnection`,
-//! `AsyncMysqlConnection`, and the store's SQLite connection ([`SqliteJobConnection`]). The
+//! `AsyncMysqlConnection`, and the store's SQLite connection (`SqliteJobConnection`). The
 //! statements that are the same on every backend are written once here with diesel's query
 //! builder (each type-checked once per backend by the macros below); those that differ — how
 //! a transaction begins on SQLite, how an effect insert meets a duplicate key — are the
@@ -50,7 +50,7 @@ pub type SqliteJobConnection = super::sqlite::SqliteConn;
 
 /// A connection of the job's store that a handler's transaction runs on:
 /// `diesel_async::AsyncPgConnection`, `diesel_async::AsyncMysqlConnection` or
-/// [`SqliteJobConnection`] — the one of the store's backend. Sealed; the methods are
+/// `jobvisor::SqliteJobConnection` (feature `sqlite`) — the one of the store's backend. Sealed; the methods are
 /// jobvisor's own.
 pub trait JobConnection:
     OutboxConnection + diesel_async::AsyncConnection + sealed::Sealed + Send + 'static

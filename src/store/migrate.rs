@@ -4,10 +4,13 @@
 //! race (`relation already exists`). So each backend serialises migrators: PostgreSQL with a
 //! session advisory lock, MySQL with `GET_LOCK` on the database's name, SQLite with an
 //! exclusive transaction. Migrations run on a dedicated synchronous connection in a blocking
-//! thread (diesel's migration harness is synchronous and must not block an async runtime).
+//! thread (diesel's migrations are synchronous and must not block an async runtime), and are
+//! recorded in jobvisor's own table, `jobvisor_schema_migrations` (see `embedded.rs`): the
+//! schema check reads only jobvisor's versions, never an application's diesel migrations.
 
 use super::connect::parse_url;
 use super::driver::{latest_migration, run_migrations};
+use super::embedded::{is_missing_table, MIGRATIONS_TABLE};
 use super::Store;
 use crate::error::{Error, Result, StoreError};
 
@@ -58,9 +61,9 @@ impl Store {
             #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
             v: Option<String>,
         }
-        let q = "SELECT MAX(version) AS v FROM __diesel_schema_migrations";
+        let q = format!("SELECT MAX(version) AS v FROM {MIGRATIONS_TABLE}");
         let found: std::result::Result<Vec<V>, diesel::result::Error> =
-            super::driver::with_conn!(self, |conn| diesel::sql_query(q).load(conn).await);
+            super::driver::with_conn!(self, |conn| diesel::sql_query(&q).load(conn).await);
         match found {
             Ok(rows) => Ok(rows.into_iter().next().and_then(|r| r.v)),
             Err(diesel::result::Error::DatabaseError(_, info))
@@ -83,9 +86,9 @@ impl Store {
             v: Option<String>,
         }
         let expected = self.schema_version_expected();
-        let q = "SELECT MAX(version) AS v FROM __diesel_schema_migrations";
+        let q = format!("SELECT MAX(version) AS v FROM {MIGRATIONS_TABLE}");
         let found: std::result::Result<Vec<V>, diesel::result::Error> =
-            super::driver::with_conn!(self, |conn| diesel::sql_query(q).load(conn).await);
+            super::driver::with_conn!(self, |conn| diesel::sql_query(&q).load(conn).await);
         let found = match found {
             Ok(rows) => rows.into_iter().next().and_then(|r| r.v),
             Err(diesel::result::Error::DatabaseError(_, info))
@@ -107,8 +110,4 @@ impl Store {
             }),
         }
     }
-}
-
-fn is_missing_table(msg: &str) -> bool {
-    msg.contains("does not exist") || msg.contains("doesn't exist") || msg.contains("no such table")
 }

@@ -234,6 +234,11 @@ mod network {
         /// # Errors
         /// A message naming the root file and why it could not be used.
         pub(crate) fn client_config(&self) -> Result<ClientConfig, String> {
+            // rustls 0.23.48 deprecates ring's provider (no post-quantum key exchange, which
+            // needs aws-lc-rs and a C toolchain with cmake); ring stays jobvisor's provider,
+            // and the warning would otherwise show in every build of an application that
+            // takes jobvisor by path or from a fresh resolve.
+            #[allow(deprecated)]
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let builder = ClientConfig::builder_with_provider(provider.clone())
                 .with_safe_default_protocol_versions()

@@ -65,8 +65,9 @@ impl std::fmt::Debug for Simulation {
 
 impl Simulation {
     /// A node on a fresh temp SQLite file with one queue `default` (concurrency 10); add
-    /// handlers and settings in `configure`. Must run inside an actix system
-    /// (`#[actix::test]`). Needs the `sqlite` feature.
+    /// handlers and settings in `configure`. Runs under `#[tokio::test]`,
+    /// `#[actix_web::test]` or `#[actix::test]`. Needs the `sqlite` feature: a service on
+    /// another backend uses [`Simulation::on_store`] with its own store.
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(
@@ -81,7 +82,22 @@ impl Simulation {
     }
 
     /// A node named `node` on `store`, driven by `clock` (share one clock between nodes of
-    /// one simulation).
+    /// one simulation); with no queue configured, one queue `default`. The store may be the
+    /// service's own, on any backend (give each test a database of its own).
+    ///
+    /// ```no_run
+    /// # async fn demo(store: jobvisor::Store) {
+    /// use jobvisor::testing::{ManualClock, Simulation};
+    /// use jobvisor::{handler_fn, JobOutcome, JobState, NewJob};
+    ///
+    /// let mut sim = Simulation::on_store(store, ManualClock::at_fixed_start(), "test", |b| {
+    ///     b.handler("hello", handler_fn(|_: serde_json::Value, _ctx| async { JobOutcome::success("hi") }))
+    /// });
+    /// let id = sim.client.enqueue(NewJob::new("hello", serde_json::json!({}))).await.unwrap().id;
+    /// assert_eq!(sim.fetch("default").await, 1);
+    /// assert_eq!(sim.finished(id).await, JobState::Succeeded);
+    /// # }
+    /// ```
     pub fn on_store(
         store: Store,
         clock: ManualClock,

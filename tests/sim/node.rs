@@ -860,3 +860,78 @@ panic_site_tests! {
     panic_site_mysql => Backend::Mysql,
     panic_site_sqlite => Backend::Sqlite,
 }
+
+#[actix::test]
+pub(crate) async fn a_queue_with_declared_limits_claims_exactly_when_the_test_asks() {
+    for run in 0..3 {
+        let sim = Simulation::sqlite(|b| {
+            b.queue(
+                "default",
+                QueueConfig::default().limits(jobvisor::QueueLimits::default().concurrency(5)),
+            )
+            .handler("k", gated(Arc::new(Semaphore::new(0)), "never"))
+        })
+        .await;
+        let id = enqueue(&sim, NewJob::new("k", json!({}))).await;
+        // The limits' write at start claims nothing by itself.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            sim.client.get(id).await.unwrap().state,
+            JobState::Pending,
+            "run {run}: claimed before the test asked"
+        );
+        assert_eq!(sim.fetch("default").await, 1, "run {run}");
+    }
+    // Asked at once after start: the claim waits for the limits instead of answering 0.
+    for run in 0..3 {
+        let sim = Simulation::sqlite(|b| {
+            b.queue(
+                "default",
+                QueueConfig::default().limits(jobvisor::QueueLimits::default().concurrency(5)),
+            )
+            .handler("k", gated(Arc::new(Semaphore::new(0)), "never"))
+        })
+        .await;
+        enqueue(&sim, NewJob::new("k", json!({}))).await;
+        assert_eq!(sim.fetch("default").await, 1, "run {run}");
+    }
+}
+
+/// A typed job: its kind and defaults come with the type.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Double {
+    n: i64,
+}
+
+impl jobvisor::JobArgs for Double {
+    const KIND: &'static str = "double";
+    const MAX_ATTEMPTS: u32 = 2;
+    const PRIORITY: i16 = 3;
+}
+
+#[actix::test]
+pub(crate) async fn a_typed_job_is_enqueued_and_handled_by_its_type() {
+    let mut sim = Simulation::sqlite(|b| {
+        b.handle(handler_fn(|d: Double, _ctx| async move {
+            JobOutcome::success(d.n * 2)
+        }))
+    })
+    .await;
+    let id = sim.client.enqueue(Double { n: 21 }).await.unwrap().id;
+    assert_eq!(sim.fetch("default").await, 1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+    let job = sim.client.get(id).await.unwrap();
+    assert_eq!(
+        (
+            job.kind.as_str(),
+            job.result,
+            job.max_attempts,
+            job.priority
+        ),
+        ("double", Some(json!(42)), 2, 3)
+    );
+    // The string form reaches the same handler.
+    let id = enqueue(&sim, NewJob::new("double", json!({"n": 5}))).await;
+    assert_eq!(sim.fetch("default").await, 1);
+    assert_eq!(sim.finished(id).await, JobState::Succeeded);
+}

@@ -258,8 +258,9 @@ pub(crate) fn status_text(now: DateTime<Utc>, s: &Status<'_>) -> String {
         ..
     } = *s;
     let mut out = format!(
-        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
         "queue",
+        "waiting",
         "pending",
         "running",
         "retrying",
@@ -281,8 +282,9 @@ pub(crate) fn status_text(now: DateTime<Utc>, s: &Status<'_>) -> String {
             .find(|c| q["queue"] == c.name.as_str())
             .map_or_else(|| "-".to_string(), crate::queues::control_text);
         out.push_str(&format!(
-            "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}  {}\n",
             q["queue"].as_str().unwrap_or(""),
+            n("waiting"),
             n("pending"),
             n("running"),
             n("retrying"),

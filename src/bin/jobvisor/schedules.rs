@@ -28,7 +28,7 @@ fn schedule_json(s: &ScheduleInfo) -> Value {
 fn header() -> String {
     format!(
         "{:<24} {:<18} {:<16} {:<20} {:<20} {}\n",
-        "schedule", "spec", "zone", "next fire", "last fire", "state"
+        "schedule", "spec", "zone", "next fire (UTC)", "last fire (UTC)", "state"
     )
 }
 

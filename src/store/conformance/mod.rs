@@ -10,7 +10,7 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! migrations), `partition` (partition keys), `unique` (unique-key scopes), `gauges` (the database-wide
+//! concurrent migrations), `migrations` (jobvisor's migration records beside an application's), `partition` (partition keys), `unique` (unique-key scopes), `gauges` (the database-wide
 //! gauges' turns and counts), `handler_tx` (a handler's own transaction: lease-fenced
 //! completion, effect records), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
@@ -48,6 +48,7 @@ mod handler_tx;
 mod leader;
 mod lease;
 mod maintenance;
+mod migrations;
 mod partition;
 mod partition_limits;
 mod progress;
@@ -77,6 +78,7 @@ pub use handler_tx::*;
 pub use leader::*;
 pub use lease::*;
 pub use maintenance::*;
+pub use migrations::*;
 pub use partition::*;
 pub use partition_limits::*;
 pub use progress::*;
@@ -259,6 +261,8 @@ macro_rules! conformance_tests {
             bad_inputs_get_clear_errors_and_change_nothing,
             bad_urls_and_missing_schema_are_clear_errors,
             concurrent_migrations_are_safe,
+            an_applications_diesel_migrations_fool_no_schema_check_and_are_left_alone,
+            rows_in_diesels_table_move_once_under_concurrent_starts,
             list_pages_and_filters_and_counts,
             database_clock_is_used_when_no_time_is_bound,
             corrupt_rows_go_dead_and_the_batch_goes_on,

@@ -534,7 +534,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     exec_sql(&t.store, down).await.unwrap();
     exec_sql(
         &t.store,
-        "DELETE FROM __diesel_schema_migrations \
+        "DELETE FROM jobvisor_schema_migrations \
          WHERE version IN ('20261124000007', '20261125000008', '20261126000009', \
                            '20261127000010', '20261128000011', '20261129000012', \
                            '20261130000013', '20261201000014', '20261202000015', \

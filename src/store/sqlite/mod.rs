@@ -30,7 +30,7 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use super::batch::{
     batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
@@ -255,8 +255,7 @@ pub(crate) fn run_migrations(
         "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL;"
     ))?;
     conn.exclusive_transaction(|c| -> std::result::Result<(), super::embedded::BoxError> {
-        c.run_pending_migrations(MIGRATIONS)?;
-        Ok(())
+        super::embedded::run_pending(c, MIGRATIONS)
     })
 }
 
