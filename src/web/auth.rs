@@ -3,8 +3,10 @@
 //! * Authentication, in order: no authentication (loopback clients only), the embedding
 //!   application's authorizer, a session cookie from the login page, an `Authorization:
 //!   Bearer <token>` header (scripts). Tokens are compared in constant time.
-//! * Sessions live in this process's memory (a restart logs everyone out): a random id in an
-//!   `HttpOnly`, `SameSite=Strict` cookie (`Secure` over HTTPS), 12 hours.
+//! * Sessions live in the memory of the one [`Dashboard`](super::Dashboard), shared by every
+//!   worker of the server (a restart logs everyone out; a logout on any worker revokes the
+//!   session on all): a random id in an `HttpOnly`, `SameSite=Strict` cookie (`Secure` over
+//!   HTTPS), 12 hours, at most 10,000 sessions (the oldest dropped first).
 //! * CSRF: a random token in a cookie of its own, repeated in a hidden field of every form;
 //!   a POST whose field does not match the cookie is refused. Requests authenticated by a
 //!   bearer header carry no ambient credential and need none.
@@ -76,15 +78,19 @@ fn random_token() -> String {
     )
 }
 
-/// The logins of this process.
+/// The logins of one [`Dashboard`](super::Dashboard), shared by every worker of the server
+/// that mounts it: at most [`MAX_SESSIONS`], each for [`SESSION_TTL`].
 #[derive(Default)]
 pub(crate) struct Sessions(Mutex<HashMap<String, (Access, Instant)>>);
 
 impl Sessions {
     fn create(&self, access: Access) -> String {
+        self.create_at(access, Instant::now())
+    }
+
+    fn create_at(&self, access: Access, now: Instant) -> String {
         let id = random_token();
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
         map.retain(|_, (_, at)| now.duration_since(*at) < SESSION_TTL);
         if map.len() >= MAX_SESSIONS {
             if let Some(oldest) = map
@@ -100,9 +106,13 @@ impl Sessions {
     }
 
     fn get(&self, id: &str) -> Option<Access> {
+        self.get_at(id, Instant::now())
+    }
+
+    fn get_at(&self, id: &str, now: Instant) -> Option<Access> {
         let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.get(id)
-            .filter(|(_, at)| at.elapsed() < SESSION_TTL)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < SESSION_TTL)
             .map(|(a, _)| *a)
     }
 
@@ -396,4 +406,43 @@ pub(crate) async fn logout(
 /// The hidden CSRF field of a form.
 pub(crate) fn csrf_field(ctx: &Ctx) -> maud::Markup {
     html! { input type="hidden" name="csrf" value=(ctx.csrf); }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_ends_after_its_time() {
+        let s = Sessions::default();
+        let t0 = Instant::now();
+        let id = s.create_at(Access::Full, t0);
+        assert_eq!(s.get_at(&id, t0 + SESSION_TTL / 2), Some(Access::Full));
+        assert_eq!(s.get_at(&id, t0 + SESSION_TTL), None);
+    }
+
+    #[test]
+    fn sessions_are_bounded_in_number_the_oldest_dropped() {
+        let s = Sessions::default();
+        let t0 = Instant::now();
+        let first = s.create_at(Access::Full, t0);
+        let second = s.create_at(Access::Full, t0 + Duration::from_millis(1));
+        for i in 2..=MAX_SESSIONS {
+            s.create_at(Access::Full, t0 + Duration::from_millis(i as u64));
+        }
+        let n = s.0.lock().unwrap().len();
+        assert_eq!(n, MAX_SESSIONS);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(s.get_at(&first, later), None, "the oldest was dropped");
+        assert_eq!(s.get_at(&second, later), Some(Access::Full));
+    }
+
+    #[test]
+    fn a_logout_ends_the_session() {
+        let s = Sessions::default();
+        let id = s.create(Access::ReadOnly);
+        assert_eq!(s.get(&id), Some(Access::ReadOnly));
+        s.remove(&id);
+        assert_eq!(s.get(&id), None);
+    }
 }

@@ -4,16 +4,23 @@
 //! ```no_run
 //! # async fn demo(client: jobvisor::Client) -> std::io::Result<()> {
 //! use actix_web::{App, HttpServer};
-//! use jobvisor::web::{dashboard, DashboardConfig};
+//! use jobvisor::web::{Dashboard, DashboardConfig};
 //!
 //! let config = DashboardConfig::with_token(std::env::var("DASHBOARD_TOKEN").unwrap_or_default())
 //!     .expect("a token of at least 16 characters");
-//! HttpServer::new(move || App::new().service(dashboard("/jobs", client.clone(), config.clone())))
+//! // Built once, outside the factory: every worker of the server shares its logins.
+//! let dashboard = Dashboard::new("/jobs", client, config);
+//! HttpServer::new(move || App::new().service(dashboard.service()))
 //!     .bind("127.0.0.1:8080")?
 //!     .run()
 //!     .await
 //! # }
 //! ```
+//!
+//! The server above runs actix-web's default number of workers (one per core), each
+//! answering any connection: the [`Dashboard`] holds the logins for all of them, so it is
+//! built once, before `HttpServer::new`, and cloned into the factory (a clone shares them).
+//! Building it inside the factory would give each worker logins of its own; it panics there.
 //!
 //! Pages are rendered on the server (maud: every value escaped); the stylesheet and one small
 //! script (polling for live pages) are compiled into the binary and served under
@@ -289,26 +296,84 @@ impl State {
 
 pub(crate) type Data = web::Data<State>;
 
-/// The dashboard as an actix-web service, its pages under `prefix` (`"/jobs"`, or `""` for
-/// the root): `App::new().service(dashboard("/jobs", client, config))`.
-pub fn dashboard(prefix: &str, client: Client, config: DashboardConfig) -> actix_web::Scope {
-    let prefix = prefix.trim_end_matches('/').to_string();
-    let state = web::Data::new(State {
-        client: client.clone(),
-        config,
-        prefix: prefix.clone(),
-        sessions: Sessions::default(),
-        gauges: Arc::new(tokio::sync::Mutex::new(
-            crate::metrics::DatabaseGauges::new(
-                client.store().clone(),
-                format!("jobvisor-dashboard-{}", std::process::id()),
-                GAUGES_EVERY,
-            )
-            .ok(),
-        )),
-    });
-    web::scope(&prefix)
-        .app_data(state)
+/// The dashboard: its configuration and the logins of every worker of the server that
+/// mounts it. Build it **once**, before `HttpServer::new`, and mount a clone in each
+/// worker's app with [`service`](Dashboard::service); clones share the logins, so a login
+/// on one worker holds on every other and a logout revokes it everywhere.
+///
+/// ```no_run
+/// # async fn demo(client: jobvisor::Client) -> std::io::Result<()> {
+/// use jobvisor::web::{Dashboard, DashboardConfig};
+/// let dashboard = Dashboard::new("/jobs", client, DashboardConfig::without_auth());
+/// actix_web::HttpServer::new(move || actix_web::App::new().service(dashboard.service()))
+///     .bind("127.0.0.1:8080")?
+///     .run()
+///     .await
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Dashboard {
+    state: Data,
+}
+
+impl std::fmt::Debug for Dashboard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dashboard")
+            .field("prefix", &self.state.prefix)
+            .field("config", &self.state.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name actix-server gives its worker threads, where a [`Dashboard`] must not be built.
+const WORKER_THREAD: &str = "actix-server worker";
+
+impl Dashboard {
+    /// The dashboard with its pages under `prefix` (`"/jobs"`, or `""` for the root).
+    ///
+    /// # Panics
+    /// On an actix-server worker thread (inside `HttpServer::new`'s factory): each worker
+    /// would have logins of its own, and a login would hold on one worker only.
+    pub fn new(prefix: &str, client: Client, config: DashboardConfig) -> Dashboard {
+        if let Some(name) = std::thread::current().name() {
+            assert!(
+                !name.starts_with(WORKER_THREAD),
+                "jobvisor::web::Dashboard::new called on {name:?}, inside HttpServer::new's \
+                 factory: each worker would keep logins of its own. Build the Dashboard once \
+                 before HttpServer::new and clone it into the factory"
+            );
+        }
+        let prefix = prefix.trim_end_matches('/').to_string();
+        let state = web::Data::new(State {
+            client: client.clone(),
+            config,
+            prefix,
+            sessions: Sessions::default(),
+            gauges: Arc::new(tokio::sync::Mutex::new(
+                crate::metrics::DatabaseGauges::new(
+                    client.store().clone(),
+                    format!("jobvisor-dashboard-{}", std::process::id()),
+                    GAUGES_EVERY,
+                )
+                .ok(),
+            )),
+        });
+        Dashboard { state }
+    }
+
+    /// The dashboard as an actix-web service for one worker's app:
+    /// `App::new().service(dashboard.service())`. Every service of one `Dashboard` (and of
+    /// its clones) shares the same logins.
+    pub fn service(&self) -> actix_web::Scope {
+        let state = self.state.clone();
+        let prefix = state.prefix.clone();
+        routes(web::scope(&prefix).app_data(state))
+    }
+}
+
+/// Every route of the dashboard, on `scope`.
+fn routes(scope: actix_web::Scope) -> actix_web::Scope {
+    scope
         .app_data(
             web::FormConfig::default()
                 .limit(64 * 1024)

@@ -17,7 +17,7 @@ use actix_web::App;
 use jobvisor::testing::{
     ClaimParams, Finalize, FinalizeParams, LeaseToken, StoreEngine as _, TestDb,
 };
-use jobvisor::web::{dashboard, Access, DashboardConfig};
+use jobvisor::web::{Access, Dashboard, DashboardConfig};
 use jobvisor::{Backend, Client, JobFailure, JobId, JobState, NewJob, NodeId};
 use serde_json::json;
 
@@ -189,7 +189,10 @@ where
 
 macro_rules! app {
     ($client:expr, $cfg:expr) => {
-        test::init_service(App::new().service(dashboard("/d", $client.clone(), $cfg))).await
+        test::init_service(
+            App::new().service(Dashboard::new("/d", $client.clone(), $cfg).service()),
+        )
+        .await
     };
 }
 
@@ -718,3 +721,28 @@ on_every_backend!(
     dead_letters_group_in_sql,
     schedules_show_recent_fires,
 );
+
+/// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins
+/// of its own per worker: it refuses, loudly.
+#[actix_web::test]
+async fn a_dashboard_built_on_a_server_worker_panics() {
+    let db = TestDb::create(Backend::Sqlite).await;
+    let client = Client::new(db.store().await);
+    let on_worker = std::thread::Builder::new()
+        .name("actix-server worker 3".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Dashboard::new("/d", client, cfg())
+                }))
+                .is_err()
+            })
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(on_worker, "Dashboard::new on a worker thread did not panic");
+}
