@@ -693,6 +693,9 @@ async fn fresh_request(
 /// session on every worker.
 async fn one_login_serves_every_worker(b: &Browser, base: &str, prefix: &str, workers: usize) {
     let root = format!("{base}{prefix}");
+    // Cookies are per host, not per port: the other server's would be sent along.
+    b.goto(&format!("{root}/login")).await.unwrap();
+    b.delete_all_cookies().await.unwrap();
     login(b, &root).await;
     let pages = ["/", "/jobs", "/dead", "/queues", "/schedules", "/nodes"];
     for i in 0..100 {

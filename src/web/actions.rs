@@ -64,7 +64,7 @@ pub(crate) async fn job(
     path: web::Path<(String, String)>,
     form: web::Form<JobForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -216,7 +216,7 @@ pub(crate) async fn bulk_preview(
     req: HttpRequest,
     form: web::Query<BulkForm>,
 ) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -260,7 +260,7 @@ pub(crate) async fn bulk_preview(
 }
 
 pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm>) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -337,7 +337,7 @@ pub(crate) async fn dead_retry(
     req: HttpRequest,
     form: web::Form<DeadForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -428,7 +428,7 @@ pub(crate) async fn queue(
     path: web::Path<String>,
     form: web::Form<QueueForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -497,7 +497,7 @@ pub(crate) async fn schedule(
     path: web::Path<String>,
     form: web::Form<ScheduleForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };

@@ -102,6 +102,7 @@ pub(crate) fn plain_error(status: StatusCode, message: &str) -> HttpResponse {
 pub(crate) fn login(
     state: &Data,
     ctx: &Ctx,
+    next: &str,
     error: Option<&str>,
     status: StatusCode,
 ) -> HttpResponse {
@@ -117,6 +118,7 @@ pub(crate) fn login(
                         @if let Some(e) = error { p.flash.bad #login-error { (e) } }
                         form method="post" action=(state.url("/login")) {
                             (csrf_field(ctx))
+                            input type="hidden" name="next" value=(next);
                             label for="token" { "Token" }
                             input #token type="password" name="token" autocomplete="current-password" required;
                             button #login type="submit" { "Log in" }

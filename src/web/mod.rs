@@ -30,7 +30,8 @@
 //!
 //! Security by default: a login (a token from the configuration) or the embedding
 //! application's own authorizer is required; authentication can be turned off only for
-//! requests from a loopback address. Cookies are `HttpOnly`, `SameSite=Strict`, and `Secure`
+//! requests from a loopback address for a loopback `Host` name. Failed logins are slowed per
+//! client address and in all, and logged. Cookies are `HttpOnly`, `SameSite=Strict`, and `Secure`
 //! over HTTPS; every action is a POST carrying a CSRF token; the Content-Security-Policy
 //! allows no inline script or style; a read-only mode (or a read-only login) shows no
 //! actions and refuses them. Database URLs and lease tokens are never rendered.
@@ -44,6 +45,7 @@ mod auth;
 mod chart;
 mod layout;
 mod pages;
+mod throttle;
 
 use std::sync::Arc;
 
@@ -179,7 +181,8 @@ impl DashboardConfig {
     }
 
     /// No authentication — answered only to requests from a loopback address (127.0.0.0/8,
-    /// `::1`); any other client is refused. The CLI refuses to listen on another address
+    /// `::1`) whose `Host` is `localhost`, `127.0.0.1` or `[::1]` (any port) and that no
+    /// proxy forwarded; any other request is refused. The CLI refuses to listen on another address
     /// in this mode.
     pub fn without_auth() -> Self {
         DashboardConfig {
@@ -282,6 +285,8 @@ pub(crate) struct State {
     /// The mount prefix, without a trailing slash ("" at the root).
     pub(crate) prefix: String,
     pub(crate) sessions: Sessions,
+    /// Failed logins and bearer tokens, per client address and in all.
+    pub(crate) throttle: throttle::Throttle,
     /// Takes the database gauges' turn when their snapshot is stale (at most one refresh
     /// at a time, in the background): the overview's estimates on big tables.
     pub(crate) gauges: Arc<tokio::sync::Mutex<Option<crate::metrics::DatabaseGauges>>>,
@@ -349,6 +354,7 @@ impl Dashboard {
             config,
             prefix,
             sessions: Sessions::default(),
+            throttle: throttle::Throttle::default(),
             gauges: Arc::new(tokio::sync::Mutex::new(
                 crate::metrics::DatabaseGauges::new(
                     client.store().clone(),

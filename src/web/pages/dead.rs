@@ -21,7 +21,7 @@ use crate::store::MAX_DEAD_GROUPS;
 pub(crate) const DEAD_EXACT: i64 = 10_000;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };

@@ -29,7 +29,7 @@ pub(crate) fn parse_id(s: &str) -> Result<JobId> {
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest, path: web::Path<String>) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };

@@ -126,7 +126,7 @@ pub(crate) async fn page(
     req: HttpRequest,
     form: web::Query<FilterForm>,
 ) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };

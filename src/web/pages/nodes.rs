@@ -21,7 +21,7 @@ use crate::store::ListParams;
 const RUNNING_SCAN: u32 = 1000;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };

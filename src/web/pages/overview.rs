@@ -93,7 +93,7 @@ pub(crate) async fn counts(state: &Data) -> Result<(Counts, Vec<QueueLag>, Optio
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };

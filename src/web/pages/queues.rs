@@ -36,7 +36,7 @@ pub(crate) fn limits_text(l: &QueueLimits) -> String {
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };

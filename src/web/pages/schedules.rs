@@ -18,7 +18,7 @@ use crate::job::Job;
 pub(crate) const RECENT_FIRES: i64 = 5;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
