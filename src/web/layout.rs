@@ -240,3 +240,80 @@ pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
 pub(crate) fn flash(good: bool, text: &str) -> Markup {
     html! { p.flash.(if good { "good" } else { "bad" }) #flash { (text) } }
 }
+
+/// Why due jobs wait, in words.
+pub(crate) fn unserved_reason(r: crate::UnservedReason) -> &'static str {
+    match r {
+        crate::UnservedReason::NoNodeServesQueue => "no live node serves the queue",
+        crate::UnservedReason::NoNodeHasKind => {
+            "no live node serving the queue has a handler for the kind"
+        }
+    }
+}
+
+/// A schedule's missed-fire policy, in words.
+pub(crate) fn missed_text(m: crate::MissedFires) -> String {
+    match m {
+        crate::MissedFires::Latest => "run the latest missed fire once".to_string(),
+        crate::MissedFires::All { max } => format!("run every missed fire (at most {max})"),
+        crate::MissedFires::Skip => "skip missed fires".to_string(),
+    }
+}
+
+/// A duration for people: `500 ms`, `30 s`, `2 min 5 s`, `1 h 30 min`.
+pub(crate) fn duration_text(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    let s = d.as_secs();
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if s < 60 {
+        if ms.is_multiple_of(1000) {
+            format!("{s} s")
+        } else {
+            format!("{:.1} s", d.as_secs_f64())
+        }
+    } else if s < 3600 {
+        match s % 60 {
+            0 => format!("{} min", s / 60),
+            r => format!("{} min {r} s", s / 60),
+        }
+    } else {
+        match (s % 3600) / 60 {
+            0 => format!("{} h", s / 3600),
+            m => format!("{} h {m} min", s / 3600),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_words() {
+        use std::time::Duration;
+        assert_eq!(duration_text(Duration::from_millis(500)), "500 ms");
+        assert_eq!(duration_text(Duration::from_secs(30)), "30 s");
+        assert_eq!(duration_text(Duration::from_millis(1500)), "1.5 s");
+        assert_eq!(duration_text(Duration::from_secs(125)), "2 min 5 s");
+        assert_eq!(duration_text(Duration::from_secs(1800)), "30 min");
+        assert_eq!(duration_text(Duration::from_secs(5400)), "1 h 30 min");
+    }
+
+    #[test]
+    fn no_debug_names_in_words() {
+        let all = [
+            unserved_reason(crate::UnservedReason::NoNodeServesQueue).to_string(),
+            unserved_reason(crate::UnservedReason::NoNodeHasKind).to_string(),
+            missed_text(crate::MissedFires::All { max: 1000 }),
+            missed_text(crate::MissedFires::Latest),
+            missed_text(crate::MissedFires::Skip),
+        ];
+        for w in all {
+            assert!(
+                !w.contains('{') && !w.chars().any(|c| c.is_ascii_uppercase()),
+                "{w}"
+            );
+        }
+    }
+}

@@ -353,3 +353,42 @@ async fn token_guessing_is_throttled_while_the_right_token_works() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// A queue that only holds jobs (no node serves it, no settings stored) is listed on the
+/// Queues page and can be paused from it: an operator can stop it while its workers are
+/// down.
+pub(crate) async fn a_queue_with_only_jobs_is_listed_and_can_be_paused(b: Backend) {
+    let e = env(b).await;
+    for i in 0..3 {
+        e.client
+            .enqueue(NewJob::new("charge", json!({ "i": i })).queue("billing"))
+            .await
+            .unwrap();
+    }
+    let app = app!(e.client, cfg());
+    let (cookie, csrf) = login(&app, TOKEN).await;
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/queues")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(r.body.contains("data-queue=\"billing\""), "{}", r.body);
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri("/d/queues/pause")
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([("queue", "billing"), ("csrf", csrf.as_str())]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(e
+        .client
+        .queue("billing")
+        .await
+        .unwrap()
+        .unwrap()
+        .is_paused());
+}

@@ -85,7 +85,7 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job) -> HttpResponse
             dt { "attempts" } dd { (job.attempts) " of " (job.max_attempts)
                 @if job.refunds > 0 { " (" (job.refunds) " given back)" } }
             dt { "run at" } dd { (ts(job.run_at)) " (" (age(now, job.run_at)) ")" }
-            dt { "timeout" } dd { (format!("{:?}", job.timeout))
+            dt { "timeout" } dd { (super::super::layout::duration_text(job.timeout))
                 @if let Some(t) = job.timeout_at { ", deadline " (ts(t)) } }
             dt { "lease owner" } dd #lease-owner { @if let Some(l) = &job.lease { (l.owner) } @else { "—" } }
             dt { "lease expires" } dd { @if let Some(l) = &job.lease { (ts(l.expires_at)) " (" (age(now, l.expires_at)) ")" } @else { "—" } }

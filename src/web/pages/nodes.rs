@@ -97,7 +97,7 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
             table #unserved {
                 thead { tr { th { "queue" } th { "kind" } th.num { "jobs" } th { "why" } } }
                 tbody { @for u in &unserved { tr {
-                    td { (u.queue) } td { (u.kind) } td.num { (u.jobs) } td { (format!("{:?}", u.reason)) }
+                    td { (u.queue) } td { (u.kind) } td.num { (u.jobs) } td { (super::super::layout::unserved_reason(u.reason)) }
                 } } }
             }
         }

@@ -75,7 +75,7 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
                                 }
                             }
                         }
-                        td { (format!("{:?}", s.missed)) }
+                        td { (super::super::layout::missed_text(s.missed)) }
                         td {
                             @if s.retired_at.is_some() { "retired" }
                             @else if s.paused_at.is_some() { "paused" }
