@@ -579,6 +579,50 @@ async fn small_run(backend: Backend) {
     assert!(text(&b, "#errors").await.contains("card declined"));
     shot(&b, backend, "run-job").await;
 
+    // An error page: styled, with the navigation and a way to log in.
+    b.goto(&format!("{base}/jobs/999999999")).await.unwrap();
+    assert!(text(&b, "#error-message").await.contains("not found"));
+    b.find(Locator::Css("header nav a[href='/ops/dead']"))
+        .await
+        .unwrap();
+    b.find(Locator::Css("#error-login")).await.unwrap();
+    shot(&b, backend, "error").await;
+
+    // At 420 px (a phone) no page scrolls sideways; an empty list says so.
+    b.set_window_size(420, 900).await.unwrap();
+    for page in [
+        "/".to_string(),
+        "/jobs".to_string(),
+        format!("/jobs/{}", declined.0),
+        "/dead".to_string(),
+        "/queues".to_string(),
+        "/schedules".to_string(),
+        "/nodes".to_string(),
+        "/jobs?queue=nothing-here".to_string(),
+    ] {
+        b.goto(&format!("{base}{page}")).await.unwrap();
+        b.wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css("#main"))
+            .await
+            .unwrap();
+        let wide = b
+            .execute(
+                "return [document.documentElement.scrollWidth, window.innerWidth];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let (scroll, inner) = (wide[0].as_i64().unwrap(), wide[1].as_i64().unwrap());
+        assert!(
+            scroll <= inner,
+            "{page} scrolls sideways at 420 px: {scroll} > {inner}"
+        );
+        let name = format!("narrow{}", page.replace(['/', '?', '=', '&'], "-"));
+        shot(&b, backend, &name).await;
+    }
+    b.set_window_size(1280, 1000).await.unwrap();
+
     b.close().await.unwrap();
     drop(driver);
     server.stop(true).await;

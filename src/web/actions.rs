@@ -180,7 +180,7 @@ pub(crate) async fn job(
         Ok::<_, Error>(done(&state, &req, &ctx, status, &text, &back))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// What a bulk action does.
@@ -318,6 +318,7 @@ pub(crate) async fn bulk_preview(
             &state,
             &req,
             super::layout::plain_error(
+                &req,
                 StatusCode::FORBIDDEN,
                 "read-only: this dashboard does not allow actions",
             ),
@@ -350,7 +351,7 @@ pub(crate) async fn bulk_preview(
         Ok::<_, Error>(shell(&state, &req, &ctx, &format!("Bulk {}: preview", b.verb()), false, StatusCode::OK, body))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm>) -> HttpResponse {
@@ -413,7 +414,7 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
         Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &back))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// A dead-letter group's retry.
@@ -479,7 +480,7 @@ pub(crate) async fn dead_retry(
         Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &state.url("/dead")))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// A queue action's form.
@@ -590,7 +591,7 @@ pub(crate) async fn queue(
         ))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// A schedule action's form.
@@ -643,5 +644,5 @@ pub(crate) async fn schedule(
         ))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }

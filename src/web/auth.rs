@@ -263,6 +263,7 @@ fn same_origin(req: &HttpRequest) -> Result<(), HttpResponse> {
     let refuse = |why: String| {
         tracing::warn!(client = ?req.peer_addr().map(|a| a.ip()), path = %req.path(), "dashboard: a cross-site POST refused ({why})");
         Err(layout::plain_error(
+            req,
             StatusCode::FORBIDDEN,
             &format!(
                 "a request from another site is refused ({why}): act from the dashboard's own pages"
@@ -316,6 +317,7 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
         let loopback = peer.is_some_and(|a| a.is_loopback());
         if !loopback {
             return Err(layout::plain_error(
+                req,
                 StatusCode::FORBIDDEN,
                 "authentication is off: the dashboard answers only loopback clients",
             ));
@@ -323,6 +325,7 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
         let host = host_of(req).unwrap_or_default();
         if !loopback_host(&host) {
             return Err(layout::plain_error(
+                req,
                 StatusCode::FORBIDDEN,
                 "authentication is off: the dashboard answers only requests for localhost, \
                  127.0.0.1 or [::1] (another Host name may be a page rebinding its name to \
@@ -332,6 +335,7 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
         if req.headers().contains_key("forwarded") || req.headers().contains_key("x-forwarded-for")
         {
             return Err(layout::plain_error(
+                req,
                 StatusCode::FORBIDDEN,
                 "authentication is off: the dashboard does not answer requests forwarded by a \
                  proxy (every client would look local); set a token to serve behind one",
@@ -379,7 +383,7 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
                 ))
                 .finish()
         } else {
-            layout::plain_error(StatusCode::UNAUTHORIZED, "log in first")
+            layout::plain_error(req, StatusCode::UNAUTHORIZED, "log in first")
         });
     };
     if cfg.read_only {
@@ -406,6 +410,7 @@ async fn checked_token(
             let secs = wait.as_secs() + 1;
             tracing::warn!(client = ?peer, kind = what, "dashboard: a login refused unchecked: too many failures");
             let mut resp = layout::plain_error(
+                req,
                 StatusCode::TOO_MANY_REQUESTS,
                 &format!("too many failed logins: try again in {secs} s"),
             );
@@ -474,6 +479,7 @@ pub(crate) async fn authorize_action(
         };
         if !ok {
             return Err(layout::plain_error(
+                req,
                 StatusCode::FORBIDDEN,
                 "the form's CSRF token is missing or does not match: reload the page and try again",
             ));
@@ -481,6 +487,7 @@ pub(crate) async fn authorize_action(
     }
     if !ctx.can_act() {
         return Err(layout::plain_error(
+            req,
             StatusCode::FORBIDDEN,
             "read-only: this dashboard does not allow actions",
         ));
@@ -629,6 +636,7 @@ pub(crate) async fn logout(
     let ok = matches!((expected, form.csrf.as_deref()), (Some(c), Some(f)) if ct_eq(c.as_bytes(), f.as_bytes()));
     if !ok {
         return layout::plain_error(
+            &req,
             StatusCode::FORBIDDEN,
             "the form's CSRF token does not match",
         );

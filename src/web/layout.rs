@@ -81,22 +81,53 @@ fn head(title: &str, css_url: &str) -> Markup {
     }
 }
 
-/// A standalone error page (no navigation: it may answer an unauthenticated request).
-pub(crate) fn plain_error(status: StatusCode, message: &str) -> HttpResponse {
+/// An error page, styled, with the navigation and a link to log in (it may answer an
+/// unauthenticated request: it shows nothing but the message).
+pub(crate) fn plain_error(req: &HttpRequest, status: StatusCode, message: &str) -> HttpResponse {
+    let prefix = req
+        .app_data::<Data>()
+        .map(|s| s.prefix.clone())
+        .unwrap_or_default();
+    let url = |rest: &str| format!("{prefix}{rest}");
     html_response(
         status,
         html! {
             (DOCTYPE)
             html lang="en" {
-                head { meta charset="utf-8"; title { "error · jobvisor" } }
-                body {
-                    h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
-                    p #error-message { (message) }
+                (head("error", &url("/assets/dashboard.css")))
+                body.error {
+                    header {
+                        span.brand { "jobvisor" }
+                        nav {
+                            @for (path, name) in NAV {
+                                a href=(url(path)) { (name) }
+                            }
+                        }
+                    }
+                    main #main {
+                        h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+                        p.flash.bad #error-message { (message) }
+                        p {
+                            a #error-back href=(url("/")) { "Overview" }
+                            " · "
+                            a #error-login href=(url("/login")) { "Log in" }
+                        }
+                    }
                 }
             }
         },
     )
 }
+
+/// The navigation: each view's path under the prefix and its name.
+const NAV: [(&str, &str); 6] = [
+    ("/", "Overview"),
+    ("/jobs", "Jobs"),
+    ("/dead", "Dead letters"),
+    ("/queues", "Queues"),
+    ("/schedules", "Schedules"),
+    ("/nodes", "Nodes"),
+];
 
 /// The login page.
 pub(crate) fn login(
@@ -141,14 +172,7 @@ pub(crate) fn shell(
     status: StatusCode,
     body: Markup,
 ) -> HttpResponse {
-    let nav = [
-        ("/", "Overview"),
-        ("/jobs", "Jobs"),
-        ("/dead", "Dead letters"),
-        ("/queues", "Queues"),
-        ("/schedules", "Schedules"),
-        ("/nodes", "Nodes"),
-    ];
+    let nav = NAV;
     let markup = html! {
         (DOCTYPE)
         html lang="en" {

@@ -383,18 +383,22 @@ fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .app_data(
             web::FormConfig::default()
                 .limit(64 * 1024)
-                .error_handler(|e, _| {
+                .error_handler(|e, req| {
                     actix_web::error::InternalError::from_response(
                         "",
-                        layout::plain_error(StatusCode::BAD_REQUEST, &format!("bad form: {e}")),
+                        layout::plain_error(
+                            req,
+                            StatusCode::BAD_REQUEST,
+                            &format!("bad form: {e}"),
+                        ),
                     )
                     .into()
                 }),
         )
-        .app_data(web::QueryConfig::default().error_handler(|e, _| {
+        .app_data(web::QueryConfig::default().error_handler(|e, req| {
             actix_web::error::InternalError::from_response(
                 "",
-                layout::plain_error(StatusCode::BAD_REQUEST, &format!("bad filter: {e}")),
+                layout::plain_error(req, StatusCode::BAD_REQUEST, &format!("bad filter: {e}")),
             )
             .into()
         }))
@@ -420,12 +424,12 @@ fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .default_service(web::to(not_found))
 }
 
-async fn not_found() -> HttpResponse {
-    layout::plain_error(StatusCode::NOT_FOUND, "no such page")
+async fn not_found(req: HttpRequest) -> HttpResponse {
+    layout::plain_error(&req, StatusCode::NOT_FOUND, "no such page")
 }
 
 /// An error as a page: a clear message, never a stack trace, never a database URL.
-pub(crate) fn error_response(e: &Error) -> HttpResponse {
+pub(crate) fn error_response(req: &HttpRequest, e: &Error) -> HttpResponse {
     let (status, message) = match e {
         Error::NotFound { .. } => (StatusCode::NOT_FOUND, e.to_string()),
         Error::InvalidInput { .. } | Error::Config { .. } => {
@@ -441,5 +445,5 @@ pub(crate) fn error_response(e: &Error) -> HttpResponse {
             )
         }
     };
-    layout::plain_error(status, &message)
+    layout::plain_error(req, status, &message)
 }

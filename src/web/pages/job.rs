@@ -41,7 +41,7 @@ pub(crate) async fn page(state: Data, req: HttpRequest, path: web::Path<String>)
     .await;
     match out {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 

@@ -132,7 +132,7 @@ pub(crate) async fn page(
     };
     match render(&state, &req, &ctx, &form).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 

@@ -46,7 +46,7 @@ pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
     };
     match render(&state, &req, &ctx).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 
