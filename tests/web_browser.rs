@@ -288,6 +288,44 @@ async fn operator_path(backend: Backend) {
     until_text(&b, "#nodes", |t| t.contains("send_mail")).await;
     shot(&b, backend, "overview").await;
 
+    // On a live page, text typed into a filter and not submitted survives the refreshes.
+    b.goto(&format!("{base}/jobs?state=pending")).await.unwrap();
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#live.on"))
+        .await
+        .unwrap();
+    let kind = b.find(Locator::Css("input[name=kind]")).await.unwrap();
+    kind.send_keys("typed-not-sent").await.unwrap();
+    // Focus elsewhere, so the page refreshes meanwhile.
+    b.execute(
+        "document.activeElement.blur(); window.__before = document.getElementById('main');",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while b
+        .execute(
+            "return window.__before === document.getElementById('main');",
+            vec![],
+        )
+        .await
+        .unwrap()
+        == json!(true)
+    {
+        assert!(Instant::now() < deadline, "the jobs page never refreshed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = b
+        .execute(
+            "return document.querySelector('input[name=kind]').value;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept, json!("typed-not-sent"), "a refresh wiped typed input");
+
     // Find the dead job in the dead letters, open it, retry it, watch it succeed live.
     b.goto(&format!("{base}/dead")).await.unwrap();
     let groups = text(&b, "#dead-groups").await;
@@ -427,6 +465,21 @@ async fn operator_path(backend: Backend) {
     b.goto(&format!("{ro_base}/nodes")).await.unwrap();
     until_text(&b, "#node-table", |t| t.contains("send_mail")).await;
     shot(&b, backend, "nodes").await;
+
+    // A live page whose session is lost says so, with a way back in.
+    b.delete_cookie("jobvisor_session").await.unwrap();
+    let expired = until_text(&b, "#session-expired", |t| t.contains("log in")).await;
+    assert!(expired.starts_with("Session expired"), "{expired}");
+    let href = b
+        .find(Locator::Css("#session-expired a"))
+        .await
+        .unwrap()
+        .attr("href")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(href.starts_with("/ops/login?next="), "{href}");
+    shot(&b, backend, "session-expired").await;
 
     b.close().await.unwrap();
     drop(driver);

@@ -177,7 +177,7 @@ pub(crate) fn shell(
         (DOCTYPE)
         html lang="en" {
             (head(title, &state.url("/assets/dashboard.css")))
-            body data-live=(if live { "1" } else { "0" }) {
+            body data-live=(if live { "1" } else { "0" }) data-login=(state.url("/login")) {
                 header {
                     span.brand { "jobvisor" }
                     nav {
