@@ -1,5 +1,6 @@
 //! Every action (all POST, each authenticated, allowed to act and carrying the page's CSRF
-//! token): retry, cancel and delete a job; bulk retry or cancel by the jobs filter (after a
+//! token): retry, run now (a job scheduled for later or waiting to retry), cancel and
+//! delete a job; bulk retry or cancel by the jobs filter (after a
 //! preview with a count and a confirmation); retry a dead-letter group; pause, resume and
 //! limit a queue; pause, resume and trigger a schedule.
 //!
@@ -128,6 +129,23 @@ pub(crate) async fn job(
                     Err(e) => return Err(e),
                 }
             }
+            "run_now" => {
+                let r = state
+                    .client
+                    .store()
+                    .job_run_now(RetryParams { id, expected_version: Some(version), now: None })
+                    .await;
+                match r {
+                    Ok(Guarded::Applied(j)) => {
+                        state.client.wake(&j.queue);
+                        (StatusCode::OK, format!("job {} is due now", id.0))
+                    }
+                    Ok(Guarded::Stale | Guarded::LeaseLost) | Err(Error::InvalidTransition { .. }) => {
+                        (StatusCode::CONFLICT, stale(&state.client.get(id).await?))
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             "cancel" => {
                 let j = state.client.get(id).await?;
                 if j.version != version {
@@ -173,7 +191,7 @@ pub(crate) async fn job(
             other => {
                 return Err(Error::invalid(
                     "action",
-                    format!("{other:?} is not a job action; expected retry, cancel or delete"),
+                    format!("{other:?} is not a job action; expected retry, run_now, cancel or delete"),
                 ))
             }
         };

@@ -392,3 +392,67 @@ pub(crate) async fn a_queue_with_only_jobs_is_listed_and_can_be_paused(b: Backen
         .unwrap()
         .is_paused());
 }
+
+/// A job scheduled for later gets a "Run now" button; pressed, it is due now; pressed from
+/// a stale page, it answers like a stale cancel.
+pub(crate) async fn run_now_makes_a_scheduled_job_due(b: Backend) {
+    let e = env(b).await;
+    let later = e
+        .client
+        .enqueue(
+            NewJob::new("report", json!({}))
+                .queue("later")
+                .delay(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap()
+        .id;
+    let app = app!(e.client, cfg());
+    let (cookie, csrf) = login(&app, TOKEN).await;
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri(&format!("/d/jobs/{}", later.0))
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(r.body.contains("id=\"run_now-job\""), "{}", r.body);
+    let seen = e.client.get(later).await.unwrap();
+    let v = seen.version.to_string();
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri(&format!("/d/jobs/{}/run_now", later.0))
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([("version", v.as_str()), ("csrf", csrf.as_str())]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("due now"), "{}", r.body);
+    let now = e.client.get(later).await.unwrap();
+    assert!(now.run_at <= chrono::Utc::now(), "{:?}", now.run_at);
+    // The same page again (its version is old now): refused as stale.
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri(&format!("/d/jobs/{}/run_now", later.0))
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([("version", v.as_str()), ("csrf", csrf.as_str())]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    assert!(
+        r.body.contains("changed since this page was loaded"),
+        "{}",
+        r.body
+    );
+    // A due job shows no button.
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri(&format!("/d/jobs/{}", later.0))
+            .insert_header(("cookie", cookie)),
+    )
+    .await;
+    assert!(!r.body.contains("id=\"run_now-job\""), "{}", r.body);
+}

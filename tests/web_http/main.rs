@@ -746,6 +746,7 @@ on_every_backend!(
     the_csrf_token_is_bound_to_the_session,
     login_returns_to_the_page_asked_for,
     a_queue_with_only_jobs_is_listed_and_can_be_paused,
+    run_now_makes_a_scheduled_job_due,
 );
 
 /// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins

@@ -61,6 +61,9 @@ pub(crate) fn actions(state: &Data, ctx: &Ctx, job: &Job) -> maud::Markup {
         @if ctx.can_act() && live {
             div.actions #job-actions {
                 @if matches!(job.state, JobState::Dead | JobState::Cancelled) { (act("retry", "Retry now", "primary")) }
+                @if job.state == JobState::Retrying || (job.state == JobState::Pending && job.run_at > chrono::Utc::now()) {
+                    (act("run_now", "Run now", "primary"))
+                }
                 @if !job.state.is_terminal() { (act("cancel", "Cancel", "danger")) }
                 @if job.state.is_terminal() { (act("delete", "Delete", "danger")) }
             }
