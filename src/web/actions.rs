@@ -565,7 +565,7 @@ pub(crate) async fn queue(
         let q = form.queue.as_str();
         let text = match path.as_str() {
             "pause" => {
-                state.client.pause_queue(q, "dashboard").await?;
+                state.client.pause_queue(q, &ctx.who).await?;
                 format!("queue {q} paused: no new claims on any node")
             }
             "resume" => {

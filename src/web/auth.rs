@@ -183,6 +183,9 @@ pub(crate) struct Ctx {
     bearer: bool,
     /// `csrf` is the session's own: an action must carry exactly it.
     session_csrf: bool,
+    /// Who acts, as recorded with an action (a paused queue's `paused_by`): how the request
+    /// was let in and from which address, e.g. `dashboard login (token) from 127.0.0.1`.
+    pub(crate) who: String,
 }
 
 impl Ctx {
@@ -306,12 +309,14 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
     let (cookie_csrf, new_csrf) = csrf_of(req);
     let cfg = &state.config;
     let peer = req.peer_addr().map(|a| a.ip());
+    let from = peer.map(|a| format!(" from {a}")).unwrap_or_default();
     let mut ctx = Ctx {
         access: Access::ReadOnly,
         csrf: cookie_csrf,
         new_csrf,
         bearer: false,
         session_csrf: false,
+        who: format!("dashboard{from}"),
     };
     let access = if cfg.no_auth {
         let loopback = peer.is_some_and(|a| a.is_loopback());
@@ -341,12 +346,17 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
                  proxy (every client would look local); set a token to serve behind one",
             ));
         }
+        ctx.who = format!("dashboard without login{from}");
         Some(Access::Full)
     } else {
         let mut access = cfg.authorizer.as_ref().and_then(|a| a(req));
+        if access.is_some() {
+            ctx.who = format!("dashboard, the application's login{from}");
+        }
         if access.is_none() {
             if let Some(s) = cookie(req, SESSION_COOKIE).and_then(|id| state.sessions.get(&id)) {
                 access = Some(s.access);
+                ctx.who = format!("dashboard login ({}){from}", label(s.access));
                 ctx.csrf = s.csrf;
                 ctx.new_csrf = false;
                 ctx.session_csrf = true;
@@ -361,6 +371,9 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
             {
                 access = checked_token(state, req, token, "bearer token").await?;
                 ctx.bearer = access.is_some();
+                if let Some(a) = access {
+                    ctx.who = format!("dashboard bearer ({}){from}", label(a));
+                }
             }
         }
         access
@@ -433,6 +446,14 @@ async fn checked_token(
             tokio::time::sleep(Duration::from_millis(250)).await;
             Ok(None)
         }
+    }
+}
+
+/// Which token gave `access`, for the record.
+fn label(access: Access) -> &'static str {
+    match access {
+        Access::Full => "token",
+        Access::ReadOnly => "read-only token",
     }
 }
 
@@ -545,6 +566,7 @@ pub(crate) async fn login_page(
         new_csrf,
         bearer: false,
         session_csrf: false,
+        who: String::new(),
     };
     let next = next_page(&state, &query.next);
     let resp = layout::login(&state, &ctx, &next, None, StatusCode::OK);
@@ -566,6 +588,7 @@ pub(crate) async fn login(
         new_csrf,
         bearer: false,
         session_csrf: false,
+        who: String::new(),
     };
     let next = next_page(&state, &form.next);
     let csrf_ok = !new_csrf

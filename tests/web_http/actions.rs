@@ -318,7 +318,24 @@ pub(crate) async fn queues_pause_and_limits(b: Backend) {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    assert!(e.client.queue("busy").await.unwrap().unwrap().is_paused());
+    let q = e.client.queue("busy").await.unwrap().unwrap();
+    assert!(q.is_paused());
+    // Who paused it: the login and the address, shown on the Queues page.
+    let by = q.paused_by.clone().unwrap_or_default();
+    assert_eq!(by, "dashboard login (token) from 127.0.0.1", "{by}");
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/queues")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(
+        r.body
+            .contains(" by dashboard login (token) from 127.0.0.1"),
+        "{}",
+        r.body
+    );
     let r = call(
         &app,
         TestRequest::post()
