@@ -456,3 +456,54 @@ pub(crate) async fn run_now_makes_a_scheduled_job_due(b: Backend) {
     .await;
     assert!(!r.body.contains("id=\"run_now-job\""), "{}", r.body);
 }
+
+/// A job's page tells its story: a batch's callback lists its members (its parents), a
+/// member lists the callback (its child), each linked with its state and policy; a job
+/// without effects says so.
+pub(crate) async fn a_job_page_shows_its_parents_children_and_effects(b: Backend) {
+    let e = env(b).await;
+    let batch = e
+        .client
+        .enqueue_batch(
+            vec![
+                NewJob::new("part", json!({"n": 1})).queue("parts"),
+                NewJob::new("part", json!({"n": 2})).queue("parts"),
+            ],
+            NewJob::new("all_done", json!({})).queue("parts"),
+        )
+        .await
+        .unwrap();
+    let app = app!(e.client, cfg());
+    let (cookie, _) = login(&app, TOKEN).await;
+    let page = |id: i64| {
+        call(
+            &app,
+            TestRequest::get()
+                .uri(&format!("/d/jobs/{id}"))
+                .insert_header(("cookie", cookie.clone())),
+        )
+    };
+    let cb = batch.callback.id.0;
+    let r = page(cb).await;
+    assert!(r.body.contains("<table id=\"parents\">"), "{}", r.body);
+    for m in &batch.members {
+        assert!(
+            r.body
+                .contains(&format!("<a href=\"/d/jobs/{0}\">{0}</a>", m.id.0)),
+            "member {} linked: {}",
+            m.id.0,
+            r.body
+        );
+    }
+    assert!(r.body.contains("the child runs anyway"), "{}", r.body);
+    assert!(r.body.contains("2 parent(s)"), "{}", r.body);
+    let r = page(batch.members[0].id.0).await;
+    assert!(r.body.contains("<table id=\"children\">"), "{}", r.body);
+    assert!(
+        r.body
+            .contains(&format!("<a href=\"/d/jobs/{cb}\">{cb}</a>")),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("id=\"no-effects\""), "{}", r.body);
+}

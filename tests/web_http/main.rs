@@ -747,6 +747,7 @@ on_every_backend!(
     login_returns_to_the_page_asked_for,
     a_queue_with_only_jobs_is_listed_and_can_be_paused,
     run_now_makes_a_scheduled_job_due,
+    a_job_page_shows_its_parents_children_and_effects,
 );
 
 /// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins
