@@ -12,8 +12,7 @@ use serde_json::Value;
 use super::batch::bound;
 use super::driver::{with_tx, with_write};
 use super::expr::{
-    DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, DUE_LATER, RETRYABLE_BY_HAND, RUNNING,
-    TERMINAL,
+    DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,
 };
 use super::rows::{dur_us, from_us};
 use super::schema::{
@@ -502,6 +501,7 @@ impl Store {
     /// # Errors
     /// [`Error::NotFound`], [`Error::InvalidTransition`] from any other state (to `pending`),
     /// [`Error::InvalidInput`] for an archived job; [`Error::Database`].
+    #[cfg(any(feature = "web", feature = "test-util", test))]
     pub(crate) async fn job_run_now(&self, p: RetryParams) -> Result<Guarded<Job>> {
         let now = DbNow::new(bound(p.now));
         let Some(job) = self.job_get(p.id).await? else {
@@ -530,7 +530,7 @@ impl Store {
                 jobs::table
                     .filter(jobs::id.eq(id))
                     .filter(jobs::version.eq(version))
-                    .filter(DUE_LATER),
+                    .filter(super::expr::DUE_LATER),
             )
             .set((
                 jobs::run_at.eq(now),

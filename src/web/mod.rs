@@ -23,7 +23,8 @@
 //! Building it inside the factory would give each worker logins of its own; it panics there.
 //!
 //! Pages are rendered on the server (maud: every value escaped); the stylesheet and one small
-//! script (polling for live pages) are compiled into the binary and served under
+//! script (polling for live pages, keeping typed input, showing a lost session) are compiled
+//! into the binary and served under
 //! `<prefix>/assets/`. Every read and every action goes through the same [`Client`] and store
 //! operations as the rest of jobvisor: a retry is guarded by the version the page showed, so
 //! a stale page cannot bring back a job that moved on.
@@ -36,9 +37,9 @@
 //! allows no inline script or style; a read-only mode (or a read-only login) shows no
 //! actions and refuses them. Database URLs and lease tokens are never rendered.
 //!
-//! Files: `auth` (logins, sessions, CSRF, the access check), `layout` (the page shell and
-//! formatting), `chart` (the inline SVG chart), `actions` (every POST), `pages/` (one file
-//! per view), `assets/` (CSS and JS).
+//! Files: `auth` (logins, sessions, CSRF, the access check), `throttle` (slowing token
+//! guesses), `layout` (the page shell, error pages and formatting), `chart` (the inline SVG
+//! chart), `actions` (every POST), `pages/` (one file per view), `assets/` (CSS and JS).
 
 mod actions;
 mod auth;
