@@ -507,3 +507,41 @@ pub(crate) async fn a_job_page_shows_its_parents_children_and_effects(b: Backend
     );
     assert!(r.body.contains("id=\"no-effects\""), "{}", r.body);
 }
+
+/// The overview's chart has a time axis: every 15 minutes of the last hour (UTC), and now.
+pub(crate) async fn the_chart_has_a_time_axis(b: Backend) {
+    let e = env(b).await;
+    let app = app!(e.client, cfg());
+    let (cookie, _) = login(&app, TOKEN).await;
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/")
+            .insert_header(("cookie", cookie)),
+    )
+    .await;
+    let labels: Vec<&str> = r
+        .body
+        .split("<text class=\"axis\"")
+        .skip(1)
+        .map(|t| {
+            let t = &t[t.find('>').unwrap() + 1..];
+            &t[..t.find('<').unwrap()]
+        })
+        .collect();
+    assert_eq!(labels.len(), 5, "{labels:?}");
+    assert_eq!(labels[4], "now");
+    let first = (chrono::Utc::now() - chrono::Duration::minutes(60))
+        .format("%H:%M")
+        .to_string();
+    let first_late = (chrono::Utc::now() - chrono::Duration::minutes(61))
+        .format("%H:%M")
+        .to_string();
+    assert!(labels[0] == first || labels[0] == first_late, "{labels:?}");
+    for l in &labels[..4] {
+        assert!(
+            l.len() == 5 && l.as_bytes()[2] == b':',
+            "{l} is not HH:MM: {labels:?}"
+        );
+    }
+}

@@ -748,6 +748,7 @@ on_every_backend!(
     a_queue_with_only_jobs_is_listed_and_can_be_paused,
     run_now_makes_a_scheduled_job_due,
     a_job_page_shows_its_parents_children_and_effects,
+    the_chart_has_a_time_axis,
 );
 
 /// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins
