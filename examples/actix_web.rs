@@ -6,6 +6,7 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run --example actix_web
 //! curl -XPOST localhost:8080/signup -H 'content-type: application/json' -d '{"email":"ada@example.com"}'
 //! curl localhost:8080/jobs/1
+//! open http://127.0.0.1:8080/ops/                    # the dashboard (DASHBOARD_TOKEN to log in)
 //! cargo run --example actix_web -- --check           # in-process self-test (used by CI)
 //! ```
 //!
@@ -28,6 +29,7 @@ use diesel_async::pooled_connection::bb8::Pool;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use jobvisor::web::{Dashboard, DashboardConfig};
 use jobvisor::{
     handler_fn, Client, JobError, JobId, JobOutcome, NewJob, QueueConfig, Scheduler, Store,
     StoreOptions,
@@ -304,16 +306,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     println!("listening on http://127.0.0.1:8080 (jobs in {url})");
+    // The operator dashboard under /ops: built once, here, so that every worker of the
+    // server (actix-web's default, one per core) shares its logins. With DASHBOARD_TOKEN set
+    // it asks for that token; without, it answers only this machine (loopback, no login).
+    let config = match std::env::var("DASHBOARD_TOKEN") {
+        Ok(token) => DashboardConfig::with_token(token)?,
+        Err(_) => DashboardConfig::without_auth(),
+    };
+    let dashboard = Dashboard::new("/ops", state.jobs.clone(), config);
     let data = web::Data::new(state);
     // actix-web's server handles the signals itself: SIGTERM (what `docker stop`, Kubernetes
     // and systemd send) stops it gracefully, finishing the requests in progress; Ctrl-C
     // (SIGINT) and SIGQUIT stop it at once. Either way `run()` returns, and then the scheduler
     // stops claiming and waits for its running jobs (`shutdown_timeout`, 30 s), giving back
     // the leases of those still running.
-    HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
-        .bind(("127.0.0.1", 8080))?
-        .run()
-        .await?;
+    HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .configure(routes)
+            .service(dashboard.service())
+    })
+    .bind(("127.0.0.1", 8080))?
+    .run()
+    .await?;
     let report = scheduler.shutdown().await;
     println!(
         "stopped: {} jobs finished, {} given back",

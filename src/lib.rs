@@ -47,7 +47,7 @@
 //! * `test-util`: the `testing` module (its documented items are stable).
 //! * `cli`: the `jobvisor` operator command line (`src/bin/jobvisor/`).
 //! * `prometheus`: `metrics::install_prometheus`, a Prometheus recorder.
-//! * `web`: `web::dashboard`, the operator dashboard as an actix-web service.
+//! * `web`: `web::Dashboard`, the operator dashboard as an actix-web service.
 //! * `actix-web`: `metrics::actix_web_service`, `/metrics` for an actix-web service (implies `prometheus`).
 //!
 //! # Example

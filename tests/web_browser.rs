@@ -7,7 +7,10 @@
 //! hostile payload, kind and error render inert. A second walk watches a small, ordinary
 //! run (three queues, a schedule firing every second, a few failures): the dead letters
 //! grouped by kind and code, the schedule's recent fires linking to their jobs, a queue's
-//! pending jobs in run-time order — and takes the screenshots the README shows.
+//! pending jobs in run-time order — and takes the screenshots the README shows. A third
+//! logs in once to `jobvisor dashboard` as built (two workers) and to an embedded app with
+//! four, and works across every worker: navigations, requests on new connections, actions,
+//! then a logout that revokes the session on all of them.
 //!
 //! Screenshots of each main view go to the directory in `JOBVISOR_SCREENSHOTS` when set
 //! (CI keeps them as artifacts). A missing chromedriver fails the tests; it never skips them.
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use jobvisor::testing::TestDb;
-use jobvisor::web::{dashboard, DashboardConfig};
+use jobvisor::web::{Dashboard, DashboardConfig};
 use jobvisor::{
     handler_fn, Backend, Client, JobContext, JobError, JobId, JobOutcome, JobState, NewJob,
     QueueConfig, Schedule, Scheduler, SchedulerConfig,
@@ -156,15 +159,24 @@ async fn login(b: &Browser, base: &str) {
         .unwrap();
 }
 
-/// Serves `config` on a free loopback port: the base URL and the server's handle.
+/// Serves `config` on a free loopback port with one worker: the base URL and the server's
+/// handle.
 fn serve(client: &Client, config: DashboardConfig) -> (String, actix_web::dev::ServerHandle) {
-    let client = client.clone();
-    let server = actix_web::HttpServer::new(move || {
-        actix_web::App::new().service(dashboard("/ops", client.clone(), config.clone()))
-    })
-    .workers(1)
-    .bind(("127.0.0.1", 0))
-    .unwrap();
+    serve_on(client, config, 1)
+}
+
+/// Serves `config` with `workers` workers, the dashboard built once as the docs say.
+fn serve_on(
+    client: &Client,
+    config: DashboardConfig,
+    workers: usize,
+) -> (String, actix_web::dev::ServerHandle) {
+    let dashboard = Dashboard::new("/ops", client.clone(), config);
+    let server =
+        actix_web::HttpServer::new(move || actix_web::App::new().service(dashboard.service()))
+            .workers(workers)
+            .bind(("127.0.0.1", 0))
+            .unwrap();
     let addr = server.addrs()[0];
     let server = server.run();
     let handle = server.handle();
@@ -275,6 +287,44 @@ async fn operator_path(backend: Backend) {
     b.find(Locator::Css("svg#throughput")).await.unwrap();
     until_text(&b, "#nodes", |t| t.contains("send_mail")).await;
     shot(&b, backend, "overview").await;
+
+    // On a live page, text typed into a filter and not submitted survives the refreshes.
+    b.goto(&format!("{base}/jobs?state=pending")).await.unwrap();
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#live.on"))
+        .await
+        .unwrap();
+    let kind = b.find(Locator::Css("input[name=kind]")).await.unwrap();
+    kind.send_keys("typed-not-sent").await.unwrap();
+    // Focus elsewhere, so the page refreshes meanwhile.
+    b.execute(
+        "document.activeElement.blur(); window.__before = document.getElementById('main');",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while b
+        .execute(
+            "return window.__before === document.getElementById('main');",
+            vec![],
+        )
+        .await
+        .unwrap()
+        == json!(true)
+    {
+        assert!(Instant::now() < deadline, "the jobs page never refreshed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = b
+        .execute(
+            "return document.querySelector('input[name=kind]').value;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept, json!("typed-not-sent"), "a refresh wiped typed input");
 
     // Find the dead job in the dead letters, open it, retry it, watch it succeed live.
     b.goto(&format!("{base}/dead")).await.unwrap();
@@ -415,6 +465,21 @@ async fn operator_path(backend: Backend) {
     b.goto(&format!("{ro_base}/nodes")).await.unwrap();
     until_text(&b, "#node-table", |t| t.contains("send_mail")).await;
     shot(&b, backend, "nodes").await;
+
+    // A live page whose session is lost says so, with a way back in.
+    b.delete_cookie("jobvisor_session").await.unwrap();
+    let expired = until_text(&b, "#session-expired", |t| t.contains("log in")).await;
+    assert!(expired.starts_with("Session expired"), "{expired}");
+    let href = b
+        .find(Locator::Css("#session-expired a"))
+        .await
+        .unwrap()
+        .attr("href")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(href.starts_with("/ops/login?next="), "{href}");
+    shot(&b, backend, "session-expired").await;
 
     b.close().await.unwrap();
     drop(driver);
@@ -567,6 +632,50 @@ async fn small_run(backend: Backend) {
     assert!(text(&b, "#errors").await.contains("card declined"));
     shot(&b, backend, "run-job").await;
 
+    // An error page: styled, with the navigation and a way to log in.
+    b.goto(&format!("{base}/jobs/999999999")).await.unwrap();
+    assert!(text(&b, "#error-message").await.contains("not found"));
+    b.find(Locator::Css("header nav a[href='/ops/dead']"))
+        .await
+        .unwrap();
+    b.find(Locator::Css("#error-login")).await.unwrap();
+    shot(&b, backend, "error").await;
+
+    // At 420 px (a phone) no page scrolls sideways; an empty list says so.
+    b.set_window_size(420, 900).await.unwrap();
+    for page in [
+        "/".to_string(),
+        "/jobs".to_string(),
+        format!("/jobs/{}", declined.0),
+        "/dead".to_string(),
+        "/queues".to_string(),
+        "/schedules".to_string(),
+        "/nodes".to_string(),
+        "/jobs?queue=nothing-here".to_string(),
+    ] {
+        b.goto(&format!("{base}{page}")).await.unwrap();
+        b.wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css("#main"))
+            .await
+            .unwrap();
+        let wide = b
+            .execute(
+                "return [document.documentElement.scrollWidth, window.innerWidth];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let (scroll, inner) = (wide[0].as_i64().unwrap(), wide[1].as_i64().unwrap());
+        assert!(
+            scroll <= inner,
+            "{page} scrolls sideways at 420 px: {scroll} > {inner}"
+        );
+        let name = format!("narrow{}", page.replace(['/', '?', '=', '&'], "-"));
+        shot(&b, backend, &name).await;
+    }
+    b.set_window_size(1280, 1000).await.unwrap();
+
     b.close().await.unwrap();
     drop(driver);
     server.stop(true).await;
@@ -601,4 +710,185 @@ async fn operator_path_on_mysql() {
 #[actix::test]
 async fn operator_path_on_sqlite() {
     operator_path(Backend::Sqlite).await;
+}
+
+/// `jobvisor dashboard` as built (its own two workers) on `url`, stopped on drop.
+struct CliDashboard {
+    child: Child,
+    base: String,
+}
+
+impl Drop for CliDashboard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cli_dashboard(url: &str) -> CliDashboard {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(assert_cmd::cargo::cargo_bin("jobvisor"))
+        .env("DATABASE_URL", url)
+        .env("JOBVISOR_DASHBOARD_TOKEN", TOKEN)
+        .args(["dashboard", "--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "jobvisor dashboard did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    CliDashboard {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// One request on a connection of its own (`Connection: close`), so that successive requests
+/// reach the server's workers in turn: the status line's code and the whole response.
+async fn fresh_request(
+    base: &str,
+    method: &str,
+    path: &str,
+    cookie: &str,
+    form: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let url = url::Url::parse(base).unwrap();
+    let host = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let mut s = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nCookie: {cookie}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{form}",
+        form.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8_lossy(&out).to_string();
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {out}"));
+    (code, out)
+}
+
+/// After one login in the browser, on a server of `workers` workers at `base` (its pages
+/// under `prefix`): 100 navigations and 100 requests on new connections are all served,
+/// 20 actions (pause, resume) on new connections all applied, and a logout revokes the
+/// session on every worker.
+async fn one_login_serves_every_worker(b: &Browser, base: &str, prefix: &str, workers: usize) {
+    let root = format!("{base}{prefix}");
+    // Cookies are per host, not per port: the other server's would be sent along.
+    b.goto(&format!("{root}/login")).await.unwrap();
+    b.delete_all_cookies().await.unwrap();
+    login(b, &root).await;
+    let pages = ["/", "/jobs", "/dead", "/queues", "/schedules", "/nodes"];
+    for i in 0..100 {
+        let page = pages[i % pages.len()];
+        b.goto(&format!("{root}{page}")).await.unwrap();
+        b.wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css("#main"))
+            .await
+            .unwrap_or_else(|_| panic!("navigation {i} to {page}: not served"));
+        let path = b.current_url().await.unwrap().path().to_string();
+        assert!(
+            !path.ends_with("/login"),
+            "navigation {i} to {page}: sent to log in"
+        );
+    }
+    let cookies = b.get_all_cookies().await.unwrap();
+    let cookie = cookies
+        .iter()
+        .map(|c| format!("{}={}", c.name(), c.value()))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let csrf = cookies
+        .iter()
+        .find(|c| c.name() == "jobvisor_csrf")
+        .unwrap()
+        .value()
+        .to_string();
+    for i in 0..100 {
+        let page = pages[i % pages.len()];
+        let (code, out) = fresh_request(base, "GET", &format!("{prefix}{page}"), &cookie, "").await;
+        assert_eq!(
+            code, 200,
+            "request {i} to {page} on a new connection: {out}"
+        );
+    }
+    for i in 0..20 {
+        let action = if i % 2 == 0 { "pause" } else { "resume" };
+        let form = format!("queue=work&csrf={csrf}");
+        let (code, out) = fresh_request(
+            base,
+            "POST",
+            &format!("{prefix}/queues/{action}"),
+            &cookie,
+            &form,
+        )
+        .await;
+        assert_eq!(code, 200, "action {i} ({action}): {out}");
+        assert!(
+            out.contains(&format!("queue work {action}d")),
+            "action {i}: {out}"
+        );
+    }
+    // Log out in the browser: the old session is refused on every worker.
+    b.goto(&format!("{root}/queues")).await.unwrap();
+    click(b, "form.logout button").await;
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#token"))
+        .await
+        .unwrap();
+    for i in 0..2 * workers {
+        let (code, out) = fresh_request(base, "GET", &format!("{prefix}/jobs"), &cookie, "").await;
+        assert_eq!(code, 303, "request {i} after logout: {out}");
+    }
+}
+
+/// The CLI as shipped (two workers) and an embedded app with four: one login serves all.
+async fn logins_hold_on_every_worker(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let client = Client::new(store);
+    let cli = cli_dashboard(&db.url);
+    let (base, server) = serve_on(&client, DashboardConfig::with_token(TOKEN).unwrap(), 4);
+    let embedded = base.trim_end_matches("/ops").to_string();
+    let driver = start_driver();
+    let b = browser(&driver).await;
+    one_login_serves_every_worker(&b, &cli.base, "", 2).await;
+    one_login_serves_every_worker(&b, &embedded, "/ops", 4).await;
+    b.close().await.unwrap();
+    drop(driver);
+    drop(cli);
+    server.stop(true).await;
+}
+
+#[actix::test]
+async fn logins_hold_on_every_worker_on_postgres() {
+    logins_hold_on_every_worker(Backend::Postgres).await;
+}
+
+#[actix::test]
+async fn logins_hold_on_every_worker_on_mysql() {
+    logins_hold_on_every_worker(Backend::Mysql).await;
+}
+
+#[actix::test]
+async fn logins_hold_on_every_worker_on_sqlite() {
+    logins_hold_on_every_worker(Backend::Sqlite).await;
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use actix_web::test::{self, TestRequest};
 use actix_web::App;
 use jobvisor::testing::{exec_sql, TestDb};
-use jobvisor::web::{dashboard, DashboardConfig};
+use jobvisor::web::{Dashboard, DashboardConfig};
 use jobvisor::{Backend, Client};
 
 const TOKEN: &str = "bench-token-0123456789abcdef";
@@ -166,12 +166,8 @@ async fn main() {
     }
 
     let client = Client::new(store);
-    let app = test::init_service(App::new().service(dashboard(
-        "/ops",
-        client,
-        DashboardConfig::with_token(TOKEN).unwrap(),
-    )))
-    .await;
+    let dashboard = Dashboard::new("/ops", client, DashboardConfig::with_token(TOKEN).unwrap());
+    let app = test::init_service(App::new().service(dashboard.service())).await;
     let job = n + n / 2;
     let pages = [
         "/ops/".to_string(),

@@ -330,6 +330,14 @@ pub(crate) const fn state_in(st: crate::job::JobState) -> StateIn {
 pub(crate) const RETRYABLE_BY_HAND: StateIn =
     StateIn(&[crate::job::JobState::Dead, crate::job::JobState::Cancelled]);
 
+/// Jobs an operator can make due now ("run now"): waiting for their run time or their next
+/// attempt.
+#[cfg(any(feature = "web", feature = "test-util", test))]
+pub(crate) const DUE_LATER: StateIn = StateIn(&[
+    crate::job::JobState::Pending,
+    crate::job::JobState::Retrying,
+]);
+
 // The text depends on the value, not the type: key the statement cache by text.
 impl QueryId for StateIn {
     type QueryId = ();

@@ -498,6 +498,67 @@ impl Store {
         Ok(Guarded::Applied(job))
     }
 
+    /// "Run now": a pending job scheduled for later, or a retrying job waiting for its next
+    /// attempt, becomes due now (its `run_at` set to now; nothing else changes but
+    /// `updated_at` and `version`), announced in the same transaction so every node learns
+    /// it at commit. Guarded by `version` as [`job_retry`](Store::job_retry).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::InvalidTransition`] from any other state (to `pending`),
+    /// [`Error::InvalidInput`] for an archived job; [`Error::Database`].
+    #[cfg(any(feature = "web", feature = "test-util", test))]
+    pub(crate) async fn job_run_now(&self, p: RetryParams) -> Result<Guarded<Job>> {
+        let now = DbNow::new(bound(p.now));
+        let Some(job) = self.job_get(p.id).await? else {
+            return Err(Error::NotFound { id: p.id });
+        };
+        if job.archived_at.is_some() {
+            return Err(Error::invalid(
+                "id",
+                format!("job {} is archived; only live jobs can run", p.id),
+            ));
+        }
+        if !matches!(job.state, JobState::Pending | JobState::Retrying) {
+            return Err(Error::InvalidTransition {
+                id: p.id,
+                from: job.state,
+                to: JobState::Pending,
+            });
+        }
+        if p.expected_version.is_some_and(|v| v != job.version) {
+            return Ok(Guarded::Stale);
+        }
+        let (id, version) = (p.id.0, job.version);
+        let due = [job.queue.clone()];
+        let n: usize = with_tx!(self, |conn| {
+            let n = diesel::update(
+                jobs::table
+                    .filter(jobs::id.eq(id))
+                    .filter(jobs::version.eq(version))
+                    .filter(super::expr::DUE_LATER),
+            )
+            .set((
+                jobs::run_at.eq(now),
+                jobs::updated_at.eq(now),
+                jobs::version.eq(jobs::version + 1),
+            ))
+            .execute(conn)
+            .await?;
+            if n == 1 {
+                announce_due(conn, &due).await?;
+            }
+            Ok::<usize, diesel::result::Error>(n)
+        })?;
+        if n == 0 {
+            return Ok(Guarded::Stale);
+        }
+        let job = self
+            .job_get(p.id)
+            .await?
+            .ok_or(Error::NotFound { id: p.id })?;
+        Ok(Guarded::Applied(job))
+    }
+
     /// Reclaims, in one bounded batch, running jobs whose lease expired or whose timeout
     /// passed; their lease is cleared, version + 1, and the reason recorded in `last_error`
     /// and `errors` with `detail: {"owner": <the node that held it>}`:

@@ -1,11 +1,15 @@
 //! Every action (all POST, each authenticated, allowed to act and carrying the page's CSRF
-//! token): retry, cancel and delete a job; bulk retry or cancel by the jobs filter (after a
+//! token): retry, run now (a job scheduled for later or waiting to retry), cancel and
+//! delete a job; bulk retry or cancel by the jobs filter (after a
 //! preview with a count and a confirmation); retry a dead-letter group; pause, resume and
 //! limit a queue; pause, resume and trigger a schedule.
 //!
 //! A job action carries the version its page showed: a job that changed since (retried by
-//! someone else, finished, reclaimed) is left alone and the answer says so (409). Bulk
-//! actions guard each job by the version the action read.
+//! someone else, finished, reclaimed) is left alone and the answer says so (409). A bulk
+//! action's preview pins the jobs it counted (each id with its version, in the confirmation
+//! form): the confirmation acts on exactly those, each guarded by its pinned version, and
+//! says how many changed and how many were skipped as moved on; jobs that came to match the
+//! filter after the preview are not touched.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -48,6 +52,34 @@ fn done(
 pub(crate) struct JobForm {
     csrf: Option<String>,
     version: Option<String>,
+    /// `yes` once the confirmation page was answered (delete asks first).
+    #[serde(default)]
+    confirm: String,
+}
+
+/// A page asking to confirm `question`: the same form again with `confirm=yes`, or back.
+#[allow(clippy::too_many_arguments)] // each is one part of the page; a struct would only name them again
+fn confirm_page(
+    state: &Data,
+    req: &HttpRequest,
+    ctx: &Ctx,
+    question: &str,
+    action: &str,
+    fields: &[(&str, &str)],
+    button: &str,
+    back: &str,
+) -> HttpResponse {
+    let body = html! {
+        p #confirm-question { (question) }
+        form method="post" action=(action) {
+            (csrf_field(ctx))
+            @for (k, v) in fields { input type="hidden" name=(k) value=(v); }
+            input type="hidden" name="confirm" value="yes";
+            button.danger #confirm type="submit" { (button) }
+            " " a href=(back) { "No, go back" }
+        }
+    };
+    shell(state, req, ctx, "Confirm", false, StatusCode::OK, body)
 }
 
 fn stale(job: &Job) -> String {
@@ -64,7 +96,7 @@ pub(crate) async fn job(
     path: web::Path<(String, String)>,
     form: web::Form<JobForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -84,15 +116,34 @@ pub(crate) async fn job(
                     .client
                     .store()
                     .job_retry(RetryParams { id, expected_version: Some(version), now: None })
-                    .await?;
+                    .await;
                 match r {
-                    Guarded::Applied(j) => {
+                    Ok(Guarded::Applied(j)) => {
                         state.client.wake(&j.queue);
                         (StatusCode::OK, format!("job {} retried: pending, due now", id.0))
                     }
-                    Guarded::Stale | Guarded::LeaseLost => {
+                    // Moved on: retried elsewhere (no longer retryable) or changed.
+                    Ok(Guarded::Stale | Guarded::LeaseLost) | Err(Error::InvalidTransition { .. }) => {
                         (StatusCode::CONFLICT, stale(&state.client.get(id).await?))
                     }
+                    Err(e) => return Err(e),
+                }
+            }
+            "run_now" => {
+                let r = state
+                    .client
+                    .store()
+                    .job_run_now(RetryParams { id, expected_version: Some(version), now: None })
+                    .await;
+                match r {
+                    Ok(Guarded::Applied(j)) => {
+                        state.client.wake(&j.queue);
+                        (StatusCode::OK, format!("job {} is due now", id.0))
+                    }
+                    Ok(Guarded::Stale | Guarded::LeaseLost) | Err(Error::InvalidTransition { .. }) => {
+                        (StatusCode::CONFLICT, stale(&state.client.get(id).await?))
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             "cancel" => {
@@ -110,21 +161,44 @@ pub(crate) async fn job(
                     }
                 }
             }
-            "delete" => match state.client.store().job_delete_finished(id, version).await? {
-                Guarded::Applied(()) => (StatusCode::OK, format!("job {} deleted", id.0)),
-                Guarded::Stale | Guarded::LeaseLost => (StatusCode::CONFLICT, stale(&state.client.get(id).await?)),
-            },
+            "delete" => {
+                let j = state.client.get(id).await?;
+                if j.version != version {
+                    (StatusCode::CONFLICT, stale(&j))
+                } else if form.confirm != "yes" && j.state.is_terminal() {
+                    let v = version.to_string();
+                    return Ok(confirm_page(
+                        &state,
+                        &req,
+                        &ctx,
+                        &format!("Delete job {} ({}, {})? Its row and history go; this cannot be undone.", id.0, j.kind, j.state),
+                        &state.url(&format!("/jobs/{}/delete", id.0)),
+                        &[("version", &v)],
+                        "Yes, delete it",
+                        &back,
+                    ));
+                } else {
+                    match state.client.store().job_delete_finished(id, version).await {
+                        Ok(Guarded::Applied(())) => (StatusCode::OK, format!("job {} deleted", id.0)),
+                        Ok(Guarded::Stale | Guarded::LeaseLost)
+                        | Err(Error::InvalidTransition { .. }) => {
+                            (StatusCode::CONFLICT, stale(&state.client.get(id).await?))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
             other => {
                 return Err(Error::invalid(
                     "action",
-                    format!("{other:?} is not a job action; expected retry, cancel or delete"),
+                    format!("{other:?} is not a job action; expected retry, run_now, cancel or delete"),
                 ))
             }
         };
         Ok::<_, Error>(done(&state, &req, &ctx, status, &text, &back))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// What a bulk action does.
@@ -169,6 +243,43 @@ pub(crate) struct BulkForm {
     #[serde(default)]
     action: String,
     csrf: Option<String>,
+    /// The jobs the preview counted: `id.version` pairs, comma-separated.
+    #[serde(default)]
+    pin: String,
+}
+
+/// The preview's jobs as the confirmation form carries them: `id.version,…`.
+fn pin_of(jobs: &[Job]) -> String {
+    jobs.iter()
+        .map(|j| format!("{}.{}", j.id.0, j.version))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The pinned `(id, version)` pairs of a confirmation.
+fn parse_pin(pin: &str) -> Result<Vec<(crate::JobId, i64)>> {
+    let bad = || {
+        Error::invalid(
+            "pin",
+            "the preview's list of jobs (id.version, comma-separated) is missing or damaged: \
+             open the preview again",
+        )
+    };
+    let pairs = pin
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (id, v) = p.split_once('.').ok_or_else(bad)?;
+            Ok((
+                crate::JobId(id.parse().map_err(|_| bad())?),
+                v.parse().map_err(|_| bad())?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if pairs.is_empty() || pairs.len() > BULK_LIMIT {
+        return Err(bad());
+    }
+    Ok(pairs)
 }
 
 /// The jobs a bulk action would change, at most [`BULK_LIMIT`]; and whether there are more.
@@ -216,7 +327,7 @@ pub(crate) async fn bulk_preview(
     req: HttpRequest,
     form: web::Query<BulkForm>,
 ) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -225,6 +336,7 @@ pub(crate) async fn bulk_preview(
             &state,
             &req,
             super::layout::plain_error(
+                &req,
                 StatusCode::FORBIDDEN,
                 "read-only: this dashboard does not allow actions",
             ),
@@ -246,6 +358,7 @@ pub(crate) async fn bulk_preview(
                     (csrf_field(&ctx))
                     (form.filter.hidden())
                     input type="hidden" name="action" value=(b.verb());
+                    input type="hidden" name="pin" value=(pin_of(&jobs));
                     button.primary #confirm type="submit" { "Yes, " (b.verb()) " " (jobs.len()) " job(s)" }
                     " " a href=(back) { "No, go back" }
                 }
@@ -256,41 +369,47 @@ pub(crate) async fn bulk_preview(
         Ok::<_, Error>(shell(&state, &req, &ctx, &format!("Bulk {}: preview", b.verb()), false, StatusCode::OK, body))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm>) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     let out = async {
         let b = Bulk::parse(&form.action)?;
-        let (jobs, _) = targets(&state, &form.filter, b).await?;
+        let pinned = parse_pin(&form.pin)?;
         let (mut applied, mut changed) = (0u64, 0u64);
-        for j in &jobs {
+        let mut queues = std::collections::BTreeSet::new();
+        for (id, version) in pinned {
             let ok = match b {
-                Bulk::Retry => state
+                Bulk::Retry => match state
                     .client
                     .store()
                     .job_retry(RetryParams {
-                        id: j.id,
-                        expected_version: Some(j.version),
+                        id,
+                        expected_version: Some(version),
                         now: None,
                     })
                     .await
-                    .map(|g| g.is_applied())
-                    .or_else(|e| {
-                        if matches!(e, Error::InvalidTransition { .. }) {
-                            Ok(false)
-                        } else {
-                            Err(e)
-                        }
-                    })?,
-                Bulk::Cancel => !matches!(
-                    state.client.cancel(j.id).await,
-                    Ok(CancelOutcome::AlreadyFinished(_)) | Err(Error::NotFound { .. })
-                ),
+                {
+                    Ok(Guarded::Applied(j)) => {
+                        queues.insert(j.queue);
+                        true
+                    }
+                    Ok(_) | Err(Error::InvalidTransition { .. } | Error::NotFound { .. }) => false,
+                    Err(e) => return Err(e),
+                },
+                // The job as pinned, or skipped: read just before the cancel.
+                Bulk::Cancel => match state.client.get(id).await {
+                    Ok(j) if j.version == version && b.applies_to(j.state) => !matches!(
+                        state.client.cancel(id).await,
+                        Ok(CancelOutcome::AlreadyFinished(_)) | Err(Error::NotFound { .. })
+                    ),
+                    Ok(_) | Err(Error::NotFound { .. }) => false,
+                    Err(e) => return Err(e),
+                },
             };
             if ok {
                 applied += 1
@@ -298,17 +417,11 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
                 changed += 1
             }
         }
-        if b == Bulk::Retry && applied > 0 {
-            for q in jobs
-                .iter()
-                .map(|j| j.queue.as_str())
-                .collect::<std::collections::BTreeSet<_>>()
-            {
-                state.client.wake(q);
-            }
+        for q in &queues {
+            state.client.wake(q);
         }
         let text = format!(
-            "{applied} job(s) {}; {changed} had changed meanwhile and were left alone",
+            "{applied} job(s) {}; {changed} skipped: they had moved on since the preview",
             if b == Bulk::Retry {
                 "retried"
             } else {
@@ -319,7 +432,7 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
         Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &back))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// A dead-letter group's retry.
@@ -330,6 +443,9 @@ pub(crate) struct DeadForm {
     kind: String,
     #[serde(default)]
     code: String,
+    /// `yes` once the confirmation page was answered.
+    #[serde(default)]
+    confirm: String,
 }
 
 pub(crate) async fn dead_retry(
@@ -337,7 +453,7 @@ pub(crate) async fn dead_retry(
     req: HttpRequest,
     form: web::Form<DeadForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -346,6 +462,19 @@ pub(crate) async fn dead_retry(
         let code = Some(form.code.as_str()).filter(|c| *c != "none");
         let limit = i64::try_from(BULK_LIMIT).unwrap_or(i64::MAX);
         let jobs = state.client.store().dead_of_group(&form.kind, code, limit).await?;
+        if form.confirm != "yes" {
+            let more = if jobs.len() >= BULK_LIMIT { " (the first of them; run it again for the rest)" } else { "" };
+            return Ok(confirm_page(
+                &state,
+                &req,
+                &ctx,
+                &format!("Retry {} dead job(s) of kind {} with error {}{more}? They run again at once.", jobs.len(), form.kind, form.code),
+                &state.url("/dead/retry"),
+                &[("kind", &form.kind), ("code", &form.code)],
+                &format!("Yes, retry {}", jobs.len()),
+                &state.url("/dead"),
+            ));
+        }
         let mut applied = 0u64;
         let mut changed = 0u64;
         for j in &jobs {
@@ -369,7 +498,7 @@ pub(crate) async fn dead_retry(
         Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &state.url("/dead")))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// A queue action's form.
@@ -428,7 +557,7 @@ pub(crate) async fn queue(
     path: web::Path<String>,
     form: web::Form<QueueForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -436,7 +565,7 @@ pub(crate) async fn queue(
         let q = form.queue.as_str();
         let text = match path.as_str() {
             "pause" => {
-                state.client.pause_queue(q, "dashboard").await?;
+                state.client.pause_queue(q, &ctx.who).await?;
                 format!("queue {q} paused: no new claims on any node")
             }
             "resume" => {
@@ -480,7 +609,7 @@ pub(crate) async fn queue(
         ))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }
 
 /// A schedule action's form.
@@ -497,7 +626,7 @@ pub(crate) async fn schedule(
     path: web::Path<String>,
     form: web::Form<ScheduleForm>,
 ) -> HttpResponse {
-    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()) {
+    let ctx = match authorize_action(&state, &req, form.csrf.as_deref()).await {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -533,5 +662,5 @@ pub(crate) async fn schedule(
         ))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&e)))
+    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
 }

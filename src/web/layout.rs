@@ -81,27 +81,59 @@ fn head(title: &str, css_url: &str) -> Markup {
     }
 }
 
-/// A standalone error page (no navigation: it may answer an unauthenticated request).
-pub(crate) fn plain_error(status: StatusCode, message: &str) -> HttpResponse {
+/// An error page, styled, with the navigation and a link to log in (it may answer an
+/// unauthenticated request: it shows nothing but the message).
+pub(crate) fn plain_error(req: &HttpRequest, status: StatusCode, message: &str) -> HttpResponse {
+    let prefix = req
+        .app_data::<Data>()
+        .map(|s| s.prefix.clone())
+        .unwrap_or_default();
+    let url = |rest: &str| format!("{prefix}{rest}");
     html_response(
         status,
         html! {
             (DOCTYPE)
             html lang="en" {
-                head { meta charset="utf-8"; title { "error · jobvisor" } }
-                body {
-                    h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
-                    p #error-message { (message) }
+                (head("error", &url("/assets/dashboard.css")))
+                body.error {
+                    header {
+                        span.brand { "jobvisor" }
+                        nav {
+                            @for (path, name) in NAV {
+                                a href=(url(path)) { (name) }
+                            }
+                        }
+                    }
+                    main #main {
+                        h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+                        p.flash.bad #error-message { (message) }
+                        p {
+                            a #error-back href=(url("/")) { "Overview" }
+                            " · "
+                            a #error-login href=(url("/login")) { "Log in" }
+                        }
+                    }
                 }
             }
         },
     )
 }
 
+/// The navigation: each view's path under the prefix and its name.
+const NAV: [(&str, &str); 6] = [
+    ("/", "Overview"),
+    ("/jobs", "Jobs"),
+    ("/dead", "Dead letters"),
+    ("/queues", "Queues"),
+    ("/schedules", "Schedules"),
+    ("/nodes", "Nodes"),
+];
+
 /// The login page.
 pub(crate) fn login(
     state: &Data,
     ctx: &Ctx,
+    next: &str,
     error: Option<&str>,
     status: StatusCode,
 ) -> HttpResponse {
@@ -117,6 +149,7 @@ pub(crate) fn login(
                         @if let Some(e) = error { p.flash.bad #login-error { (e) } }
                         form method="post" action=(state.url("/login")) {
                             (csrf_field(ctx))
+                            input type="hidden" name="next" value=(next);
                             label for="token" { "Token" }
                             input #token type="password" name="token" autocomplete="current-password" required;
                             button #login type="submit" { "Log in" }
@@ -139,19 +172,12 @@ pub(crate) fn shell(
     status: StatusCode,
     body: Markup,
 ) -> HttpResponse {
-    let nav = [
-        ("/", "Overview"),
-        ("/jobs", "Jobs"),
-        ("/dead", "Dead letters"),
-        ("/queues", "Queues"),
-        ("/schedules", "Schedules"),
-        ("/nodes", "Nodes"),
-    ];
+    let nav = NAV;
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
             (head(title, &state.url("/assets/dashboard.css")))
-            body data-live=(if live { "1" } else { "0" }) {
+            body data-live=(if live { "1" } else { "0" }) data-login=(state.url("/login")) {
                 header {
                     span.brand { "jobvisor" }
                     nav {
@@ -237,4 +263,81 @@ pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
 /// A flash message line.
 pub(crate) fn flash(good: bool, text: &str) -> Markup {
     html! { p.flash.(if good { "good" } else { "bad" }) #flash { (text) } }
+}
+
+/// Why due jobs wait, in words.
+pub(crate) fn unserved_reason(r: crate::UnservedReason) -> &'static str {
+    match r {
+        crate::UnservedReason::NoNodeServesQueue => "no live node serves the queue",
+        crate::UnservedReason::NoNodeHasKind => {
+            "no live node serving the queue has a handler for the kind"
+        }
+    }
+}
+
+/// A schedule's missed-fire policy, in words.
+pub(crate) fn missed_text(m: crate::MissedFires) -> String {
+    match m {
+        crate::MissedFires::Latest => "run the latest missed fire once".to_string(),
+        crate::MissedFires::All { max } => format!("run every missed fire (at most {max})"),
+        crate::MissedFires::Skip => "skip missed fires".to_string(),
+    }
+}
+
+/// A duration for people: `500 ms`, `30 s`, `2 min 5 s`, `1 h 30 min`.
+pub(crate) fn duration_text(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    let s = d.as_secs();
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if s < 60 {
+        if ms.is_multiple_of(1000) {
+            format!("{s} s")
+        } else {
+            format!("{:.1} s", d.as_secs_f64())
+        }
+    } else if s < 3600 {
+        match s % 60 {
+            0 => format!("{} min", s / 60),
+            r => format!("{} min {r} s", s / 60),
+        }
+    } else {
+        match (s % 3600) / 60 {
+            0 => format!("{} h", s / 3600),
+            m => format!("{} h {m} min", s / 3600),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_words() {
+        use std::time::Duration;
+        assert_eq!(duration_text(Duration::from_millis(500)), "500 ms");
+        assert_eq!(duration_text(Duration::from_secs(30)), "30 s");
+        assert_eq!(duration_text(Duration::from_millis(1500)), "1.5 s");
+        assert_eq!(duration_text(Duration::from_secs(125)), "2 min 5 s");
+        assert_eq!(duration_text(Duration::from_secs(1800)), "30 min");
+        assert_eq!(duration_text(Duration::from_secs(5400)), "1 h 30 min");
+    }
+
+    #[test]
+    fn no_debug_names_in_words() {
+        let all = [
+            unserved_reason(crate::UnservedReason::NoNodeServesQueue).to_string(),
+            unserved_reason(crate::UnservedReason::NoNodeHasKind).to_string(),
+            missed_text(crate::MissedFires::All { max: 1000 }),
+            missed_text(crate::MissedFires::Latest),
+            missed_text(crate::MissedFires::Skip),
+        ];
+        for w in all {
+            assert!(
+                !w.contains('{') && !w.chars().any(|c| c.is_ascii_uppercase()),
+                "{w}"
+            );
+        }
+    }
 }

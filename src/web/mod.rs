@@ -4,39 +4,49 @@
 //! ```no_run
 //! # async fn demo(client: jobvisor::Client) -> std::io::Result<()> {
 //! use actix_web::{App, HttpServer};
-//! use jobvisor::web::{dashboard, DashboardConfig};
+//! use jobvisor::web::{Dashboard, DashboardConfig};
 //!
 //! let config = DashboardConfig::with_token(std::env::var("DASHBOARD_TOKEN").unwrap_or_default())
 //!     .expect("a token of at least 16 characters");
-//! HttpServer::new(move || App::new().service(dashboard("/jobs", client.clone(), config.clone())))
+//! // Built once, outside the factory: every worker of the server shares its logins.
+//! let dashboard = Dashboard::new("/jobs", client, config);
+//! HttpServer::new(move || App::new().service(dashboard.service()))
 //!     .bind("127.0.0.1:8080")?
 //!     .run()
 //!     .await
 //! # }
 //! ```
 //!
+//! The server above runs actix-web's default number of workers (one per core), each
+//! answering any connection: the [`Dashboard`] holds the logins for all of them, so it is
+//! built once, before `HttpServer::new`, and cloned into the factory (a clone shares them).
+//! Building it inside the factory would give each worker logins of its own; it panics there.
+//!
 //! Pages are rendered on the server (maud: every value escaped); the stylesheet and one small
-//! script (polling for live pages) are compiled into the binary and served under
+//! script (polling for live pages, keeping typed input, showing a lost session) are compiled
+//! into the binary and served under
 //! `<prefix>/assets/`. Every read and every action goes through the same [`Client`] and store
 //! operations as the rest of jobvisor: a retry is guarded by the version the page showed, so
 //! a stale page cannot bring back a job that moved on.
 //!
 //! Security by default: a login (a token from the configuration) or the embedding
 //! application's own authorizer is required; authentication can be turned off only for
-//! requests from a loopback address. Cookies are `HttpOnly`, `SameSite=Strict`, and `Secure`
+//! requests from a loopback address for a loopback `Host` name. Failed logins are slowed per
+//! client address and in all, and logged. Cookies are `HttpOnly`, `SameSite=Strict`, and `Secure`
 //! over HTTPS; every action is a POST carrying a CSRF token; the Content-Security-Policy
 //! allows no inline script or style; a read-only mode (or a read-only login) shows no
 //! actions and refuses them. Database URLs and lease tokens are never rendered.
 //!
-//! Files: `auth` (logins, sessions, CSRF, the access check), `layout` (the page shell and
-//! formatting), `chart` (the inline SVG chart), `actions` (every POST), `pages/` (one file
-//! per view), `assets/` (CSS and JS).
+//! Files: `auth` (logins, sessions, CSRF, the access check), `throttle` (slowing token
+//! guesses), `layout` (the page shell, error pages and formatting), `chart` (the inline SVG
+//! chart), `actions` (every POST), `pages/` (one file per view), `assets/` (CSS and JS).
 
 mod actions;
 mod auth;
 mod chart;
 mod layout;
 mod pages;
+mod throttle;
 
 use std::sync::Arc;
 
@@ -172,7 +182,8 @@ impl DashboardConfig {
     }
 
     /// No authentication — answered only to requests from a loopback address (127.0.0.0/8,
-    /// `::1`); any other client is refused. The CLI refuses to listen on another address
+    /// `::1`) whose `Host` is `localhost`, `127.0.0.1` or `[::1]` (any port) and that no
+    /// proxy forwarded; any other request is refused. The CLI refuses to listen on another address
     /// in this mode.
     pub fn without_auth() -> Self {
         DashboardConfig {
@@ -275,6 +286,8 @@ pub(crate) struct State {
     /// The mount prefix, without a trailing slash ("" at the root).
     pub(crate) prefix: String,
     pub(crate) sessions: Sessions,
+    /// Failed logins and bearer tokens, per client address and in all.
+    pub(crate) throttle: throttle::Throttle,
     /// Takes the database gauges' turn when their snapshot is stale (at most one refresh
     /// at a time, in the background): the overview's estimates on big tables.
     pub(crate) gauges: Arc<tokio::sync::Mutex<Option<crate::metrics::DatabaseGauges>>>,
@@ -289,41 +302,104 @@ impl State {
 
 pub(crate) type Data = web::Data<State>;
 
-/// The dashboard as an actix-web service, its pages under `prefix` (`"/jobs"`, or `""` for
-/// the root): `App::new().service(dashboard("/jobs", client, config))`.
-pub fn dashboard(prefix: &str, client: Client, config: DashboardConfig) -> actix_web::Scope {
-    let prefix = prefix.trim_end_matches('/').to_string();
-    let state = web::Data::new(State {
-        client: client.clone(),
-        config,
-        prefix: prefix.clone(),
-        sessions: Sessions::default(),
-        gauges: Arc::new(tokio::sync::Mutex::new(
-            crate::metrics::DatabaseGauges::new(
-                client.store().clone(),
-                format!("jobvisor-dashboard-{}", std::process::id()),
-                GAUGES_EVERY,
-            )
-            .ok(),
-        )),
-    });
-    web::scope(&prefix)
-        .app_data(state)
+/// The dashboard: its configuration and the logins of every worker of the server that
+/// mounts it. Build it **once**, before `HttpServer::new`, and mount a clone in each
+/// worker's app with [`service`](Dashboard::service); clones share the logins, so a login
+/// on one worker holds on every other and a logout revokes it everywhere.
+///
+/// ```no_run
+/// # async fn demo(client: jobvisor::Client) -> std::io::Result<()> {
+/// use jobvisor::web::{Dashboard, DashboardConfig};
+/// let dashboard = Dashboard::new("/jobs", client, DashboardConfig::without_auth());
+/// actix_web::HttpServer::new(move || actix_web::App::new().service(dashboard.service()))
+///     .bind("127.0.0.1:8080")?
+///     .run()
+///     .await
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Dashboard {
+    state: Data,
+}
+
+impl std::fmt::Debug for Dashboard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dashboard")
+            .field("prefix", &self.state.prefix)
+            .field("config", &self.state.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name actix-server gives its worker threads, where a [`Dashboard`] must not be built.
+const WORKER_THREAD: &str = "actix-server worker";
+
+impl Dashboard {
+    /// The dashboard with its pages under `prefix` (`"/jobs"`, or `""` for the root).
+    ///
+    /// # Panics
+    /// On an actix-server worker thread (inside `HttpServer::new`'s factory): each worker
+    /// would have logins of its own, and a login would hold on one worker only.
+    pub fn new(prefix: &str, client: Client, config: DashboardConfig) -> Dashboard {
+        if let Some(name) = std::thread::current().name() {
+            assert!(
+                !name.starts_with(WORKER_THREAD),
+                "jobvisor::web::Dashboard::new called on {name:?}, inside HttpServer::new's \
+                 factory: each worker would keep logins of its own. Build the Dashboard once \
+                 before HttpServer::new and clone it into the factory"
+            );
+        }
+        let prefix = prefix.trim_end_matches('/').to_string();
+        let state = web::Data::new(State {
+            client: client.clone(),
+            config,
+            prefix,
+            sessions: Sessions::default(),
+            throttle: throttle::Throttle::default(),
+            gauges: Arc::new(tokio::sync::Mutex::new(
+                crate::metrics::DatabaseGauges::new(
+                    client.store().clone(),
+                    format!("jobvisor-dashboard-{}", std::process::id()),
+                    GAUGES_EVERY,
+                )
+                .ok(),
+            )),
+        });
+        Dashboard { state }
+    }
+
+    /// The dashboard as an actix-web service for one worker's app:
+    /// `App::new().service(dashboard.service())`. Every service of one `Dashboard` (and of
+    /// its clones) shares the same logins.
+    pub fn service(&self) -> actix_web::Scope {
+        let state = self.state.clone();
+        let prefix = state.prefix.clone();
+        routes(web::scope(&prefix).app_data(state))
+    }
+}
+
+/// Every route of the dashboard, on `scope`.
+fn routes(scope: actix_web::Scope) -> actix_web::Scope {
+    scope
         .app_data(
             web::FormConfig::default()
                 .limit(64 * 1024)
-                .error_handler(|e, _| {
+                .error_handler(|e, req| {
                     actix_web::error::InternalError::from_response(
                         "",
-                        layout::plain_error(StatusCode::BAD_REQUEST, &format!("bad form: {e}")),
+                        layout::plain_error(
+                            req,
+                            StatusCode::BAD_REQUEST,
+                            &format!("bad form: {e}"),
+                        ),
                     )
                     .into()
                 }),
         )
-        .app_data(web::QueryConfig::default().error_handler(|e, _| {
+        .app_data(web::QueryConfig::default().error_handler(|e, req| {
             actix_web::error::InternalError::from_response(
                 "",
-                layout::plain_error(StatusCode::BAD_REQUEST, &format!("bad filter: {e}")),
+                layout::plain_error(req, StatusCode::BAD_REQUEST, &format!("bad filter: {e}")),
             )
             .into()
         }))
@@ -349,12 +425,12 @@ pub fn dashboard(prefix: &str, client: Client, config: DashboardConfig) -> actix
         .default_service(web::to(not_found))
 }
 
-async fn not_found() -> HttpResponse {
-    layout::plain_error(StatusCode::NOT_FOUND, "no such page")
+async fn not_found(req: HttpRequest) -> HttpResponse {
+    layout::plain_error(&req, StatusCode::NOT_FOUND, "no such page")
 }
 
 /// An error as a page: a clear message, never a stack trace, never a database URL.
-pub(crate) fn error_response(e: &Error) -> HttpResponse {
+pub(crate) fn error_response(req: &HttpRequest, e: &Error) -> HttpResponse {
     let (status, message) = match e {
         Error::NotFound { .. } => (StatusCode::NOT_FOUND, e.to_string()),
         Error::InvalidInput { .. } | Error::Config { .. } => {
@@ -370,5 +446,5 @@ pub(crate) fn error_response(e: &Error) -> HttpResponse {
             )
         }
     };
-    layout::plain_error(status, &message)
+    layout::plain_error(req, status, &message)
 }

@@ -54,7 +54,25 @@ pub(crate) async fn stale_pages_cannot_resurrect_jobs(b: Backend) {
         e.client.get(e.pending).await.unwrap().state,
         JobState::Pending
     );
-    // With the current version: deleted.
+    // A retry of a job already retried elsewhere (pending now): answered like a stale page.
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri(&format!("/d/jobs/{}/retry", e.pending.0))
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([
+                ("version", p.version.to_string().as_str()),
+                ("csrf", csrf.as_str()),
+            ]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(
+        r.body.contains("changed since this page was loaded") && !r.body.contains("cannot go"),
+        "{}",
+        r.body
+    );
+    // With the current version: asked to confirm, then deleted.
     let v = now.version.to_string();
     let r = call(
         &app,
@@ -65,10 +83,35 @@ pub(crate) async fn stale_pages_cannot_resurrect_jobs(b: Backend) {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("cannot be undone"), "{}", r.body);
+    assert!(e.client.get(e.dead).await.is_ok(), "not yet deleted");
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri(&format!("/d/jobs/{}/delete", e.dead.0))
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([
+                ("version", v.as_str()),
+                ("confirm", "yes"),
+                ("csrf", csrf.as_str()),
+            ]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("deleted"), "{}", r.body);
     assert!(matches!(
         e.client.get(e.dead).await,
         Err(jobvisor::Error::NotFound { .. })
     ));
+}
+
+/// The confirmation form's pinned jobs in a preview page.
+fn pin_in(body: &str) -> String {
+    let at = body
+        .find("name=\"pin\" value=\"")
+        .unwrap_or_else(|| panic!("no pin in the preview:\n{body}"));
+    let rest = &body[at + "name=\"pin\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_string()
 }
 
 pub(crate) async fn bulk_actions_preview_then_apply(b: Backend) {
@@ -111,6 +154,25 @@ pub(crate) async fn bulk_actions_preview_then_apply(b: Backend) {
         0,
         "a preview changes nothing"
     );
+    let pin = pin_in(&r.body);
+    // Meanwhile: 3 more jobs come to match, and one of the 5 is cancelled elsewhere.
+    let mut late = Vec::new();
+    for i in 0..3 {
+        late.push(
+            e.client
+                .enqueue(
+                    NewJob::new("bulk", json!({"late": i}))
+                        .queue("many")
+                        .delay(Duration::from_secs(600)),
+                )
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let first: i64 = pin.split('.').next().unwrap().parse().unwrap();
+    e.client.cancel(JobId(first)).await.unwrap();
+    // Without the preview's pin: refused, nothing done.
     let r = call(
         &app,
         TestRequest::post()
@@ -123,8 +185,27 @@ pub(crate) async fn bulk_actions_preview_then_apply(b: Backend) {
             ]),
     )
     .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(r.body.contains("open the preview again"), "{}", r.body);
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri("/d/jobs/bulk")
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([
+                ("action", "cancel"),
+                ("queue", "many"),
+                ("pin", pin.as_str()),
+                ("csrf", csrf.as_str()),
+            ]),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    assert!(r.body.contains("5 job(s) cancelled"), "{}", r.body);
+    assert!(
+        r.body.contains("4 job(s) cancelled") && r.body.contains("1 skipped"),
+        "{}",
+        r.body
+    );
     let cancelled = e
         .client
         .list(jobvisor::ListParams {
@@ -135,7 +216,22 @@ pub(crate) async fn bulk_actions_preview_then_apply(b: Backend) {
         .await
         .unwrap();
     assert_eq!(cancelled.len(), 5);
-    // Retry them by the same filter, and the dead-letter group.
+    for id in &late {
+        assert_eq!(
+            e.client.get(*id).await.unwrap().state,
+            JobState::Pending,
+            "a job that came to match after the preview is left alone"
+        );
+    }
+    // Retry them by the same filter, after its preview; and the dead-letter group.
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/jobs/bulk?action=retry&queue=many&state=cancelled")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    let pin = pin_in(&r.body);
     let r = call(
         &app,
         TestRequest::post()
@@ -145,11 +241,13 @@ pub(crate) async fn bulk_actions_preview_then_apply(b: Backend) {
                 ("action", "retry"),
                 ("queue", "many"),
                 ("state", "cancelled"),
+                ("pin", pin.as_str()),
                 ("csrf", csrf.as_str()),
             ]),
     )
     .await;
     assert!(r.body.contains("5 job(s) retried"), "{}", r.body);
+    // The group's retry asks first.
     let r = call(
         &app,
         TestRequest::post()
@@ -158,6 +256,31 @@ pub(crate) async fn bulk_actions_preview_then_apply(b: Backend) {
             .set_form([
                 ("kind", XSS_KIND),
                 ("code", "boom"),
+                ("csrf", csrf.as_str()),
+            ]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body
+            .contains("id=\"confirm-question\">Retry 1 dead job(s)"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        e.client.get(e.dead).await.unwrap().state,
+        JobState::Dead,
+        "not yet"
+    );
+    let r = call(
+        &app,
+        TestRequest::post()
+            .uri("/d/dead/retry")
+            .insert_header(("cookie", cookie.clone()))
+            .set_form([
+                ("kind", XSS_KIND),
+                ("code", "boom"),
+                ("confirm", "yes"),
                 ("csrf", csrf.as_str()),
             ]),
     )
@@ -195,7 +318,24 @@ pub(crate) async fn queues_pause_and_limits(b: Backend) {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    assert!(e.client.queue("busy").await.unwrap().unwrap().is_paused());
+    let q = e.client.queue("busy").await.unwrap().unwrap();
+    assert!(q.is_paused());
+    // Who paused it: the login and the address, shown on the Queues page.
+    let by = q.paused_by.clone().unwrap_or_default();
+    assert_eq!(by, "dashboard login (token) from 127.0.0.1", "{by}");
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri("/d/queues")
+            .insert_header(("cookie", cookie.clone())),
+    )
+    .await;
+    assert!(
+        r.body
+            .contains(" by dashboard login (token) from 127.0.0.1"),
+        "{}",
+        r.body
+    );
     let r = call(
         &app,
         TestRequest::post()

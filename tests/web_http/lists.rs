@@ -240,7 +240,12 @@ pub(crate) async fn dead_letters_group_in_sql(b: Backend) {
         TestRequest::post()
             .uri("/d/dead/retry")
             .insert_header(("cookie", cookie.clone()))
-            .set_form([("kind", "mail"), ("code", "dns"), ("csrf", csrf.as_str())]),
+            .set_form([
+                ("kind", "mail"),
+                ("code", "dns"),
+                ("confirm", "yes"),
+                ("csrf", csrf.as_str()),
+            ]),
     )
     .await;
     assert!(r.body.contains("2 dead job(s)"), "{}", r.body);

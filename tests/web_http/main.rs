@@ -3,7 +3,9 @@
 //! tokens, loopback-only without authentication), CSRF on every action, read-only refusal,
 //! bad filters and unknown ids (clear messages, no stack traces), HTML escaping of
 //! attacker-controlled job fields, the stale-page guard, bulk actions with their preview,
-//! queue changes, and what is never rendered (database URL, lease tokens).
+//! queue changes, and what is never rendered (database URL, lease tokens); `guards.rs`:
+//! loopback `Host` names without authentication, cross-site POSTs, the session's CSRF token,
+//! login throttling.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,7 +19,7 @@ use actix_web::App;
 use jobvisor::testing::{
     ClaimParams, Finalize, FinalizeParams, LeaseToken, StoreEngine as _, TestDb,
 };
-use jobvisor::web::{dashboard, Access, DashboardConfig};
+use jobvisor::web::{Access, Dashboard, DashboardConfig};
 use jobvisor::{Backend, Client, JobFailure, JobId, JobState, NewJob, NodeId};
 use serde_json::json;
 
@@ -132,6 +134,7 @@ where
     let resp = test::call_service(
         app,
         req.peer_addr("127.0.0.1:5555".parse().unwrap())
+            .insert_header(("host", "localhost:8080"))
             .to_request(),
     )
     .await;
@@ -184,12 +187,27 @@ where
         .into_iter()
         .find(|c| c.starts_with("jobvisor_session="))
         .unwrap();
+    // The session's own CSRF token, set with it (not the login form's).
+    let csrf_cookie = set_cookies(&r)
+        .into_iter()
+        .find(|c| c.starts_with("jobvisor_csrf="))
+        .map(|c| cookie_pair(&c))
+        .unwrap();
+    assert_ne!(
+        csrf_cookie.split_once('=').unwrap().1,
+        csrf,
+        "a new token at login"
+    );
+    let csrf = csrf_cookie.split_once('=').unwrap().1.to_string();
     (format!("{}; {csrf_cookie}", cookie_pair(&session)), csrf)
 }
 
 macro_rules! app {
     ($client:expr, $cfg:expr) => {
-        test::init_service(App::new().service(dashboard("/d", $client.clone(), $cfg))).await
+        test::init_service(
+            App::new().service(Dashboard::new("/d", $client.clone(), $cfg).service()),
+        )
+        .await
     };
 }
 
@@ -210,7 +228,9 @@ async fn authentication_is_required(b: Backend) {
     for p in PAGES {
         let r = call(&app, TestRequest::get().uri(p)).await;
         assert_eq!(r.status, StatusCode::SEE_OTHER, "{p}");
-        assert_eq!(r.headers.get("location").unwrap(), "/d/login", "{p}");
+        let to = r.headers.get("location").unwrap().to_str().unwrap();
+        let back = url::form_urlencoded::byte_serialize(p.as_bytes()).collect::<String>();
+        assert_eq!(to, format!("/d/login?next={back}"), "{p}");
     }
     let posts = [
         "/d/jobs/1/retry",
@@ -367,14 +387,16 @@ async fn actions_need_the_csrf_token(b: Backend) {
         assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
         assert!(r.body.contains("CSRF"), "{}", r.body);
     }
-    // The session cookie alone, without the CSRF cookie (a cross-site form): refused.
+    // The session cookie with a CSRF token of its own making (cookie and field alike, as
+    // a cross-site form could send): refused, the token is the session's.
     let session_only = cookie.split(';').next().unwrap().to_string();
+    let forged = "ab".repeat(32);
     let r = call(
         &app,
         TestRequest::post()
             .uri(&uri)
-            .insert_header(("cookie", session_only))
-            .set_form([("version", v.as_str()), ("csrf", csrf.as_str())]),
+            .insert_header(("cookie", format!("{session_only}; jobvisor_csrf={forged}")))
+            .set_form([("version", v.as_str()), ("csrf", forged.as_str())]),
     )
     .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
@@ -690,8 +712,10 @@ fn url_escape(s: &str) -> String {
 }
 
 mod actions;
+mod guards;
 mod lists;
 use actions::*;
+use guards::*;
 use lists::*;
 
 macro_rules! on_every_backend {
@@ -717,4 +741,37 @@ on_every_backend!(
     rare_filters_stop_at_their_window,
     dead_letters_group_in_sql,
     schedules_show_recent_fires,
+    without_auth_serves_only_loopback_host_names,
+    cross_site_posts_are_refused,
+    the_csrf_token_is_bound_to_the_session,
+    login_returns_to_the_page_asked_for,
+    a_queue_with_only_jobs_is_listed_and_can_be_paused,
+    run_now_makes_a_scheduled_job_due,
+    a_job_page_shows_its_parents_children_and_effects,
+    the_chart_has_a_time_axis,
 );
+
+/// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins
+/// of its own per worker: it refuses, loudly.
+#[actix_web::test]
+async fn a_dashboard_built_on_a_server_worker_panics() {
+    let db = TestDb::create(Backend::Sqlite).await;
+    let client = Client::new(db.store().await);
+    let on_worker = std::thread::Builder::new()
+        .name("actix-server worker 3".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Dashboard::new("/d", client, cfg())
+                }))
+                .is_err()
+            })
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(on_worker, "Dashboard::new on a worker thread did not panic");
+}

@@ -2,7 +2,7 @@
 //! It logs in with the token in `JOBVISOR_DASHBOARD_TOKEN`; without one it refuses to start,
 //! unless `--no-auth` is given with a loopback address.
 
-use jobvisor::web::{dashboard, DashboardConfig};
+use jobvisor::web::{Dashboard, DashboardConfig};
 use jobvisor::{Client, Store};
 
 use crate::args::{Cli, Command};
@@ -65,15 +65,16 @@ pub(crate) async fn serve(cli: Cli) -> Result<(), Failure> {
         }
     }
     let client = Client::new(Store::connect(url).await?);
-    let server = actix_web::HttpServer::new(move || {
-        actix_web::App::new().service(dashboard("", client.clone(), config.clone()))
-    })
-    .workers(2)
-    .bind(*listen)
-    .map_err(|e| Failure {
-        code: exit::FAILED,
-        message: format!("cannot listen on {listen}: {e}"),
-    })?;
+    // One dashboard for both workers: a login made on one holds on the other.
+    let dashboard = Dashboard::new("", client, config);
+    let server =
+        actix_web::HttpServer::new(move || actix_web::App::new().service(dashboard.service()))
+            .workers(2)
+            .bind(*listen)
+            .map_err(|e| Failure {
+                code: exit::FAILED,
+                message: format!("cannot listen on {listen}: {e}"),
+            })?;
     eprintln!("jobvisor: dashboard on http://{listen}/");
     server.run().await.map_err(|e| Failure {
         code: exit::FAILED,

@@ -204,3 +204,66 @@ pub async fn ended_histogram_counts_finished_jobs_per_window(b: Backend) {
     assert_eq!(h[11], 3, "{h:?}");
     assert_eq!(h.iter().sum::<u64>(), 3, "{h:?}");
 }
+
+pub async fn run_now_makes_a_later_job_due_version_guarded(b: Backend) {
+    let t = Bundle::new(b).await;
+    let later = t
+        .enqueue(
+            NewJob::new("k", json!({})).delay(std::time::Duration::from_secs(3600)),
+            0,
+        )
+        .await;
+    assert!(
+        t.claim("default", "n", 1, 1).await.is_empty(),
+        "not due yet"
+    );
+    let seen = t.get(later).await;
+    let stale = t
+        .store
+        .job_run_now(RetryParams {
+            id: later,
+            expected_version: Some(seen.version - 1),
+            now: t.at(1),
+        })
+        .await
+        .unwrap();
+    assert_eq!(stale, Guarded::Stale);
+    let Guarded::Applied(j) = t
+        .store
+        .job_run_now(RetryParams {
+            id: later,
+            expected_version: Some(seen.version),
+            now: t.at(1),
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("run now not applied")
+    };
+    assert_eq!(j.state, JobState::Pending);
+    assert_eq!(j.version, seen.version + 1);
+    assert_eq!(j.run_at, t.at(1).unwrap());
+    let c = t.claim("default", "n", 1, 2).await;
+    assert_eq!(c.len(), 1, "due now");
+    // Running: not a job to run now.
+    let e = t
+        .store
+        .job_run_now(RetryParams {
+            id: later,
+            expected_version: None,
+            now: t.at(3),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidTransition { .. }), "{e}");
+    let e = t
+        .store
+        .job_run_now(RetryParams {
+            id: JobId(424_242),
+            expected_version: None,
+            now: t.at(3),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+}

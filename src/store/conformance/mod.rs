@@ -251,6 +251,7 @@ macro_rules! conformance_tests {
             requeue_does_not_use_an_attempt,
             cancel_pending_running_and_finished_jobs,
             manual_retry_of_a_dead_job_is_version_guarded,
+            run_now_makes_a_later_job_due_version_guarded,
             delete_of_a_finished_job_is_version_guarded,
             ended_histogram_counts_finished_jobs_per_window,
             archive_moves_terminal_jobs_atomically_and_prune_deletes_them,

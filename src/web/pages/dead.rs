@@ -21,13 +21,13 @@ use crate::store::MAX_DEAD_GROUPS;
 pub(crate) const DEAD_EXACT: i64 = 10_000;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     match render(&state, &req, &ctx).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 

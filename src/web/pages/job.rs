@@ -29,19 +29,23 @@ pub(crate) fn parse_id(s: &str) -> Result<JobId> {
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest, path: web::Path<String>) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     let out = async {
         let id = parse_id(&path)?;
         let job = state.client.get(id).await?;
-        Ok::<_, Error>(render(&state, &req, &ctx, &job))
+        let story = Story {
+            deps: state.client.dependencies(id).await?,
+            effects: state.client.effects(id).await?,
+        };
+        Ok::<_, Error>(render(&state, &req, &ctx, &job, &story))
     }
     .await;
     match out {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 
@@ -61,6 +65,9 @@ pub(crate) fn actions(state: &Data, ctx: &Ctx, job: &Job) -> maud::Markup {
         @if ctx.can_act() && live {
             div.actions #job-actions {
                 @if matches!(job.state, JobState::Dead | JobState::Cancelled) { (act("retry", "Retry now", "primary")) }
+                @if job.state == JobState::Retrying || (job.state == JobState::Pending && job.run_at > chrono::Utc::now()) {
+                    (act("run_now", "Run now", "primary"))
+                }
                 @if !job.state.is_terminal() { (act("cancel", "Cancel", "danger")) }
                 @if job.state.is_terminal() { (act("delete", "Delete", "danger")) }
             }
@@ -68,7 +75,42 @@ pub(crate) fn actions(state: &Data, ctx: &Ctx, job: &Job) -> maud::Markup {
     }
 }
 
-fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job) -> HttpResponse {
+/// What happened around a job besides its own row: the jobs it waits for and that wait for
+/// it (a batch's members are its callback's parents), and the effects its transactions
+/// recorded. (Each claim of the job — claim id, node, start, end, outcome — goes here too
+/// once the store keeps an execution ledger.)
+struct Story {
+    deps: crate::Dependencies,
+    effects: Vec<crate::Effect>,
+}
+
+/// A list of linked jobs: id, state, the child's policy for a failed parent, settled.
+fn links(state: &Data, id: &str, links: &[crate::dependency::Link]) -> maud::Markup {
+    html! {
+        table id=(id) {
+            thead { tr { th { "job" } th { "state" } th { "if a parent fails" } th { "settled" } } }
+            tbody {
+                @for l in links {
+                    tr {
+                        td { a href=(state.url(&format!("/jobs/{}", l.id.0))) { (l.id.0) } }
+                        td { @match l.state {
+                            Some(s) => span class=(state_class(s)) { (s) },
+                            None => span.muted { "gone (pruned)" },
+                        } }
+                        td { (match l.policy {
+                            crate::ParentPolicy::Cancel => "the child is cancelled",
+                            crate::ParentPolicy::Run => "the child runs anyway",
+                            _ => "the child waits",
+                        }) }
+                        td { (if l.settled { "yes" } else { "not yet" }) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) -> HttpResponse {
     let now = Utc::now();
     let title = format!("Job {}", job.id.0);
     let body = html! {
@@ -85,7 +127,7 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job) -> HttpResponse
             dt { "attempts" } dd { (job.attempts) " of " (job.max_attempts)
                 @if job.refunds > 0 { " (" (job.refunds) " given back)" } }
             dt { "run at" } dd { (ts(job.run_at)) " (" (age(now, job.run_at)) ")" }
-            dt { "timeout" } dd { (format!("{:?}", job.timeout))
+            dt { "timeout" } dd { (super::super::layout::duration_text(job.timeout))
                 @if let Some(t) = job.timeout_at { ", deadline " (ts(t)) } }
             dt { "lease owner" } dd #lease-owner { @if let Some(l) = &job.lease { (l.owner) } @else { "—" } }
             dt { "lease expires" } dd { @if let Some(l) = &job.lease { (ts(l.expires_at)) " (" (age(now, l.expires_at)) ")" } @else { "—" } }
@@ -103,6 +145,32 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job) -> HttpResponse
         pre #payload { (json(&job.payload)) }
         @if let Some(r) = &job.result { h2 { "Result" } pre #result { (json(r)) } }
         @if let Some(p) = &job.progress { h2 { "Progress" } pre #progress { (json(p)) } }
+        @if !story.deps.parents.is_empty() {
+            h2 { "Waits for (parents)" }
+            p.note { (story.deps.parents.len()) " parent(s)" @if story.deps.parents.len() > 1 { " — a batch, when this job is its callback" } }
+            (links(state, "parents", &story.deps.parents))
+        }
+        @if !story.deps.children.is_empty() {
+            h2 { "Waited for by (children)" }
+            (links(state, "children", &story.deps.children))
+        }
+        h2 { "Effects" }
+        @if story.effects.is_empty() { p.muted #no-effects { "No effects recorded in this job's transactions." } }
+        @else {
+            table #effects {
+                thead { tr { th { "key" } th { "detail" } th { "claim" } th { "recorded" } } }
+                tbody {
+                    @for e in &story.effects {
+                        tr {
+                            td { code { (e.key) } }
+                            td { @if let Some(d) = &e.detail { pre { (json(d)) } } @else { "—" } }
+                            td { code { (e.claim) } }
+                            td { (ts(e.recorded_at)) }
+                        }
+                    }
+                }
+            }
+        }
         h2 { "Attempts and errors" }
         @if job.errors.is_empty() { p.muted { "No errors recorded." } }
         ol.timeline #errors {

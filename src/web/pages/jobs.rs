@@ -126,13 +126,13 @@ pub(crate) async fn page(
     req: HttpRequest,
     form: web::Query<FilterForm>,
 ) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     match render(&state, &req, &ctx, &form).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 

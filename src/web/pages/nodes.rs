@@ -21,13 +21,13 @@ use crate::store::ListParams;
 const RUNNING_SCAN: u32 = 1000;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     match render(&state, &req, &ctx).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 
@@ -97,7 +97,7 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
             table #unserved {
                 thead { tr { th { "queue" } th { "kind" } th.num { "jobs" } th { "why" } } }
                 tbody { @for u in &unserved { tr {
-                    td { (u.queue) } td { (u.kind) } td.num { (u.jobs) } td { (format!("{:?}", u.reason)) }
+                    td { (u.queue) } td { (u.kind) } td.num { (u.jobs) } td { (super::super::layout::unserved_reason(u.reason)) }
                 } } }
             }
         }

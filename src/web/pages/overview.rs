@@ -93,13 +93,13 @@ pub(crate) async fn counts(state: &Data) -> Result<(Counts, Vec<QueueLag>, Optio
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     match render(&state, &req, &ctx).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 
@@ -126,6 +126,14 @@ async fn render(
     let titles: Vec<String> = (0..BUCKETS)
         .map(|i| format!("{} min ago", (BUCKETS - i) * 5))
         .collect();
+    // The time axis: every third bar (15 minutes) by its start (UTC), and the last as now.
+    let n = BUCKETS as usize;
+    let start = |i: usize| now - chrono::Duration::minutes(((n - i) * 5) as i64);
+    let mut axis: Vec<(usize, String)> = (0..n)
+        .step_by(3)
+        .map(|i| (i, start(i).format("%H:%M").to_string()))
+        .collect();
+    axis.push((n - 1, "now".to_string()));
     let body = html! {
         h2 { "Queues" }
         @if let Some(label) = &estimate { p.estimate #estimate { (label) } }
@@ -158,7 +166,7 @@ async fn render(
             }
         }
         h2 { "Finished jobs, last hour" }
-        (chart::bars(&ended, &titles, "jobs finished per 5 minutes over the last hour"))
+        (chart::bars(&ended, &titles, &axis, "jobs finished per 5 minutes over the last hour (UTC)"))
         p.note { "Counted from the live table's index on finished_at, per 5 minutes (jobs already archived are not counted)." }
         h2 { "Nodes" }
         p #leader {

@@ -1,4 +1,4 @@
-//! Queues: each queue's shared settings (pause, global and per-partition limits, rate limit)
+//! Queues (every queue with stored settings, a serving node or a live job): each queue's shared settings (pause, global and per-partition limits, rate limit)
 //! and its live occupancy against them, with forms to pause, resume and change the limits —
 //! validated by the same [`Client`](crate::Client) calls as everywhere else.
 
@@ -26,7 +26,11 @@ pub(crate) fn limits_text(l: &QueueLimits) -> String {
         parts.push(format!("per partition {p}"));
     }
     if let Some(r) = &l.rate {
-        parts.push(format!("rate {} per {:?}", r.jobs(), r.per()));
+        parts.push(format!(
+            "rate {} per {}",
+            r.jobs(),
+            super::super::layout::duration_text(r.per())
+        ));
     }
     if parts.is_empty() {
         "none".to_string()
@@ -36,13 +40,13 @@ pub(crate) fn limits_text(l: &QueueLimits) -> String {
 }
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     match render(&state, &req, &ctx).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 
@@ -72,8 +76,17 @@ fn queue_form(state: &Data, ctx: &Ctx, name: &str, paused: bool, l: &QueueLimits
 async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpResponse> {
     let now = Utc::now();
     let settings = state.client.queues().await?;
-    let known = state.client.known_queues().await?;
     let (counts, _, estimate) = super::overview::counts(state).await?;
+    // Every queue with settings or a serving node, and every queue holding a live job (from
+    // the counts the overview reads): one whose workers are down can be paused here too.
+    let mut known: std::collections::BTreeSet<String> =
+        state.client.known_queues().await?.into_iter().collect();
+    known.extend(
+        counts
+            .iter()
+            .filter(|(_, c)| c.values().any(|n| *n > 0))
+            .map(|(q, _)| q.clone()),
+    );
     let running: BTreeMap<String, u64> = counts
         .into_iter()
         .map(|(q, c)| (q, c.get(&JobState::Running).copied().unwrap_or(0)))

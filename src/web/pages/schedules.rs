@@ -18,13 +18,13 @@ use crate::job::Job;
 pub(crate) const RECENT_FIRES: i64 = 5;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
-    let ctx = match authorize(&state, &req) {
+    let ctx = match authorize(&state, &req).await {
         Ok(c) => c,
         Err(r) => return r,
     };
     match render(&state, &req, &ctx).await {
         Ok(r) => r,
-        Err(e) => ctx.finish(&state, &req, error_response(&e)),
+        Err(e) => ctx.finish(&state, &req, error_response(&req, &e)),
     }
 }
 
@@ -75,7 +75,7 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
                                 }
                             }
                         }
-                        td { (format!("{:?}", s.missed)) }
+                        td { (super::super::layout::missed_text(s.missed)) }
                         td {
                             @if s.retired_at.is_some() { "retired" }
                             @else if s.paused_at.is_some() { "paused" }
