@@ -517,6 +517,27 @@ impl Client {
         Ok(out)
     }
 
+    /// [`cancel`](Client::cancel), only while the job is at `version` (the dashboard's pinned
+    /// jobs): `Err(job)`, as it is now, when it changed since; nothing is written then.
+    #[cfg(feature = "web")]
+    pub(crate) async fn cancel_at_version(
+        &self,
+        id: JobId,
+        version: i64,
+    ) -> Result<std::result::Result<CancelOutcome, Job>> {
+        let p = CancelParams {
+            id,
+            now: self.clock.bound_now(),
+        };
+        match self.store.job_cancel_guarded(p, Some(version)).await? {
+            Ok((out, released)) => {
+                self.wake_queues(&released);
+                Ok(Ok(out))
+            }
+            Err(job) => Ok(Err(job)),
+        }
+    }
+
     /// Cancels a job and every descendant not yet ended (children, their children, …),
     /// whatever their [`ParentPolicy`](crate::ParentPolicy): waiting, pending and retrying
     /// ones at once, running ones by a cancel request. Returns the job's outcome and the

@@ -332,7 +332,7 @@ pub(crate) const RETRYABLE_BY_HAND: StateIn =
 
 /// Jobs an operator can make due now ("run now"): waiting for their run time or their next
 /// attempt.
-#[cfg(any(feature = "web", feature = "test-util", test))]
+#[cfg(any(feature = "web", feature = "test-util"))]
 pub(crate) const DUE_LATER: StateIn = StateIn(&[
     crate::job::JobState::Pending,
     crate::job::JobState::Retrying,

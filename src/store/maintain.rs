@@ -263,13 +263,36 @@ impl Store {
         &self,
         p: CancelParams,
     ) -> Result<(CancelOutcome, Vec<String>)> {
+        // With no version expected, no job can have moved on from it.
+        Ok(self
+            .job_cancel_guarded(p, None)
+            .await?
+            .unwrap_or_else(|job| (CancelOutcome::AlreadyFinished(job), Vec::new())))
+    }
+
+    /// [`job_cancel_settling`](Self::job_cancel_settling), only while the job is at version
+    /// `expected` (`None`: at any version): a job that changed since answers `Err(job)` as it
+    /// is now, and nothing is written. The version guards the write itself, so a change
+    /// between the read and the write is caught too (the write applies to no row, the job is
+    /// read again and found moved on).
+    ///
+    /// # Errors
+    /// As [`job_cancel`](Self::job_cancel).
+    pub(crate) async fn job_cancel_guarded(
+        &self,
+        p: CancelParams,
+        expected: Option<i64>,
+    ) -> Result<std::result::Result<(CancelOutcome, Vec<String>), Job>> {
         let now = DbNow::new(bound(p.now));
         for _ in 0..RACE_TRIES {
             let Some(job) = self.job_get(p.id).await? else {
                 return Err(Error::NotFound { id: p.id });
             };
+            if expected.is_some_and(|v| v != job.version) {
+                return Ok(Err(job));
+            }
             if job.archived_at.is_some() || job.state.is_terminal() {
-                return Ok((CancelOutcome::AlreadyFinished(job), Vec::new()));
+                return Ok(Ok((CancelOutcome::AlreadyFinished(job), Vec::new())));
             }
             let id = p.id.0;
             let version = job.version;
@@ -312,7 +335,7 @@ impl Store {
                 })
             };
             if job.state == JobState::Running && job.cancel_requested_at.is_some() {
-                return Ok((CancelOutcome::Requested(job), Vec::new()));
+                return Ok(Ok((CancelOutcome::Requested(job), Vec::new())));
             }
             if n == 1 {
                 let job = self
@@ -320,7 +343,7 @@ impl Store {
                     .await?
                     .ok_or(Error::NotFound { id: p.id })?;
                 if job.state == JobState::Running {
-                    return Ok((CancelOutcome::Requested(job), Vec::new()));
+                    return Ok(Ok((CancelOutcome::Requested(job), Vec::new())));
                 }
                 // Its own parents no longer count for it; its children follow their policy.
                 with_write!(self, |conn| diesel::update(
@@ -330,7 +353,7 @@ impl Store {
                 .execute(conn)
                 .await?);
                 let settled = self.job_settle_children(&[id], p.now).await?;
-                return Ok((CancelOutcome::Cancelled(job), settled.released));
+                return Ok(Ok((CancelOutcome::Cancelled(job), settled.released)));
             }
             // Lost a race (claimed, finalized or reclaimed meanwhile): look again.
         }
@@ -506,7 +529,7 @@ impl Store {
     /// # Errors
     /// [`Error::NotFound`], [`Error::InvalidTransition`] from any other state (to `pending`),
     /// [`Error::InvalidInput`] for an archived job; [`Error::Database`].
-    #[cfg(any(feature = "web", feature = "test-util", test))]
+    #[cfg(any(feature = "web", feature = "test-util"))]
     pub(crate) async fn job_run_now(&self, p: RetryParams) -> Result<Guarded<Job>> {
         let now = DbNow::new(bound(p.now));
         let Some(job) = self.job_get(p.id).await? else {

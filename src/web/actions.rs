@@ -146,21 +146,15 @@ pub(crate) async fn job(
                     Err(e) => return Err(e),
                 }
             }
-            "cancel" => {
-                let j = state.client.get(id).await?;
-                if j.version != version {
-                    (StatusCode::CONFLICT, stale(&j))
-                } else {
-                    match state.client.cancel(id).await? {
-                        CancelOutcome::Cancelled(_) => (StatusCode::OK, format!("job {} cancelled", id.0)),
-                        CancelOutcome::Requested(_) => (
-                            StatusCode::OK,
-                            format!("job {} is running: cancel requested, its node stops it at its next heartbeat", id.0),
-                        ),
-                        CancelOutcome::AlreadyFinished(j) => (StatusCode::CONFLICT, stale(&j)),
-                    }
-                }
-            }
+            // Guarded by the version the page showed, in the write itself.
+            "cancel" => match state.client.cancel_at_version(id, version).await? {
+                Ok(CancelOutcome::Cancelled(_)) => (StatusCode::OK, format!("job {} cancelled", id.0)),
+                Ok(CancelOutcome::Requested(_)) => (
+                    StatusCode::OK,
+                    format!("job {} is running: cancel requested, its node is told at once and stops its handler", id.0),
+                ),
+                Ok(CancelOutcome::AlreadyFinished(j)) | Err(j) => (StatusCode::CONFLICT, stale(&j)),
+            },
             "delete" => {
                 let j = state.client.get(id).await?;
                 if j.version != version {
@@ -401,13 +395,11 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
                     Ok(_) | Err(Error::InvalidTransition { .. } | Error::NotFound { .. }) => false,
                     Err(e) => return Err(e),
                 },
-                // The job as pinned, or skipped: read just before the cancel.
-                Bulk::Cancel => match state.client.get(id).await {
-                    Ok(j) if j.version == version && b.applies_to(j.state) => !matches!(
-                        state.client.cancel(id).await,
-                        Ok(CancelOutcome::AlreadyFinished(_)) | Err(Error::NotFound { .. })
-                    ),
-                    Ok(_) | Err(Error::NotFound { .. }) => false,
+                // The job as pinned (its version guards the write), or skipped.
+                Bulk::Cancel => match state.client.cancel_at_version(id, version).await {
+                    Ok(Ok(CancelOutcome::Cancelled(_) | CancelOutcome::Requested(_))) => true,
+                    Ok(Ok(CancelOutcome::AlreadyFinished(_)) | Err(_))
+                    | Err(Error::NotFound { .. }) => false,
                     Err(e) => return Err(e),
                 },
             };

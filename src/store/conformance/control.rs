@@ -267,3 +267,67 @@ pub async fn run_now_makes_a_later_job_due_version_guarded(b: Backend) {
         .unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
 }
+
+/// A cancel at a version (the dashboard's pinned jobs) writes nothing to a job that moved on
+/// since: a pending job made due again (`run now`, a new version) is left pending, and a
+/// claimed one gets no cancel request; at the version read now it cancels as usual.
+pub async fn cancel_at_a_version_leaves_a_job_that_moved_on(b: Backend) {
+    let t = Bundle::new(b).await;
+    let later = t
+        .enqueue(
+            NewJob::new("k", json!({})).delay(std::time::Duration::from_secs(3600)),
+            0,
+        )
+        .await;
+    let seen = t.get(later).await;
+    let Guarded::Applied(_) = t
+        .store
+        .job_run_now(RetryParams {
+            id: later,
+            expected_version: Some(seen.version),
+            now: t.at(1),
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("run now not applied")
+    };
+    let cancel = |version| {
+        t.store.job_cancel_guarded(
+            CancelParams {
+                id: later,
+                now: t.at(2),
+            },
+            Some(version),
+        )
+    };
+    let Err(now) = cancel(seen.version).await.unwrap() else {
+        panic!("a cancel at the old version was applied")
+    };
+    assert_eq!(
+        (now.state, now.version),
+        (JobState::Pending, seen.version + 1)
+    );
+    assert_eq!(
+        t.get(later).await.state,
+        JobState::Pending,
+        "nothing written"
+    );
+
+    // Claimed since the version pinned: no cancel request reaches its holder.
+    let pinned = t.get(later).await.version;
+    let c = t.claim("default", "n", 1, 3).await.pop().unwrap();
+    assert_eq!(c.id, later);
+    let Err(running) = cancel(pinned).await.unwrap() else {
+        panic!("a cancel at the version before the claim was applied")
+    };
+    assert_eq!(running.state, JobState::Running);
+    assert_eq!(t.get(later).await.cancel_requested_at, None);
+
+    // At the version it has now: requested as usual.
+    let current = t.get(later).await.version;
+    let Ok((CancelOutcome::Requested(j), _)) = cancel(current).await.unwrap() else {
+        panic!("a cancel at the current version was not requested")
+    };
+    assert_eq!(j.cancel_requested_at, t.at(2));
+}

@@ -250,6 +250,7 @@ macro_rules! conformance_tests {
             renewals_record_each_start_once_and_stale_tokens_record_nothing,
             requeue_does_not_use_an_attempt,
             cancel_pending_running_and_finished_jobs,
+            cancel_at_a_version_leaves_a_job_that_moved_on,
             manual_retry_of_a_dead_job_is_version_guarded,
             run_now_makes_a_later_job_due_version_guarded,
             delete_of_a_finished_job_is_version_guarded,
