@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::backoff::RetryPolicy;
 use crate::error::{Error, Result};
-use crate::job::check_name;
+use crate::new_job::check_name;
 use crate::store::QueueLimits;
 
 /// Jobs of one queue run at once on one node: **10**.

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::job::Enqueued;
-use crate::job::{check_name, JobId, JobState, NewJob, MAX_KIND_LEN, MAX_UNIQUE_KEY_LEN};
+use crate::job::{JobId, JobState, NewJob, MAX_KIND_LEN, MAX_UNIQUE_KEY_LEN};
+use crate::new_job::check_name;
 
 /// Most parents one job may name (ids and keys together): a batch's callback names every
 /// member, so this is also the largest batch.

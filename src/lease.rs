@@ -12,7 +12,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::job::check_name;
+use crate::new_job::check_name;
 
 /// Longest node id: **255** characters.
 pub const MAX_NODE_ID_LEN: usize = 255;

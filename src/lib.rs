@@ -79,6 +79,7 @@ mod job_args;
 mod job_tx;
 pub mod lease;
 pub mod metrics;
+mod new_job;
 pub mod schedule;
 pub mod scheduler;
 pub mod store;

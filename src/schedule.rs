@@ -174,7 +174,7 @@ impl Schedule {
             field: "schedules",
             reason: format!("schedule {:?}: {reason}", self.name),
         };
-        crate::job::check_name("schedule", &self.name, crate::job::MAX_KIND_LEN)
+        crate::new_job::check_name("schedule", &self.name, crate::job::MAX_KIND_LEN)
             .map_err(|e| bad(e.to_string()))?;
         let spec = match &self.spec {
             Spec::Cron(e) => e.trim().to_string(),

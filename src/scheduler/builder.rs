@@ -308,7 +308,7 @@ impl SchedulerBuilder {
             }
         }
         for (kind, reg) in &self.handlers {
-            crate::job::check_name("kind", kind, crate::job::MAX_KIND_LEN).map_err(|e| {
+            crate::new_job::check_name("kind", kind, crate::job::MAX_KIND_LEN).map_err(|e| {
                 Error::Config {
                     field: "handlers",
                     reason: e.to_string(),

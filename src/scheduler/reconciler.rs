@@ -86,7 +86,7 @@ impl Reconciler {
 
     /// Checks the name and interval.
     pub(crate) fn validate(&self) -> Result<()> {
-        crate::job::check_name("reconciler", &self.name, crate::job::MAX_KIND_LEN).map_err(
+        crate::new_job::check_name("reconciler", &self.name, crate::job::MAX_KIND_LEN).map_err(
             |e| Error::Config {
                 field: "reconcilers",
                 reason: e.to_string(),

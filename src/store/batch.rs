@@ -214,7 +214,7 @@ pub(crate) fn keyless_run(batch: &[&NewJob]) -> usize {
         if j.unique_key.is_some() {
             break;
         }
-        bytes += crate::job::payload_size(&j.payload);
+        bytes += crate::new_job::payload_size(&j.payload);
         if n > 0 && bytes > MULTI_INSERT_BYTES {
             break;
         }

@@ -20,7 +20,8 @@ use super::schema::{
 };
 use super::Store;
 use crate::error::{Error, Result};
-use crate::job::{check_name, MAX_QUEUE_LEN};
+use crate::job::MAX_QUEUE_LEN;
+use crate::new_job::check_name;
 
 /// Longest rate window, **1 day**.
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(24 * 3600);
