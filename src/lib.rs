@@ -20,7 +20,8 @@
 //!   its effect records ([`Recorded`], [`Effect`]), [`TxError`].
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
 //! * [`backoff`] — [`RetryPolicy`]: how long a failed job waits before its next attempt.
-//! * [`job`] — job ids, states and their transition table, [`NewJob`] and its validation.
+//! * [`job`] — job ids, states and their transition table, the job record, its limits.
+//! * `new_job` — [`NewJob`], its options and their validation, [`Enqueued`] (named in `job`).
 //! * `job_args` — [`JobArgs`]: a payload type tied to its kind, queue, priority, attempts
 //!   and timeout (`client.enqueue(args)`, [`SchedulerBuilder::handle`]).
 //! * [`dependency`] — jobs that wait for others: [`NewJob::after`], [`ParentPolicy`],
