@@ -20,7 +20,7 @@ impl Watch {
         Watch {
             listener: t.store.listen().await.unwrap(),
             prefix: format!("q{}-", uuid::Uuid::new_v4().simple()),
-            wakes: t.store.change_signal().await.unwrap().wakes,
+            wakes: t.store.change_signal(0).await.unwrap().wakes,
         }
     }
 
@@ -30,7 +30,7 @@ impl Watch {
 
     /// Asserts that `what` was announced (for `queue`), once.
     async fn announced(&mut self, t: &Bundle, queue: &str, what: &str) {
-        let now = t.store.change_signal().await.unwrap().wakes;
+        let now = t.store.change_signal(0).await.unwrap().wakes;
         match &mut self.listener {
             None => assert_eq!(now, self.wakes + 1, "{what} moved the wake counter once"),
             Some(l) => {
@@ -56,7 +56,7 @@ impl Watch {
     /// Asserts that nothing moved the counter (on PostgreSQL, left to the notified steps:
     /// each expects its own queue's notice next).
     async fn quiet(&self, t: &Bundle, what: &str) {
-        let now = t.store.change_signal().await.unwrap().wakes;
+        let now = t.store.change_signal(0).await.unwrap().wakes;
         assert_eq!(now, self.wakes, "{what} moved the wake counter");
     }
 }
@@ -231,7 +231,7 @@ pub async fn a_cancel_of_a_running_job_is_announced_to_its_holder(b: Backend) {
     assert!(matches!(out, CancelOutcome::Requested(_)), "{out:?}");
     match &mut w.listener {
         None => {
-            let now = t.store.change_signal().await.unwrap().wakes;
+            let now = t.store.change_signal(0).await.unwrap().wakes;
             assert_eq!(now, w.wakes + 1, "the cancel moved the wake counter once");
             w.wakes = now;
         }
