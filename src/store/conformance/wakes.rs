@@ -250,3 +250,33 @@ pub async fn a_cancel_of_a_running_job_is_announced_to_its_holder(b: Backend) {
     assert!(matches!(out, CancelOutcome::Requested(_)), "{out:?}");
     w.quiet(&t, "a cancel asked again").await;
 }
+
+/// The change signal counts the jobs with an id in `(floor, floor + GAP_SPAN]` (the reader's
+/// floor below uncommitted ids), and reads the newest id as before, on every backend.
+pub async fn the_change_signal_counts_the_jobs_above_its_floor(b: Backend) {
+    let t = Bundle::new(b).await;
+    let empty = t.store.change_signal(0).await.unwrap();
+    assert_eq!((empty.newest_job, empty.above_floor), (0, 0));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(t.enqueue(NewJob::new("k", json!(i)), 0).await.0);
+    }
+    let (first, last) = (ids[0], ids[2]);
+    let s = t.store.change_signal(first).await.unwrap();
+    assert_eq!(s.newest_job, last);
+    assert_eq!(s.above_floor, 2, "the two jobs above the first");
+    assert_eq!(t.store.change_signal(last).await.unwrap().above_floor, 0);
+    assert_eq!(t.store.change_signal(0).await.unwrap().above_floor, 3);
+    // Only the span above the floor is read.
+    let far = first - crate::store::GAP_SPAN - 1;
+    assert_eq!(t.store.change_signal(far).await.unwrap().above_floor, 0);
+    assert_eq!(
+        t.store
+            .change_signal(first - crate::store::GAP_SPAN)
+            .await
+            .unwrap()
+            .above_floor,
+        1,
+        "the first job is the span's last id"
+    );
+}
