@@ -51,6 +51,7 @@ mod fair_share;
 pub(crate) mod fetcher;
 mod gauges;
 mod handle;
+mod id_gaps;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod job_supervisor;
 mod leader_elector;

@@ -7,9 +7,10 @@
 //!   listener forwards it here ([`RefreshSettings`]), and the settings are also re-read
 //!   every [`REFRESH_EVERY`] in case a notification was lost while the listener reconnected.
 //! * MariaDB/MySQL and SQLite have no notifications: every [`SIGNAL_EVERY`] the watch reads
-//!   one small statement ([`ChangeSignal`]: the newest job's id, a digest of the settings
-//!   table and the wake counter). A changed digest makes it re-read the settings; a newer
-//!   job, or a moved wake counter (a job another process made due without a new id: a
+//!   one small statement ([`ChangeSignal`]: the newest job's id, the count of ids above the
+//!   floor [`IdGaps`] keeps below uncommitted ids, a digest of the settings table and the
+//!   wake counter). A changed digest makes it re-read the settings; a newer job, an older
+//!   one committed late (the count moved), or a moved wake counter (a job another process made due without a new id: a
 //!   dependency child released, a retry by hand, a refunded reclaim), wakes the node's
 //!   fetchers that have idle workers, so such a job is picked up within the signal interval
 //!   rather than at the next poll. A moved wake counter also has the lease manager renew its
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::fetcher::{NewJobsElsewhere, Wake};
+use super::id_gaps::IdGaps;
 use super::lease_manager::{CancelAsked, WithdrawQueue};
 use super::{report_store_error, Shared};
 use crate::store::{ChangeSignal, QueueInfo};
@@ -54,6 +56,8 @@ pub(crate) struct QueueWatch {
     seen: HashMap<String, QueueInfo>,
     /// The change signal last read.
     signal: Option<ChangeSignal>,
+    /// The floor below uncommitted job ids, and the jobs read above it.
+    ids: IdGaps,
     /// A read is in flight; `again`: another was asked for meanwhile.
     reading: bool,
     again: bool,
@@ -86,6 +90,7 @@ impl QueueWatch {
             cancels,
             seen: HashMap::new(),
             signal: None,
+            ids: IdGaps::default(),
             reading: false,
             again: false,
             stale: false,
@@ -182,17 +187,20 @@ impl QueueWatch {
         }
         self.reading = true;
         let store = self.shared.store.clone();
-        let read = async move { store.change_signal().await };
+        let floor = self.ids.floor();
+        let read = async move { store.change_signal(floor).await };
         ctx.spawn(read.into_actor(self).map(|res, act, ctx| {
             act.reading = false;
             match res {
                 Ok(signal) => {
                     let before = act.signal.replace(signal);
-                    // A newer job, or a job made due without a new id (a child released,
-                    // a retry by hand, a refunded reclaim: `store::wakes`).
-                    if before.is_some_and(|b| {
-                        b.newest_job != signal.newest_job || b.wakes != signal.wakes
-                    }) {
+                    // A newer job, an older one committed late, or a job made due without
+                    // a new id (a child released, a retry by hand, a refunded reclaim:
+                    // `store::wakes`).
+                    let appeared =
+                        act.ids
+                            .read(signal.newest_job, signal.above_floor, Instant::now());
+                    if appeared || before.is_some_and(|b| b.wakes != signal.wakes) {
                         for f in act.elsewhere.values() {
                             f.do_send(NewJobsElsewhere);
                         }

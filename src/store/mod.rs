@@ -153,7 +153,7 @@ pub use params::{
 };
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use pool::with_query;
-pub(crate) use queues::ChangeSignal;
+pub(crate) use queues::{ChangeSignal, GAP_SPAN};
 pub use queues::{
     QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
     MIN_RATE_PERIOD, RATE_START_MARGIN,

@@ -243,6 +243,10 @@ impl QueueRow {
 pub(crate) struct ChangeSignal {
     /// The newest job's id (0 with none).
     pub(crate) newest_job: i64,
+    /// How many jobs have an id in `(floor, floor + GAP_SPAN]` for the `floor` asked: a job
+    /// whose insert commits after a newer id was already read (two transactions, the lower
+    /// id committing last) moves this count, not the newest id.
+    pub(crate) above_floor: i64,
     /// The settings' row count and newest change time: any pause, resume or change of
     /// limits moves one of them.
     pub(crate) settings: (i64, i64),
@@ -250,6 +254,11 @@ pub(crate) struct ChangeSignal {
     /// without a new id (a child released, a retry by hand, a refunded reclaim).
     pub(crate) wakes: i64,
 }
+
+/// The widest range of ids above the floor [`Store::change_signal`] counts: **1,000** (one
+/// short primary-key range scan). A reader whose newest id runs further ahead of its floor
+/// is behind a busy queue, whose fetchers find work by themselves.
+pub(crate) const GAP_SPAN: i64 = 1_000;
 
 impl Store {
     /// Every queue with shared settings, by name.
@@ -405,26 +414,36 @@ impl Store {
 
     /// A cheap signal of change for the backends without notifications, read every few
     /// tens of milliseconds by each node's queue watch: the newest job's id (a new job from
-    /// any process moves it), a digest of the queue settings (rows and newest change) and
-    /// the wake counter (a job made due without a new id moves it), in one statement that
-    /// reads two index ends, the small settings table and the one-row counter.
-    pub(crate) async fn change_signal(&self) -> Result<ChangeSignal> {
+    /// any process moves it), how many jobs have an id in `(floor, floor + GAP_SPAN]` (an
+    /// insert that commits after a newer id was read moves it: the reader keeps `floor`
+    /// below such gaps), a digest of the queue settings (rows and newest change) and the wake
+    /// counter (a job made due without a new id moves it), in one statement that reads two
+    /// index ends, a short primary-key range, the small settings table and the one-row
+    /// counter.
+    pub(crate) async fn change_signal(&self, floor: i64) -> Result<ChangeSignal> {
         use diesel::dsl::max;
+        let upto = floor.saturating_add(GAP_SPAN);
         let read = async {
             with_signal_conn!(self, |c| {
                 diesel::select((
                     jobs::table.select(max(jobs::id)).single_value(),
+                    jobs::table
+                        .filter(jobs::id.gt(floor))
+                        .filter(jobs::id.le(upto))
+                        .count()
+                        .single_value()
+                        .assume_not_null(),
                     queues::table.count().single_value().assume_not_null(),
                     queues::table.select(max(queues::updated_at)).single_value(),
                     wakes::table.select(max(wakes::n)).single_value(),
                 ))
-                .get_result::<(Option<i64>, i64, Option<i64>, Option<i64>)>(c)
+                .get_result::<(Option<i64>, i64, i64, Option<i64>, Option<i64>)>(c)
                 .await
             })
         };
         // Bounded like a hot-path statement: an abandoned read closes its connection.
         let bound = self.inner.statement_bound();
-        let (newest_job, settings, changed, wakes) =
+        let (newest_job, above_floor, settings, changed, wakes) =
             tokio::time::timeout(bound, read).await.map_err(|_| {
                 crate::Error::Database(crate::error::StoreError::Transient(format!(
                     "the change signal was not read within {bound:?} \
@@ -433,6 +452,7 @@ impl Store {
             })??;
         Ok(ChangeSignal {
             newest_job: newest_job.unwrap_or(0),
+            above_floor,
             settings: (settings, changed.unwrap_or(0)),
             wakes: wakes.unwrap_or(0),
         })

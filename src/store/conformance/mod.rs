@@ -322,6 +322,7 @@ macro_rules! conformance_tests {
             jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is,
             no_trigger_fires_per_row_on_an_update_of_the_jobs,
             a_cancel_of_a_running_job_is_announced_to_its_holder,
+            the_change_signal_counts_the_jobs_above_its_floor,
         );
     };
     (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {

@@ -20,7 +20,7 @@ impl Watch {
         Watch {
             listener: t.store.listen().await.unwrap(),
             prefix: format!("q{}-", uuid::Uuid::new_v4().simple()),
-            wakes: t.store.change_signal().await.unwrap().wakes,
+            wakes: t.store.change_signal(0).await.unwrap().wakes,
         }
     }
 
@@ -30,7 +30,7 @@ impl Watch {
 
     /// Asserts that `what` was announced (for `queue`), once.
     async fn announced(&mut self, t: &Bundle, queue: &str, what: &str) {
-        let now = t.store.change_signal().await.unwrap().wakes;
+        let now = t.store.change_signal(0).await.unwrap().wakes;
         match &mut self.listener {
             None => assert_eq!(now, self.wakes + 1, "{what} moved the wake counter once"),
             Some(l) => {
@@ -56,7 +56,7 @@ impl Watch {
     /// Asserts that nothing moved the counter (on PostgreSQL, left to the notified steps:
     /// each expects its own queue's notice next).
     async fn quiet(&self, t: &Bundle, what: &str) {
-        let now = t.store.change_signal().await.unwrap().wakes;
+        let now = t.store.change_signal(0).await.unwrap().wakes;
         assert_eq!(now, self.wakes, "{what} moved the wake counter");
     }
 }
@@ -231,7 +231,7 @@ pub async fn a_cancel_of_a_running_job_is_announced_to_its_holder(b: Backend) {
     assert!(matches!(out, CancelOutcome::Requested(_)), "{out:?}");
     match &mut w.listener {
         None => {
-            let now = t.store.change_signal().await.unwrap().wakes;
+            let now = t.store.change_signal(0).await.unwrap().wakes;
             assert_eq!(now, w.wakes + 1, "the cancel moved the wake counter once");
             w.wakes = now;
         }
@@ -249,4 +249,34 @@ pub async fn a_cancel_of_a_running_job_is_announced_to_its_holder(b: Backend) {
     let out = cancel(running, 4).await;
     assert!(matches!(out, CancelOutcome::Requested(_)), "{out:?}");
     w.quiet(&t, "a cancel asked again").await;
+}
+
+/// The change signal counts the jobs with an id in `(floor, floor + GAP_SPAN]` (the reader's
+/// floor below uncommitted ids), and reads the newest id as before, on every backend.
+pub async fn the_change_signal_counts_the_jobs_above_its_floor(b: Backend) {
+    let t = Bundle::new(b).await;
+    let empty = t.store.change_signal(0).await.unwrap();
+    assert_eq!((empty.newest_job, empty.above_floor), (0, 0));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(t.enqueue(NewJob::new("k", json!(i)), 0).await.0);
+    }
+    let (first, last) = (ids[0], ids[2]);
+    let s = t.store.change_signal(first).await.unwrap();
+    assert_eq!(s.newest_job, last);
+    assert_eq!(s.above_floor, 2, "the two jobs above the first");
+    assert_eq!(t.store.change_signal(last).await.unwrap().above_floor, 0);
+    assert_eq!(t.store.change_signal(0).await.unwrap().above_floor, 3);
+    // Only the span above the floor is read.
+    let far = first - crate::store::GAP_SPAN - 1;
+    assert_eq!(t.store.change_signal(far).await.unwrap().above_floor, 0);
+    assert_eq!(
+        t.store
+            .change_signal(first - crate::store::GAP_SPAN)
+            .await
+            .unwrap()
+            .above_floor,
+        1,
+        "the first job is the span's last id"
+    );
 }
