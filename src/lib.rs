@@ -75,9 +75,9 @@ pub mod config;
 pub mod dependency;
 pub mod error;
 pub mod handler;
+mod handler_tx;
 pub mod job;
 mod job_args;
-mod job_tx;
 pub mod lease;
 pub mod metrics;
 mod new_job;
@@ -99,9 +99,9 @@ pub use error::{Error, Result, StoreError};
 pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
+pub use handler_tx::{JobTx, TxBody, TxError};
 pub use job::{Enqueued, Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use job_args::JobArgs;
-pub use job_tx::{JobTx, TxBody, TxError};
 pub use lease::{ClaimId, NodeId};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};

@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
 use super::retry::{pause_before_retry, TRANSIENT_TRIES};

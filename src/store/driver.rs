@@ -72,7 +72,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::batch::RenewedRow;
+use super::columns::RenewedRow;
 pub(crate) use super::params::Notice;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::params::OpenError;

@@ -63,54 +63,43 @@
 
 use std::sync::Arc;
 
-mod batch;
 mod browse;
 mod claim;
+mod common;
 mod connect;
 pub(crate) mod dependencies;
 pub(crate) mod driver;
-mod effects;
-mod embedded;
-mod errors;
-mod expr;
-// Store faults for simulation: a plan asked by each hot-path operation.
-#[cfg(feature = "test-util")]
-pub(crate) mod faults;
 mod gauges;
-pub(crate) mod job_conn;
-mod keyed;
+pub(crate) mod handler_tx;
+mod jobs;
 mod leader;
 mod maintain;
 mod migrate;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod nodes;
-mod ops;
-mod options;
 mod outbox;
-#[cfg(feature = "mysql")]
-mod own_conn;
 #[cfg(feature = "postgres")]
 mod postgres;
-// Counts the statements of every connection (the cost model and its CI guard).
-#[cfg(feature = "test-util")]
-pub(crate) mod statement_count;
-// Public types in a crate-private module: the lease holder's part is reachable from outside
-// only through `crate::testing` (feature `test-util`).
-#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-pub(crate) mod params;
-mod pool;
 mod queues;
 mod read;
-mod retry;
-mod rows;
 mod schedules;
-mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod timeout;
-mod tls;
-mod wakes;
+
+// The helpers below the backends live in `common/`; every module of the store names them by
+// their short path (`super::rows`, `crate::store::params`).
+#[cfg(feature = "mysql")]
+use common::dedicated_conn;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use common::errors;
+pub(crate) use common::params;
+use common::{
+    columns, embedded, expr, keyed, options, pool, retry, rows, schema, timeout, tls, wakes,
+};
+#[cfg(feature = "test-util")]
+pub(crate) use common::{faults, statement_count};
+use handler_tx::effects;
 
 #[cfg(all(
     feature = "test-util",
@@ -120,18 +109,18 @@ mod wakes;
 ))]
 pub mod conformance;
 
-pub(crate) use batch::bound as bound_us;
 #[cfg_attr(not(feature = "web"), allow(unused_imports))]
 pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};
+pub(crate) use columns::bound as bound_us;
 pub(crate) use driver::{Listener, Notice};
 pub(crate) use effects::validate_key as validate_effect_key;
 pub use effects::{Effect, Recorded, MAX_EFFECT_KEY_LEN};
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
 #[doc(hidden)]
-pub use job_conn::Completion;
-pub use job_conn::JobConnection;
+pub use handler_tx::Completion;
+pub use handler_tx::JobConnection;
 #[cfg(feature = "sqlite")]
-pub use job_conn::SqliteJobConnection;
+pub use handler_tx::SqliteJobConnection;
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
 pub use nodes::{NodeInfo, Unserved, UnservedReason, NODE_GONE_AFTER};

@@ -11,7 +11,7 @@ use diesel_async::AsyncMysqlConnection;
 #[cfg(feature = "postgres")]
 use diesel_async::AsyncPgConnection;
 
-use super::batch::bound;
+use super::columns::bound;
 #[cfg(feature = "mysql")]
 use super::driver::enqueue_mysql;
 #[cfg(feature = "postgres")]

@@ -337,7 +337,7 @@ impl Store {
     {
         check_name("queue", name, MAX_QUEUE_LEN)?;
         let q = name.to_string();
-        let bound = super::batch::bound(now);
+        let bound = super::columns::bound(now);
         // A queue no node serves yet takes settings too: limits declared, or a pause set,
         // before its first node starts hold from that node's first claim.
         let change = &change;

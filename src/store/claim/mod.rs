@@ -38,7 +38,7 @@ mod steps;
 
 pub(crate) use route::Routes;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::params::ClaimArgs;
 use super::params::{Claimed, Route};
 use super::rows::{dur_us, ClaimRow};

@@ -24,13 +24,13 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
+use super::columns::{
     batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, take_over, FinalRow,
     LastId, RenewedRow,
 };
+use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
-use super::own_conn::{Held, OwnConn};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
@@ -644,7 +644,7 @@ pub(crate) async fn insert_effect(
 ) -> QueryResult<bool> {
     use diesel::result::{DatabaseErrorKind, Error as DieselError};
     match diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::batch::effect_values!(e))
+        .values(super::columns::effect_values!(e))
         .execute(conn)
         .await
     {

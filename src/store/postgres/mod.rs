@@ -20,7 +20,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
+use super::columns::{
     holder, take_over, unique_parts, FinalRow, Finalized, FinalizedRows, LastId, RenewedRow,
 };
 use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps};
@@ -657,7 +657,7 @@ pub(crate) async fn insert_effect(
     e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
     let n = diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::batch::effect_values!(e))
+        .values(super::columns::effect_values!(e))
         .on_conflict_do_nothing()
         .execute(conn)
         .await?;

@@ -32,7 +32,7 @@ use diesel_async::pooled_connection::{
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
+use super::columns::{
     batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
     FinalizedRows, LastId, RenewedRow,
 };
@@ -545,7 +545,7 @@ pub(crate) async fn insert_effect(
     e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
     let n = diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::batch::effect_values!(e))
+        .values(super::columns::effect_values!(e))
         .on_conflict_do_nothing()
         .execute(conn)
         .await?;

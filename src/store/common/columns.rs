@@ -6,10 +6,12 @@
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{Queryable, QueryableByName};
 
+use super::params::{Finalization, Finalize};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use super::rows::dur_ms;
 use super::rows::{dur_us, to_us};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-use super::{rows::dur_ms, Enqueued};
-use super::{Finalization, Finalize};
+use crate::job::Enqueued;
 use crate::job::JobFailure;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::job::{JobId, NewJob, RunAt};
@@ -34,7 +36,7 @@ macro_rules! new_row {
         use $crate::store::schema::jobvisor_jobs as jobs;
         let j: &NewJob = $job;
         let now: DbNow = $now;
-        let (scope, period_us) = $crate::store::batch::unique_parts(j);
+        let (scope, period_us) = $crate::store::columns::unique_parts(j);
         let run_at = match j.run_at {
             RunAt::Now => now,
             RunAt::After(d) => now.plus(dur_us(d)),

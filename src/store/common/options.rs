@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::tls::TlsMode;
-use super::DEFAULT_MAX_PAYLOAD_BYTES;
 use crate::error::{Error, Result};
+use crate::store::DEFAULT_MAX_PAYLOAD_BYTES;
 
 /// Which database a store talks to.
 ///

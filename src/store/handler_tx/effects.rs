@@ -11,12 +11,12 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use serde_json::Value;
 
-use super::driver::with_conn;
-use super::rows::from_us;
-use super::schema::jobvisor_effects as effects;
-use super::Store;
 use crate::error::{Error, Result};
 use crate::job::JobId;
+use crate::store::driver::with_conn;
+use crate::store::rows::from_us;
+use crate::store::schema::jobvisor_effects as effects;
+use crate::store::Store;
 
 /// The longest effect key, in bytes (255).
 pub const MAX_EFFECT_KEY_LEN: usize = 255;

@@ -32,7 +32,9 @@ use serde_json::Value;
 use super::params::NewEffect;
 use super::{OutboxConnection, Store};
 use crate::error::{Error, Result};
-use crate::store::effects::Effect;
+pub(crate) mod effects;
+
+use effects::Effect;
 
 mod sealed {
     pub trait Sealed {}
@@ -142,7 +144,7 @@ macro_rules! complete_job {
         use diesel_async::RunQueryDsl;
         use $crate::store::expr::{DbNow, KeepOrNowMinus, ReleaseHold, RUNNING};
         use $crate::store::schema::jobvisor_jobs as jobs;
-        let c: &$crate::store::job_conn::Completion = $c;
+        let c: &$crate::store::handler_tx::Completion = $c;
         let now = DbNow::new(c.now);
         let started = KeepOrNowMinus {
             column: "started_at",

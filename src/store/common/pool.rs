@@ -14,11 +14,11 @@ use diesel_async::AsyncConnection;
 
 use diesel_async::pooled_connection::PoolError;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use super::options::StoreOptions;
 use super::timeout::{checkout, ConnPool, Manager, PooledConn, Tracked};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::timeout::{renew_conn, RenewConn};
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use super::StoreOptions;
 use crate::error::Result;
 
 /// Runs `attempt` (one try at opening a connection) with at most `each` per try, starting a
