@@ -276,7 +276,9 @@ macro_rules! enqueue_dependent_on {
             ir: bool,
         ) -> Result<(Vec<Enqueued>, Vec<String>)>
         $(where
-            $conn_ty: OutboxConnection + super::driver::SqliteAsync,
+            $conn_ty: OutboxConnection
+                + diesel_async::AsyncConnection<Backend = diesel::sqlite::Sqlite>
+                + Send,
             $s: ,)?
         {
             // A savepoint inside the caller's transaction, or a transaction of its own without
