@@ -140,6 +140,21 @@ fn not_built(backend: Backend) -> Error {
     }
 }
 
+/// Runs `$call` with `$d` bound to the driver of whichever backend `$driver` is: the one
+/// dispatch of an operation every backend implements under the same name and signature.
+macro_rules! dispatch {
+    ($driver:expr, |$d:ident| $call:expr) => {
+        match $driver {
+            #[cfg(feature = "postgres")]
+            $crate::store::driver::Driver::Postgres($d) => $call,
+            #[cfg(feature = "mysql")]
+            $crate::store::driver::Driver::Mysql($d) => $call,
+            #[cfg(feature = "sqlite")]
+            $crate::store::driver::Driver::Sqlite($d) => $call,
+        }
+    };
+}
+
 impl Driver {
     /// Opens `backend` on `target` (a URL, or SQLite's file path); `url` is the URL as given
     /// (for error messages, redacted).
@@ -201,14 +216,7 @@ impl Driver {
     /// The main pool's connections and checkout statistics (the renewal lane is not
     /// counted: it is the node's own, one or two connections).
     pub(crate) fn pool_state(&self) -> bb8::State {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.pool_state(),
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.pool_state(),
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.pool_state(),
-        }
+        dispatch!(self, |d| d.pool_state())
     }
 
     /// Enqueues a validated batch (see the module doc).
@@ -217,14 +225,7 @@ impl Driver {
         batch: &[&NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.enqueue(batch, now).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.enqueue(batch, now).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.enqueue(batch, now).await,
-        }
+        dispatch!(self, |d| d.enqueue(batch, now).await)
     }
 
     /// Whether the backend inserts with `INSERT … RETURNING` (MariaDB 10.6+, see the `mysql`
@@ -242,27 +243,13 @@ impl Driver {
 
     /// Claims due jobs (see the module doc).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<ClaimRow>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.claim(a).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.claim(a).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.claim(a).await,
-        }
+        dispatch!(self, |d| d.claim(a).await)
     }
 
     /// Renews leases, on the renewal lane or, for a hedge, on a fresh connection (see the
     /// module doc).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.renew(a).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.renew(a).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.renew(a).await,
-        }
+        dispatch!(self, |d| d.renew(a).await)
     }
 
     /// A controlled claim in fewer round trips than the portable one
@@ -309,14 +296,7 @@ impl Driver {
         items: &[Finalize],
         now: Option<i64>,
     ) -> Result<HashMap<i64, (JobState, bool)>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.finalize(items, now).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.finalize(items, now).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.finalize(items, now).await,
-        }
+        dispatch!(self, |d| d.finalize(items, now).await)
     }
 
     /// Reclaims the live table's dead space: `VACUUM` on PostgreSQL; nothing elsewhere
@@ -645,26 +625,11 @@ impl Listener {
 /// so it may only use portable SQL.
 macro_rules! with_conn {
     ($store:expr, |$conn:ident| $body:expr) => {
-        match &$store.inner.driver {
-            #[cfg(feature = "postgres")]
-            $crate::store::driver::Driver::Postgres(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            $crate::store::driver::Driver::Mysql(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            $crate::store::driver::Driver::Sqlite(d) => {
-                let mut c = d.reader().await?;
-                let $conn = &mut *c;
-                $body
-            }
-        }
+        $crate::store::driver::dispatch!(&$store.inner.driver, |d| {
+            let mut c = d.reader().await?;
+            let $conn = &mut *c;
+            $body
+        })
     };
 }
 
@@ -672,26 +637,11 @@ macro_rules! with_conn {
 /// writer lock.
 macro_rules! with_write {
     ($store:expr, |$conn:ident| $body:expr) => {
-        match &$store.inner.driver {
-            #[cfg(feature = "postgres")]
-            $crate::store::driver::Driver::Postgres(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            $crate::store::driver::Driver::Mysql(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            $crate::store::driver::Driver::Sqlite(d) => {
-                let mut c = d.writer(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-        }
+        $crate::store::driver::dispatch!(&$store.inner.driver, |d| {
+            let mut c = d.writer(false).await?;
+            let $conn = &mut *c;
+            $body
+        })
     };
 }
 
@@ -754,4 +704,4 @@ macro_rules! with_signal_conn {
     };
 }
 
-pub(crate) use {with_conn, with_signal_conn, with_tx, with_write};
+pub(crate) use {dispatch, with_conn, with_signal_conn, with_tx, with_write};

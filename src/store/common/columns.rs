@@ -328,3 +328,19 @@ macro_rules! effect_values {
 }
 
 pub(crate) use effect_values;
+
+/// The effect insert of the backends where a duplicate key changes nothing and fails nothing
+/// (`ON CONFLICT DO NOTHING`: PostgreSQL, SQLite): true if inserted.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! insert_effect_unless_recorded {
+    ($conn:expr, $e:expr) => {{
+        let n = diesel::insert_into($crate::store::schema::jobvisor_effects::table)
+            .values($crate::store::columns::effect_values!($e))
+            .on_conflict_do_nothing()
+            .execute($conn)
+            .await?;
+        Ok(n == 1)
+    }};
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use insert_effect_unless_recorded;

@@ -132,6 +132,17 @@ impl MysqlDriver {
         self.lanes.checkout(renew).await
     }
 
+    /// A pooled connection for reads (the seam's `with_conn!`): any of the pool's.
+    pub(crate) async fn reader(&self) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
+        self.conn(false).await
+    }
+
+    /// A pooled connection for a write (the seam's `with_write!`): any of the pool's, there
+    /// being no writer lock.
+    pub(crate) async fn writer(&self, renew: bool) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
+        self.conn(renew).await
+    }
+
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue`]; a batch in
     /// one transaction.
     pub(crate) async fn enqueue(
@@ -393,29 +404,8 @@ struct MysqlKeyed<'c> {
     in_tx: bool,
 }
 
-/// MariaDB/MySQL announce by bumping the one-row counter the change signal reads.
-impl super::wakes::AnnounceDue for diesel::mysql::Mysql {
-    async fn announce_due<C>(conn: &mut C, _: &[String]) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
-        use super::schema::jobvisor_wakes as wakes;
-        diesel::update(wakes::table)
-            .set(wakes::n.eq(wakes::n + 1))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    /// The wake counter, as for a due job: every node's change signal moves, and a node with
-    /// leases renews them at once.
-    async fn announce_cancel<C>(conn: &mut C, _: i64) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
-        Self::announce_due(conn, &[]).await
-    }
-}
+// MariaDB/MySQL announce by bumping the one-row counter the change signal reads.
+super::wakes::announce_by_counter!(diesel::mysql::Mysql);
 
 impl KeyedSteps for MysqlKeyed<'_> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
