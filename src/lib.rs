@@ -81,6 +81,7 @@ mod job_args;
 pub mod lease;
 pub mod metrics;
 mod new_job;
+mod queue;
 pub mod schedule;
 pub mod scheduler;
 pub mod store;
@@ -103,6 +104,7 @@ pub use handler_tx::{JobTx, TxBody, TxError};
 pub use job::{Enqueued, Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use job_args::JobArgs;
 pub use lease::{ClaimId, NodeId};
+pub use queue::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 #[cfg(feature = "sqlite")]
@@ -113,4 +115,3 @@ pub use store::{
 };
 pub use store::{Effect, JobConnection, Recorded, MAX_EFFECT_KEY_LEN};
 pub use store::{Leader, NodeInfo, QueueLag, Unserved, UnservedReason};
-pub use store::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};

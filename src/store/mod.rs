@@ -109,6 +109,11 @@ use handler_tx::effects;
 ))]
 pub mod conformance;
 
+pub use crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES;
+pub use crate::queue::{
+    QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
+    MIN_RATE_PERIOD, RATE_START_MARGIN,
+};
 #[cfg_attr(not(feature = "web"), allow(unused_imports))]
 pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};
 pub(crate) use columns::bound as bound_us;
@@ -143,10 +148,6 @@ pub use params::{
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use pool::with_query;
 pub(crate) use queues::ChangeSignal;
-pub use queues::{
-    QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
-    MIN_RATE_PERIOD, RATE_START_MARGIN,
-};
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub(crate) use rows::from_us;
 pub(crate) use schedules::{Fire, SyncMode};
@@ -193,9 +194,6 @@ impl Store {
         Ok(())
     }
 }
-
-/// Default largest payload accepted, in bytes of JSON (1 MiB).
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
 /// A connection handle on the job tables of one database: [`connect`](Store::connect),
 /// [`connect_with`](Store::connect_with), [`options`](Store::options),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::tls::TlsMode;
 use crate::error::{Error, Result};
-use crate::store::DEFAULT_MAX_PAYLOAD_BYTES;
+use crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES;
 
 /// Which database a store talks to.
 ///
