@@ -7,58 +7,59 @@
 //! instead). Writes by a lease holder present its lease token in the
 //! SQL and report a lost guard as `Guarded::LeaseLost` — an outcome, not an error.
 //!
-//! # Layout, in layers
-//! 1. The engine's entry points on [`Store`]: `claim` (the claim's one home: its entry,
-//!    each queue's route, the controlled claim as named steps, the partition search), `ops`
-//!    (enqueue, renew, finalize: validation, bounds, retries, matching results — once for
-//!    every backend), `maintain`
-//!    (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts) and
-//!    `gauges` (the database-wide gauges, one node's turn per interval), written once with
-//!    diesel's query builder; `outbox` (enqueue in the caller's
-//!    transaction); `job_conn` (a handler's transaction on the store's connection: the lease
-//!    guard, the completion, effect records) and `effects` (the effect records' types and
-//!    reads); `migrate` (embedded migrations, the schema check); `connect` (URL → backend,
-//!    open); `browse` (the dashboard's reads beyond `Client::list`), `dependencies`, `nodes`,
-//!    `leader`, `schedules`, `queues`.
-//! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
-//!    of each operation whose SQL differs (columns written, guard, result), and the only
-//!    dispatch on the backend: no other file of the layer above names a backend's variant
-//!    or module (CI's boundary check; its exceptions are listed there with their reasons).
-//! 3. One module per backend, each behind its Cargo feature, each opening with how its
-//!    backend differs: `postgres` (`COPY`, `LISTEN`, array statements), `mysql` (no
-//!    `UPDATE … RETURNING`; MariaDB's `INSERT … RETURNING`), `sqlite` (one writer, taken
+//! # Layout, in layers — one per place in the tree
+//! 1. **The entry points on [`Store`]**, a file or folder per noun at this root, written once
+//!    for every backend with diesel's query builder: `claim/` (the claim's one home: its
+//!    entry, each queue's route, the controlled claim as named steps, the partition search),
+//!    `jobs` (enqueue, renew, finalize: validation, bounds, retries, matching results),
+//!    `maintain` (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts),
+//!    `gauges`, `outbox` (enqueue in the caller's transaction), `handler_tx/` (a handler's own
+//!    transaction on the store's connection: the lease guard, the completion, effect
+//!    records), `migrate`, `connect` (URL → backend, open), `browse` (the dashboard's reads),
+//!    `dependencies`, `nodes`, `leader`, `schedules`, `queues`; `conformance/` is the suite
+//!    that runs each case on every backend.
+//! 2. **The seam, `driver.rs`**: `Driver`, one variant per backend, the contract of each
+//!    operation whose SQL differs (columns written, guard, result), one `dispatch!` per
+//!    operation, and what differs per connection type (`BackendConnection`,
+//!    `HandlerConnection`). No other file above names a backend's variant or module (CI's
+//!    boundary check; its one exception, `connect.rs`, is listed there with its reason).
+//! 3. **One folder per backend**, each behind its Cargo feature, each opening with how its
+//!    backend differs: `postgres/` (`COPY`, `LISTEN`, array statements), `mysql/` (no
+//!    `UPDATE … RETURNING`; MariaDB's `INSERT … RETURNING`), `sqlite/` (one writer, taken
 //!    structurally). Each owns its connection setup, its state and its statements (`sql.rs`).
 //!    No backend module imports another.
-//! 4. Shared below the backends: `batch` (helpers several backends' statements use), `expr`
-//!    (custom SQL expressions), `errors` (classification), `options`, `params` (the
-//!    vocabulary, and the seam's arguments and answers), `pool` (the two-lane pool, connection
-//!    attempts, the pool builder), `embedded` (the migration helpers: latest version, locked
-//!    migrate), `keyed` (the keyed-enqueue loop), `retry` (tries of a transient failure and
-//!    the pause between them), `rows`, `schema`, `timeout` (bounded operations, poisoned
-//!    connections), `tls`, `own_conn`, `wakes`, `statement_count` and `faults` (test builds
-//!    only: counted statements, injected faults).
+//! 4. **`common/`, below the backends**: `params` (the vocabulary, and the seam's arguments and
+//!    answers), `rows`, `schema`, `columns` (what several backends' statements share), `expr`
+//!    (custom SQL expressions), `errors` (classification), `options`, `pool` (the two-lane
+//!    pool, connection attempts), `timeout` (bounded operations, poisoned connections), `tls`,
+//!    `embedded` (migration helpers), `keyed` (the keyed-enqueue loop), `retry`, `wakes`,
+//!    `dedicated_conn` (a connection outside the pools), `statement_count` and `faults` (test
+//!    builds only). This file names them by their short path (`super::rows`).
 //!
 //! A module imports its own layer or those below it, never one above, and no modules import
-//! each other in a circle: CI checks both from the imports (`.ci/store-layers`, where a new
-//! module is given its layer).
+//! each other in a circle: CI checks both from the imports and reads each module's layer from
+//! where it lives (`.ci/store-layers`).
 //!
 //! # Operation → file
+//! A new operation goes in the file of its noun (a new noun: a new file at this root).
+//!
 //! | operation | entry point | SQL |
 //! |---|---|---|
 //! | claim (the fetcher's one entry, `Store::claim`) and each queue's route | `claim/mod.rs`, `claim/route.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
 //! | claim of a paused or limited queue | `claim/controlled.rs` (steps in order) | PostgreSQL's own in `postgres/`; else portable, `claim/steps.rs` |
 //! | the partition search of a limited claim | `claim/partitions.rs` | scan text per backend (`ScanSql`) in each backend's `sql.rs` |
-//! | enqueue, renew, finalize (the rest of the hot path) | `ops.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
-//! | queue settings (pause, limits), the change signal | `queues.rs` | portable |
+//! | enqueue, renew, finalize (the rest of the hot path) | `jobs.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
+//! | queue settings (pause, limits), the change signal | `queues.rs` (the types: `crate::queue`) | portable |
 //! | reclaim, archive, prune, cancel, manual retry | `maintain.rs` | portable (diesel's query builder) |
 //! | enqueue after parents, batches, settle a parent's children, cascade cancel | `dependencies.rs` | portable, each backend's enqueue |
 //! | get, list, counts, lags, search | `read.rs` | portable |
 //! | enqueue in the caller's transaction | `outbox.rs` | each backend's enqueue, through `driver.rs` |
+//! | a handler's transaction: lease guard, completion, effect records | `handler_tx/` | portable; `BEGIN` and the effect insert through `driver.rs` |
 //! | node registry, unserved jobs | `nodes.rs` | portable |
 //! | database-wide gauges | `gauges.rs` | portable |
 //! | leader election | `leader.rs` | portable |
 //! | periodic schedules | `schedules.rs` | portable |
-//! | connect, options, TLS | `connect.rs`, `options.rs`, `tls.rs` | each backend's connection set-up |
+//! | connect, options, TLS | `connect.rs`, `common/options.rs`, `common/tls.rs` | each backend's connection set-up |
 //! | migrations and the schema check | `migrate.rs` | `migrations/<backend>/` |
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! ([`JobTx::record_effect`](crate::JobTx::record_effect)) so a retried attempt can tell which
 //! effects already happened. This file owns the public [`Effect`] / [`Recorded`] types, the
 //! key's validation and the read of a job's records; the insert is each backend's (it meets a
-//! duplicate key its own way, see `job_conn.rs`), and the records are deleted with their job
+//! duplicate key its own way, see `handler_tx/mod.rs`), and the records are deleted with their job
 //! when the archive is pruned (`maintain.rs`).
 
 use chrono::{DateTime, Utc};
