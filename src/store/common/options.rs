@@ -39,7 +39,7 @@ pub enum Backend {
     Sqlite,
 }
 
-/// Options for [`Store::connect_with`](super::Store::connect_with). Every default is a named constant.
+/// Options for [`Store::connect_with`](crate::store::Store::connect_with). Every default is a named constant.
 ///
 /// # Bounded waits
 /// A node whose network to the database is cut silently — its TCP connections hang, nothing

@@ -126,7 +126,7 @@ pub(crate) fn with_query(url: &str, kv: &str) -> String {
 }
 
 /// A store's two pools on one database, for every backend: the main one, and the renewal lane
-/// of [`RENEW_LANE_SIZE`](super::RENEW_LANE_SIZE) (2) connections for lease renewals only, so
+/// of [`RENEW_LANE_SIZE`](crate::store::RENEW_LANE_SIZE) (2) connections for lease renewals only, so
 /// a renewal never waits behind a hung claim or finalization, nor for a connection one of
 /// them holds.
 pub(crate) struct Lanes<C>

@@ -3,7 +3,7 @@
 //!
 //! A new job needs nothing: on PostgreSQL its insert trigger notifies, and on MariaDB and
 //! SQLite its id moves the change signal every node reads each 80 ms
-//! ([`Store::change_signal`](super::Store::change_signal)). A job that becomes due by an
+//! ([`Store::change_signal`](crate::store::Store::change_signal)). A job that becomes due by an
 //! `UPDATE` moves neither, and would wait for another process's poll. The transitions that
 //! do so announce it inside their own transaction with [`announce_due`]:
 //! * a dependency child released (`waiting` → `pending`) by its last parent's settle
