@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::backoff::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::new_job::check_name;
-use crate::store::QueueLimits;
+use crate::queue::QueueLimits;
 
 /// Jobs of one queue run at once on one node: **10**.
 pub const DEFAULT_CONCURRENCY: u32 = 10;

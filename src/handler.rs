@@ -3,7 +3,7 @@
 //!
 //! Handlers never see the lease: the runtime claims, renews and finalizes for them — or
 //! a handler completes its job in its own transaction on the job's store, fenced by the
-//! lease (`job_tx.rs`). They may be plain async functions via [`handler_fn`].
+//! lease (`handler_tx.rs`). They may be plain async functions via [`handler_fn`].
 //!
 //! Handlers run on the scheduler's handler runtime: a multi-threaded tokio runtime of its
 //! own (threads named `jobvisor-handler`), whether the application runs actix or plain tokio.
@@ -70,7 +70,7 @@ pub struct JobContext {
     /// reported with [`JobContext::progress`] (`None` on a first attempt, or if none did). A
     /// retry can resume from it — a checkpoint.
     pub last_progress: Option<Value>,
-    /// The attempt's lease token: its transactions present it (`job_tx.rs`). Redacted in
+    /// The attempt's lease token: its transactions present it (`handler_tx.rs`). Redacted in
     /// `Debug`.
     token: LeaseToken,
     cancel: CancellationToken,

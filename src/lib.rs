@@ -15,7 +15,7 @@
 //!   [`Event`]s; its actors (fetcher, lease manager, job supervisor, sweeper, archiver,
 //!   registrar) are crate-private.
 //! * [`handler`] — [`JobHandler`], [`handler_fn`], [`JobContext`] and what a handler returns.
-//! * `job_tx` — a handler's own transaction on the job's store, fenced by its lease
+//! * `handler_tx` — a handler's own transaction on the job's store, fenced by its lease
 //!   ([`JobContext::transaction`], [`JobContext::complete_in_transaction`]): [`JobTx`] and
 //!   its effect records ([`Recorded`], [`Effect`]), [`TxError`].
 //! * [`config`] — [`SchedulerConfig`] and [`QueueConfig`], defaults shown.
@@ -27,6 +27,7 @@
 //! * [`dependency`] — jobs that wait for others: [`NewJob::after`], [`ParentPolicy`],
 //!   [`Dependencies`] (a job's parents and children), [`Batch`].
 //! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
+//! * `queue` — a queue's shared settings: [`QueueLimits`], [`RateLimit`], [`QueueInfo`].
 //! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
 //!   what happens to missed fires.
 //! * [`clock`] — where time comes from: the database's clock in production, a
@@ -36,7 +37,8 @@
 //!   [`DatabaseGauges`](metrics::DatabaseGauges), and the Prometheus exporter.
 //! * [`store`] — the only code that speaks SQL: [`Store`], a connection handle (connect,
 //!   options, backend, migrate); the operations behind [`Client`] and the actors are
-//!   crate-private.
+//!   crate-private. Its layers are its folders: entry points at its root (`claim/`,
+//!   `jobs.rs`, `handler_tx/`, …), the seam `driver.rs`, a folder per backend, `common/`.
 //! * `web` (feature `web`) — the operator dashboard: pages, actions, logins.
 //! * `testing` (feature `test-util`) — testing handlers: the simulation harness with a manual
 //!   clock (stable); hidden in it, the engine internals jobvisor's own tests use (not).
@@ -75,12 +77,13 @@ pub mod config;
 pub mod dependency;
 pub mod error;
 pub mod handler;
+mod handler_tx;
 pub mod job;
 mod job_args;
-mod job_tx;
 pub mod lease;
 pub mod metrics;
 mod new_job;
+mod queue;
 pub mod schedule;
 pub mod scheduler;
 pub mod store;
@@ -99,10 +102,11 @@ pub use error::{Error, Result, StoreError};
 pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
+pub use handler_tx::{JobTx, TxBody, TxError};
 pub use job::{Enqueued, Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
 pub use job_args::JobArgs;
-pub use job_tx::{JobTx, TxBody, TxError};
 pub use lease::{ClaimId, NodeId};
+pub use queue::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 #[cfg(feature = "sqlite")]
@@ -113,4 +117,3 @@ pub use store::{
 };
 pub use store::{Effect, JobConnection, Recorded, MAX_EFFECT_KEY_LEN};
 pub use store::{Leader, NodeInfo, QueueLag, Unserved, UnservedReason};
-pub use store::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};

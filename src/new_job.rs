@@ -18,6 +18,9 @@ use crate::job::{
     MAX_UNIQUE_KEY_LEN, MAX_UNIQUE_PERIOD, MIN_UNIQUE_PERIOD,
 };
 
+/// Default largest payload accepted, in bytes of JSON (1 MiB).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
 /// How long a job's [`unique_key`](NewJob::unique_key) keeps other jobs of the same kind
 /// and key out. Default: **[`UniqueScope::UntilArchived`]**.
 ///

@@ -225,7 +225,7 @@ impl Schedule {
         let mut probe = self.job.clone();
         probe.unique_key = Some(fire_key(&self.name, 0));
         probe
-            .validate(crate::store::DEFAULT_MAX_PAYLOAD_BYTES)
+            .validate(crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES)
             .map_err(|e| bad(e.to_string()))?;
         let template = Template::of(&self.job).to_text();
         if template.len() > MAX_TEMPLATE_BYTES {

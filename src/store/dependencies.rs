@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
 use super::retry::{pause_before_retry, TRANSIENT_TRIES};
@@ -276,7 +276,9 @@ macro_rules! enqueue_dependent_on {
             ir: bool,
         ) -> Result<(Vec<Enqueued>, Vec<String>)>
         $(where
-            $conn_ty: OutboxConnection + super::driver::SqliteAsync,
+            $conn_ty: OutboxConnection
+                + diesel_async::AsyncConnection<Backend = diesel::sqlite::Sqlite>
+                + Send,
             $s: ,)?
         {
             // A savepoint inside the caller's transaction, or a transaction of its own without

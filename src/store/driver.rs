@@ -55,9 +55,12 @@
 //!   lease.
 //! * [`vacuum_live`](Driver::vacuum_live) and [`listen`](Driver::listen) — PostgreSQL only;
 //!   nothing (or no listener) elsewhere.
-//! * A handler's transaction (`job_conn.rs`) checks out the backend's own connection type
-//!   through [`pg`](Driver::pg), [`mysql`](Driver::mysql) or [`sqlite`](Driver::sqlite);
-//!   its effect insert is the backend's (`insert_effect_*`): of concurrent inserts of one
+//! * On a connection the layer above holds itself — a caller's (the outbox, `outbox.rs`) or a
+//!   handler's transaction's (`handler_tx/`) — what differs per backend is a method of
+//!   [`BackendConnection`] and [`HandlerConnection`], implemented here for each backend's
+//!   connection type: the enqueue (the contract of [`enqueue`](Driver::enqueue), in the
+//!   caller's transaction), the checkout, `BEGIN` (SQLite: `BEGIN IMMEDIATE`), and the effect
+//!   insert: of concurrent inserts of one
 //!   `(job_id, effect_key)` exactly one writes, the others change nothing and report so
 //!   without failing the transaction (PostgreSQL, SQLite: `ON CONFLICT DO NOTHING`; MySQL:
 //!   the duplicate-key error, which rolls back that statement only).
@@ -70,13 +73,17 @@
 //! the rest in the files `mod.rs` maps each operation to.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::ops::DerefMut;
 use std::time::Duration;
 
-use super::batch::RenewedRow;
+use diesel::QueryResult;
+
+use super::columns::RenewedRow;
 pub(crate) use super::params::Notice;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::params::OpenError;
-use super::params::{ClaimArgs, Claimed, RenewArgs};
+use super::params::{ClaimArgs, Claimed, NewEffect, RenewArgs};
 use super::rows::ClaimRow;
 use super::{Backend, Enqueued, Finalize, StoreOptions};
 use crate::error::{Error, Result};
@@ -87,7 +94,7 @@ use super::mysql::MysqlDriver;
 #[cfg(feature = "postgres")]
 use super::postgres::PgDriver;
 #[cfg(feature = "sqlite")]
-use super::sqlite::SqliteDriver;
+use super::sqlite::{SqliteAsync, SqliteDriver};
 
 /// A store's backend: its connections, its own state, its statements.
 // One per store, behind the store's `Arc`: the variants' sizes do not matter.
@@ -104,15 +111,9 @@ pub(crate) enum Driver {
     Sqlite(SqliteDriver),
 }
 
-// Each backend's enqueue on a caller's connection (the outbox, `outbox.rs`, whose trait is
-// implemented per connection type): the contract of [`Driver::enqueue`], in the caller's
-// transaction.
-#[cfg(feature = "mysql")]
-pub(crate) use super::mysql::enqueue as enqueue_mysql;
-#[cfg(feature = "postgres")]
-pub(crate) use super::postgres::enqueue as enqueue_pg;
+/// The store's SQLite connection type (a handler's transaction runs on it).
 #[cfg(feature = "sqlite")]
-pub(crate) use super::sqlite::{enqueue as enqueue_sqlite, SqliteAsync};
+pub(crate) use super::sqlite::SqliteConn;
 
 /// Makes the SQLite calls made on this thread run inline, to their end, before their futures
 /// are handed back (`on`), or on tokio's blocking threads as usual: for a simulation that
@@ -137,6 +138,21 @@ fn not_built(backend: Backend) -> Error {
              enabled backend, or the Cargo feature {feature:?}"
         ),
     }
+}
+
+/// Runs `$call` with `$d` bound to the driver of whichever backend `$driver` is: the one
+/// dispatch of an operation every backend implements under the same name and signature.
+macro_rules! dispatch {
+    ($driver:expr, |$d:ident| $call:expr) => {
+        match $driver {
+            #[cfg(feature = "postgres")]
+            $crate::store::driver::Driver::Postgres($d) => $call,
+            #[cfg(feature = "mysql")]
+            $crate::store::driver::Driver::Mysql($d) => $call,
+            #[cfg(feature = "sqlite")]
+            $crate::store::driver::Driver::Sqlite($d) => $call,
+        }
+    };
 }
 
 impl Driver {
@@ -200,45 +216,7 @@ impl Driver {
     /// The main pool's connections and checkout statistics (the renewal lane is not
     /// counted: it is the node's own, one or two connections).
     pub(crate) fn pool_state(&self) -> bb8::State {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.pool_state(),
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.pool_state(),
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.pool_state(),
-        }
-    }
-
-    /// The PostgreSQL driver, if the store is on PostgreSQL (a handler's transaction checks
-    /// out its connection: `job_conn.rs`).
-    #[cfg(feature = "postgres")]
-    pub(crate) fn pg(&self) -> Option<&PgDriver> {
-        match self {
-            Driver::Postgres(d) => Some(d),
-            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
-            _ => None,
-        }
-    }
-
-    /// The MySQL driver, if the store is on MySQL or MariaDB.
-    #[cfg(feature = "mysql")]
-    pub(crate) fn mysql(&self) -> Option<&MysqlDriver> {
-        match self {
-            Driver::Mysql(d) => Some(d),
-            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
-            _ => None,
-        }
-    }
-
-    /// The SQLite driver, if the store is on SQLite.
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn sqlite(&self) -> Option<&SqliteDriver> {
-        match self {
-            Driver::Sqlite(d) => Some(d),
-            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
-            _ => None,
-        }
+        dispatch!(self, |d| d.pool_state())
     }
 
     /// Enqueues a validated batch (see the module doc).
@@ -247,14 +225,7 @@ impl Driver {
         batch: &[&NewJob],
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.enqueue(batch, now).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.enqueue(batch, now).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.enqueue(batch, now).await,
-        }
+        dispatch!(self, |d| d.enqueue(batch, now).await)
     }
 
     /// Whether the backend inserts with `INSERT … RETURNING` (MariaDB 10.6+, see the `mysql`
@@ -272,27 +243,13 @@ impl Driver {
 
     /// Claims due jobs (see the module doc).
     pub(crate) async fn claim(&self, a: &ClaimArgs) -> Result<Vec<ClaimRow>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.claim(a).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.claim(a).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.claim(a).await,
-        }
+        dispatch!(self, |d| d.claim(a).await)
     }
 
     /// Renews leases, on the renewal lane or, for a hedge, on a fresh connection (see the
     /// module doc).
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.renew(a).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.renew(a).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.renew(a).await,
-        }
+        dispatch!(self, |d| d.renew(a).await)
     }
 
     /// A controlled claim in fewer round trips than the portable one
@@ -339,14 +296,7 @@ impl Driver {
         items: &[Finalize],
         now: Option<i64>,
     ) -> Result<HashMap<i64, (JobState, bool)>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.finalize(items, now).await,
-            #[cfg(feature = "mysql")]
-            Driver::Mysql(d) => d.finalize(items, now).await,
-            #[cfg(feature = "sqlite")]
-            Driver::Sqlite(d) => d.finalize(items, now).await,
-        }
+        dispatch!(self, |d| d.finalize(items, now).await)
     }
 
     /// Reclaims the live table's dead space: `VACUUM` on PostgreSQL; nothing elsewhere
@@ -382,6 +332,185 @@ impl Driver {
             #[allow(unreachable_patterns)] // reachable when another backend is compiled in
             _ => Ok(None),
         }
+    }
+}
+
+/// What differs per backend on a connection the layer above holds itself: a caller's (the
+/// outbox, `outbox.rs`) or a handler's transaction's ([`HandlerConnection`]). Implemented
+/// here for each backend's connection type, so no file above names a backend.
+pub(crate) trait BackendConnection: diesel_async::AsyncConnection + Send {
+    /// The backend this connection talks to.
+    const BACKEND: Backend;
+
+    /// Enqueues a validated batch on this connection, inside its transaction if one is open
+    /// (outside one, each statement commits by itself: a take-over's release and insert then
+    /// commit one after the other, still one holder); the contract of [`Driver::enqueue`].
+    /// `insert_returning`: the store's [`Driver::insert_returning`].
+    fn enqueue_batch(
+        &mut self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+        insert_returning: bool,
+    ) -> impl Future<Output = QueryResult<Vec<Option<Enqueued>>>> + Send;
+}
+
+/// A connection of the store's own that a handler's transaction runs on (`handler_tx/`).
+pub(crate) trait HandlerConnection: BackendConnection + Sized {
+    /// Checks one out of the store's pool (on SQLite with the writer lock); `None` when the
+    /// store is on another backend.
+    fn checkout(
+        driver: &Driver,
+    ) -> impl Future<Output = Option<Result<Box<dyn DerefMut<Target = Self> + Send + '_>>>> + Send;
+
+    /// `BEGIN` (SQLite: `BEGIN IMMEDIATE`, so the transaction is the only writer at once).
+    fn begin(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// `COMMIT`.
+    fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// `ROLLBACK`.
+    fn rollback(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Inserts an effect record unless its key is recorded (see the module doc): true if
+    /// inserted.
+    fn insert_effect(&mut self, e: &NewEffect) -> impl Future<Output = QueryResult<bool>> + Send;
+}
+
+/// `HandlerConnection`'s transaction steps for a network backend: diesel-async's own.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! network_transaction {
+    () => {
+        async fn begin(&mut self) -> QueryResult<()> {
+            use diesel_async::TransactionManager;
+            <Self as diesel_async::AsyncConnection>::TransactionManager::begin_transaction(self)
+                .await
+        }
+
+        async fn commit(&mut self) -> QueryResult<()> {
+            use diesel_async::TransactionManager;
+            <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(self)
+                .await
+        }
+
+        async fn rollback(&mut self) -> QueryResult<()> {
+            use diesel_async::TransactionManager;
+            <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(self)
+                .await
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+impl BackendConnection for diesel_async::AsyncPgConnection {
+    const BACKEND: Backend = Backend::Postgres;
+
+    async fn enqueue_batch(
+        &mut self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+        _insert_returning: bool,
+    ) -> QueryResult<Vec<Option<Enqueued>>> {
+        super::postgres::enqueue(self, batch, now).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl HandlerConnection for diesel_async::AsyncPgConnection {
+    async fn checkout(
+        driver: &Driver,
+    ) -> Option<Result<Box<dyn DerefMut<Target = Self> + Send + '_>>> {
+        match driver {
+            Driver::Postgres(d) => Some(d.conn(false).await.map(|c| Box::new(c) as _)),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => None,
+        }
+    }
+
+    network_transaction!();
+
+    async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
+        super::postgres::insert_effect(self, e).await
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl BackendConnection for diesel_async::AsyncMysqlConnection {
+    const BACKEND: Backend = Backend::Mysql;
+
+    async fn enqueue_batch(
+        &mut self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+        insert_returning: bool,
+    ) -> QueryResult<Vec<Option<Enqueued>>> {
+        super::mysql::enqueue(self, batch, now, insert_returning, true).await
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl HandlerConnection for diesel_async::AsyncMysqlConnection {
+    async fn checkout(
+        driver: &Driver,
+    ) -> Option<Result<Box<dyn DerefMut<Target = Self> + Send + '_>>> {
+        match driver {
+            Driver::Mysql(d) => Some(d.conn(false).await.map(|c| Box::new(c) as _)),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => None,
+        }
+    }
+
+    network_transaction!();
+
+    async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
+        super::mysql::insert_effect(self, e).await
+    }
+}
+
+/// An application's SQLite connection (diesel-async's default), and the store's own.
+#[cfg(feature = "sqlite")]
+impl<S> BackendConnection
+    for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection, S>
+where
+    Self: SqliteAsync,
+{
+    const BACKEND: Backend = Backend::Sqlite;
+
+    async fn enqueue_batch(
+        &mut self,
+        batch: &[&NewJob],
+        now: Option<i64>,
+        _insert_returning: bool,
+    ) -> QueryResult<Vec<Option<Enqueued>>> {
+        super::sqlite::enqueue(self, batch, now).await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl HandlerConnection for SqliteConn {
+    async fn checkout(
+        driver: &Driver,
+    ) -> Option<Result<Box<dyn DerefMut<Target = Self> + Send + '_>>> {
+        match driver {
+            Driver::Sqlite(d) => Some(d.writer(false).await.map(|c| Box::new(c) as _)),
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => None,
+        }
+    }
+
+    async fn begin(&mut self) -> QueryResult<()> {
+        super::sqlite::begin_immediate(self).await
+    }
+
+    async fn commit(&mut self) -> QueryResult<()> {
+        super::sqlite::commit(self).await
+    }
+
+    async fn rollback(&mut self) -> QueryResult<()> {
+        super::sqlite::rollback(self).await
+    }
+
+    async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
+        super::sqlite::insert_effect(self, e).await
     }
 }
 
@@ -496,26 +625,11 @@ impl Listener {
 /// so it may only use portable SQL.
 macro_rules! with_conn {
     ($store:expr, |$conn:ident| $body:expr) => {
-        match &$store.inner.driver {
-            #[cfg(feature = "postgres")]
-            $crate::store::driver::Driver::Postgres(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            $crate::store::driver::Driver::Mysql(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            $crate::store::driver::Driver::Sqlite(d) => {
-                let mut c = d.reader().await?;
-                let $conn = &mut *c;
-                $body
-            }
-        }
+        $crate::store::driver::dispatch!(&$store.inner.driver, |d| {
+            let mut c = d.reader().await?;
+            let $conn = &mut *c;
+            $body
+        })
     };
 }
 
@@ -523,26 +637,11 @@ macro_rules! with_conn {
 /// writer lock.
 macro_rules! with_write {
     ($store:expr, |$conn:ident| $body:expr) => {
-        match &$store.inner.driver {
-            #[cfg(feature = "postgres")]
-            $crate::store::driver::Driver::Postgres(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            $crate::store::driver::Driver::Mysql(d) => {
-                let mut c = d.conn(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            $crate::store::driver::Driver::Sqlite(d) => {
-                let mut c = d.writer(false).await?;
-                let $conn = &mut *c;
-                $body
-            }
-        }
+        $crate::store::driver::dispatch!(&$store.inner.driver, |d| {
+            let mut c = d.writer(false).await?;
+            let $conn = &mut *c;
+            $body
+        })
     };
 }
 
@@ -605,4 +704,4 @@ macro_rules! with_signal_conn {
     };
 }
 
-pub(crate) use {with_conn, with_signal_conn, with_tx, with_write};
+pub(crate) use {dispatch, with_conn, with_signal_conn, with_tx, with_write};

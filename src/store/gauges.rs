@@ -23,7 +23,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use serde::{Deserialize, Serialize};
 
-use super::batch::bound;
+use super::columns::bound;
 use super::driver::{with_conn, with_write};
 use super::expr::DbNow;
 use super::expr::TERMINAL;

@@ -9,7 +9,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use serde_json::Value;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::driver::{with_tx, with_write};
 use super::expr::{
     DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,

@@ -7,110 +7,100 @@
 //! instead). Writes by a lease holder present its lease token in the
 //! SQL and report a lost guard as `Guarded::LeaseLost` — an outcome, not an error.
 //!
-//! # Layout, in layers
-//! 1. The engine's entry points on [`Store`]: `claim` (the claim's one home: its entry,
-//!    each queue's route, the controlled claim as named steps, the partition search), `ops`
-//!    (enqueue, renew, finalize: validation, bounds, retries, matching results — once for
-//!    every backend), `maintain`
-//!    (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts) and
-//!    `gauges` (the database-wide gauges, one node's turn per interval), written once with
-//!    diesel's query builder; `outbox` (enqueue in the caller's
-//!    transaction); `job_conn` (a handler's transaction on the store's connection: the lease
-//!    guard, the completion, effect records) and `effects` (the effect records' types and
-//!    reads); `migrate` (embedded migrations, the schema check); `connect` (URL → backend,
-//!    open); `browse` (the dashboard's reads beyond `Client::list`), `dependencies`, `nodes`,
-//!    `leader`, `schedules`, `queues`.
-//! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
-//!    of each operation whose SQL differs (columns written, guard, result), and the only
-//!    dispatch on the backend: no other file of the layer above names a backend's variant
-//!    or module (CI's boundary check; its exceptions are listed there with their reasons).
-//! 3. One module per backend, each behind its Cargo feature, each opening with how its
-//!    backend differs: `postgres` (`COPY`, `LISTEN`, array statements), `mysql` (no
-//!    `UPDATE … RETURNING`; MariaDB's `INSERT … RETURNING`), `sqlite` (one writer, taken
+//! # Layout, in layers — one per place in the tree
+//! 1. **The entry points on [`Store`]**, a file or folder per noun at this root, written once
+//!    for every backend with diesel's query builder: `claim/` (the claim's one home: its
+//!    entry, each queue's route, the controlled claim as named steps, the partition search),
+//!    `jobs` (enqueue, renew, finalize: validation, bounds, retries, matching results),
+//!    `maintain` (reclaim, archive, prune, cancel, manual retry), `read` (get, list, counts),
+//!    `gauges`, `outbox` (enqueue in the caller's transaction), `handler_tx/` (a handler's own
+//!    transaction on the store's connection: the lease guard, the completion, effect
+//!    records), `migrate`, `connect` (URL → backend, open), `browse` (the dashboard's reads),
+//!    `dependencies`, `nodes`, `leader`, `schedules`, `queues`; `conformance/` is the suite
+//!    that runs each case on every backend.
+//! 2. **The seam, `driver.rs`**: `Driver`, one variant per backend, the contract of each
+//!    operation whose SQL differs (columns written, guard, result), one `dispatch!` per
+//!    operation, and what differs per connection type (`BackendConnection`,
+//!    `HandlerConnection`). No other file above names a backend's variant or module (CI's
+//!    boundary check; its one exception, `connect.rs`, is listed there with its reason).
+//! 3. **One folder per backend**, each behind its Cargo feature, each opening with how its
+//!    backend differs: `postgres/` (`COPY`, `LISTEN`, array statements), `mysql/` (no
+//!    `UPDATE … RETURNING`; MariaDB's `INSERT … RETURNING`), `sqlite/` (one writer, taken
 //!    structurally). Each owns its connection setup, its state and its statements (`sql.rs`).
 //!    No backend module imports another.
-//! 4. Shared below the backends: `batch` (helpers several backends' statements use), `expr`
-//!    (custom SQL expressions), `errors` (classification), `options`, `params` (the
-//!    vocabulary, and the seam's arguments and answers), `pool` (the two-lane pool, connection
-//!    attempts, the pool builder), `embedded` (the migration helpers: latest version, locked
-//!    migrate), `keyed` (the keyed-enqueue loop), `retry` (tries of a transient failure and
-//!    the pause between them), `rows`, `schema`, `timeout` (bounded operations, poisoned
-//!    connections), `tls`, `own_conn`, `wakes`, `statement_count` and `faults` (test builds
-//!    only: counted statements, injected faults).
+//! 4. **`common/`, below the backends**: `params` (the vocabulary, and the seam's arguments and
+//!    answers), `rows`, `schema`, `columns` (what several backends' statements share), `expr`
+//!    (custom SQL expressions), `errors` (classification), `options`, `pool` (the two-lane
+//!    pool, connection attempts), `timeout` (bounded operations, poisoned connections), `tls`,
+//!    `embedded` (migration helpers), `keyed` (the keyed-enqueue loop), `retry`, `wakes`,
+//!    `dedicated_conn` (a connection outside the pools), `statement_count` and `faults` (test
+//!    builds only). This file names them by their short path (`super::rows`).
 //!
 //! A module imports its own layer or those below it, never one above, and no modules import
-//! each other in a circle: CI checks both from the imports (`.ci/store-layers`, where a new
-//! module is given its layer).
+//! each other in a circle: CI checks both from the imports and reads each module's layer from
+//! where it lives (`.ci/store-layers`).
 //!
 //! # Operation → file
+//! A new operation goes in the file of its noun (a new noun: a new file at this root).
+//!
 //! | operation | entry point | SQL |
 //! |---|---|---|
 //! | claim (the fetcher's one entry, `Store::claim`) and each queue's route | `claim/mod.rs`, `claim/route.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
 //! | claim of a paused or limited queue | `claim/controlled.rs` (steps in order) | PostgreSQL's own in `postgres/`; else portable, `claim/steps.rs` |
 //! | the partition search of a limited claim | `claim/partitions.rs` | scan text per backend (`ScanSql`) in each backend's `sql.rs` |
-//! | enqueue, renew, finalize (the rest of the hot path) | `ops.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
-//! | queue settings (pause, limits), the change signal | `queues.rs` | portable |
+//! | enqueue, renew, finalize (the rest of the hot path) | `jobs.rs` | `driver.rs` → each backend's `mod.rs` + `sql.rs` |
+//! | queue settings (pause, limits), the change signal | `queues.rs` (the types: `crate::queue`) | portable |
 //! | reclaim, archive, prune, cancel, manual retry | `maintain.rs` | portable (diesel's query builder) |
 //! | enqueue after parents, batches, settle a parent's children, cascade cancel | `dependencies.rs` | portable, each backend's enqueue |
 //! | get, list, counts, lags, search | `read.rs` | portable |
 //! | enqueue in the caller's transaction | `outbox.rs` | each backend's enqueue, through `driver.rs` |
+//! | a handler's transaction: lease guard, completion, effect records | `handler_tx/` | portable; `BEGIN` and the effect insert through `driver.rs` |
 //! | node registry, unserved jobs | `nodes.rs` | portable |
 //! | database-wide gauges | `gauges.rs` | portable |
 //! | leader election | `leader.rs` | portable |
 //! | periodic schedules | `schedules.rs` | portable |
-//! | connect, options, TLS | `connect.rs`, `options.rs`, `tls.rs` | each backend's connection set-up |
+//! | connect, options, TLS | `connect.rs`, `common/options.rs`, `common/tls.rs` | each backend's connection set-up |
 //! | migrations and the schema check | `migrate.rs` | `migrations/<backend>/` |
 
 use std::sync::Arc;
 
-mod batch;
 mod browse;
 mod claim;
+mod common;
 mod connect;
 pub(crate) mod dependencies;
 pub(crate) mod driver;
-mod effects;
-mod embedded;
-mod errors;
-mod expr;
-// Store faults for simulation: a plan asked by each hot-path operation.
-#[cfg(feature = "test-util")]
-pub(crate) mod faults;
 mod gauges;
-pub(crate) mod job_conn;
-mod keyed;
+pub(crate) mod handler_tx;
+mod jobs;
 mod leader;
 mod maintain;
 mod migrate;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod nodes;
-mod ops;
-mod options;
 mod outbox;
-#[cfg(feature = "mysql")]
-mod own_conn;
 #[cfg(feature = "postgres")]
 mod postgres;
-// Counts the statements of every connection (the cost model and its CI guard).
-#[cfg(feature = "test-util")]
-pub(crate) mod statement_count;
-// Public types in a crate-private module: the lease holder's part is reachable from outside
-// only through `crate::testing` (feature `test-util`).
-#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-pub(crate) mod params;
-mod pool;
 mod queues;
 mod read;
-mod retry;
-mod rows;
 mod schedules;
-mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod timeout;
-mod tls;
-mod wakes;
+
+// The helpers below the backends live in `common/`; every module of the store names them by
+// their short path (`super::rows`, `crate::store::params`).
+#[cfg(feature = "mysql")]
+use common::dedicated_conn;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use common::errors;
+pub(crate) use common::params;
+use common::{
+    columns, embedded, expr, keyed, options, pool, retry, rows, schema, timeout, tls, wakes,
+};
+#[cfg(feature = "test-util")]
+pub(crate) use common::{faults, statement_count};
+use handler_tx::effects;
 
 #[cfg(all(
     feature = "test-util",
@@ -120,18 +110,23 @@ mod wakes;
 ))]
 pub mod conformance;
 
-pub(crate) use batch::bound as bound_us;
+pub use crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES;
+pub use crate::queue::{
+    QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
+    MIN_RATE_PERIOD, RATE_START_MARGIN,
+};
 #[cfg_attr(not(feature = "web"), allow(unused_imports))]
 pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};
+pub(crate) use columns::bound as bound_us;
 pub(crate) use driver::{Listener, Notice};
 pub(crate) use effects::validate_key as validate_effect_key;
 pub use effects::{Effect, Recorded, MAX_EFFECT_KEY_LEN};
 pub(crate) use gauges::{GaugeSnapshot, StoredGauges};
 #[doc(hidden)]
-pub use job_conn::Completion;
-pub use job_conn::JobConnection;
+pub use handler_tx::Completion;
+pub use handler_tx::JobConnection;
 #[cfg(feature = "sqlite")]
-pub use job_conn::SqliteJobConnection;
+pub use handler_tx::SqliteJobConnection;
 pub(crate) use leader::leader_fence;
 pub use leader::Leader;
 pub use nodes::{NodeInfo, Unserved, UnservedReason, NODE_GONE_AFTER};
@@ -154,10 +149,6 @@ pub use params::{
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 pub(crate) use pool::with_query;
 pub(crate) use queues::{ChangeSignal, GAP_SPAN};
-pub use queues::{
-    QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
-    MIN_RATE_PERIOD, RATE_START_MARGIN,
-};
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub(crate) use rows::from_us;
 pub(crate) use schedules::{Fire, SyncMode};
@@ -204,9 +195,6 @@ impl Store {
         Ok(())
     }
 }
-
-/// Default largest payload accepted, in bytes of JSON (1 MiB).
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
 /// A connection handle on the job tables of one database: [`connect`](Store::connect),
 /// [`connect_with`](Store::connect_with), [`options`](Store::options),

@@ -22,7 +22,7 @@ use diesel::dsl::{count_star, min};
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::driver::{with_conn, with_tx};
 use super::expr::DbNow;
 use super::rows::{dur_us, from_us};

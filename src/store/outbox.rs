@@ -11,13 +11,8 @@ use diesel_async::AsyncMysqlConnection;
 #[cfg(feature = "postgres")]
 use diesel_async::AsyncPgConnection;
 
-use super::batch::bound;
-#[cfg(feature = "mysql")]
-use super::driver::enqueue_mysql;
-#[cfg(feature = "postgres")]
-use super::driver::enqueue_pg;
-#[cfg(feature = "sqlite")]
-use super::driver::{enqueue_sqlite, SqliteAsync};
+use super::columns::bound;
+use super::driver::BackendConnection;
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::SqliteConnection;
 #[cfg(feature = "sqlite")]
@@ -82,89 +77,57 @@ impl sealed::Sealed for AsyncMysqlConnection {}
 #[cfg(feature = "sqlite")]
 impl<S> sealed::Sealed for SyncConnectionWrapper<SqliteConnection, S> {}
 
-#[cfg(feature = "postgres")]
-impl OutboxConnection for AsyncPgConnection {
-    fn backend(&self) -> Backend {
-        Backend::Postgres
-    }
+/// `OutboxConnection` for a backend's connection type: its enqueue is the seam's
+/// ([`BackendConnection`]), its enqueue after parents `dependencies.rs`'s for that type.
+macro_rules! outbox_connection {
+    ($(#[$attr:meta])* $conn:ty, $dependent:path $(, <$s:ident> where $($w:tt)+)?) => {
+        $(#[$attr])*
+        impl$(<$s>)? OutboxConnection for $conn
+        $(where $($w)+)?
+        {
+            fn backend(&self) -> Backend {
+                <Self as BackendConnection>::BACKEND
+            }
 
-    async fn enqueue_on(
-        &mut self,
-        jobs: &[NewJob],
-        now: Option<i64>,
-        _insert_returning: bool,
-    ) -> Result<Vec<Option<Enqueued>>> {
-        let jobs: Vec<&NewJob> = jobs.iter().collect();
-        Ok(enqueue_pg(self, &jobs, now).await?)
-    }
+            async fn enqueue_on(
+                &mut self,
+                jobs: &[NewJob],
+                now: Option<i64>,
+                insert_returning: bool,
+            ) -> Result<Vec<Option<Enqueued>>> {
+                let jobs: Vec<&NewJob> = jobs.iter().collect();
+                Ok(self.enqueue_batch(&jobs, now, insert_returning).await?)
+            }
 
-    async fn enqueue_dependent_on(
-        &mut self,
-        jobs: &[NewJob],
-        now: Option<i64>,
-        insert_returning: bool,
-    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
-        super::dependencies::enqueue_dependent_pg(self, jobs, now, insert_returning).await
-    }
+            async fn enqueue_dependent_on(
+                &mut self,
+                jobs: &[NewJob],
+                now: Option<i64>,
+                insert_returning: bool,
+            ) -> Result<(Vec<Enqueued>, Vec<String>)> {
+                $dependent(self, jobs, now, insert_returning).await
+            }
+        }
+    };
 }
 
-#[cfg(feature = "mysql")]
-impl OutboxConnection for AsyncMysqlConnection {
-    fn backend(&self) -> Backend {
-        Backend::Mysql
-    }
-
-    async fn enqueue_on(
-        &mut self,
-        jobs: &[NewJob],
-        now: Option<i64>,
-        insert_returning: bool,
-    ) -> Result<Vec<Option<Enqueued>>> {
-        let jobs: Vec<&NewJob> = jobs.iter().collect();
-        // The caller's transaction (outside one, each statement commits by itself: a
-        // take-over's release and insert then commit one after the other, still one holder).
-        Ok(enqueue_mysql(self, &jobs, now, insert_returning, true).await?)
-    }
-
-    async fn enqueue_dependent_on(
-        &mut self,
-        jobs: &[NewJob],
-        now: Option<i64>,
-        insert_returning: bool,
-    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
-        super::dependencies::enqueue_dependent_mysql(self, jobs, now, insert_returning).await
-    }
-}
-
-/// An application's SQLite connection (diesel-async's default), and the store's own.
-#[cfg(feature = "sqlite")]
-impl<S> OutboxConnection for SyncConnectionWrapper<SqliteConnection, S>
-where
-    Self: SqliteAsync,
-{
-    fn backend(&self) -> Backend {
-        Backend::Sqlite
-    }
-
-    async fn enqueue_on(
-        &mut self,
-        jobs: &[NewJob],
-        now: Option<i64>,
-        _insert_returning: bool,
-    ) -> Result<Vec<Option<Enqueued>>> {
-        let jobs: Vec<&NewJob> = jobs.iter().collect();
-        Ok(enqueue_sqlite(self, &jobs, now).await?)
-    }
-
-    async fn enqueue_dependent_on(
-        &mut self,
-        jobs: &[NewJob],
-        now: Option<i64>,
-        insert_returning: bool,
-    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
-        super::dependencies::enqueue_dependent_sqlite(self, jobs, now, insert_returning).await
-    }
-}
+outbox_connection!(
+    #[cfg(feature = "postgres")]
+    AsyncPgConnection,
+    super::dependencies::enqueue_dependent_pg
+);
+outbox_connection!(
+    #[cfg(feature = "mysql")]
+    AsyncMysqlConnection,
+    super::dependencies::enqueue_dependent_mysql
+);
+// An application's SQLite connection (diesel-async's default), and the store's own.
+outbox_connection!(
+    #[cfg(feature = "sqlite")]
+    SyncConnectionWrapper<SqliteConnection, S>,
+    super::dependencies::enqueue_dependent_sqlite,
+    <S> where Self: BackendConnection + diesel_async::AsyncConnection<Backend = diesel::sqlite::Sqlite>
+);
 
 /// `OutboxConnection` for a backend's connection checked out of a pool — bb8's, and
 /// deadpool's with the feature `deadpool` — by delegating to the connection it holds.

@@ -24,7 +24,7 @@ use diesel::dsl::exists;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::driver::{with_conn, with_tx, with_write};
 use super::expr::DbNow;
 use super::leader_fence;

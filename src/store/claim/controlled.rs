@@ -38,7 +38,7 @@ use diesel::result::QueryResult;
 use super::super::driver::with_tx;
 use super::super::params::ClaimArgs;
 use super::super::params::{Claimed, Route};
-use super::super::queues::{QueueRow, RateLimit, RATE_START_MARGIN};
+use super::super::queues::QueueRow;
 use super::super::rows::{dur_us, ClaimRow};
 use super::super::Store;
 use super::partitions::{self, Candidate, PartitionScan, Pick, Ranking, Rooms, Walk};
@@ -46,6 +46,7 @@ use super::route::Routes;
 use super::steps::{ClaimSteps, Keyless, Kinds, WindowRow};
 use crate::error::Result;
 use crate::job::JobState;
+use crate::queue::{RateLimit, RATE_START_MARGIN};
 
 impl Store {
     /// The controlled claim of `a.queue`: the backend's own where it takes the queue's

@@ -29,7 +29,7 @@
 //! | the controlled claim, its steps in order, the rate window | `controlled.rs` |
 //! | the portable claim's statements | `steps.rs` |
 //! | the partition search | `partitions.rs` (its scan text per backend: `ScanSql`, in each backend's `sql.rs`) |
-//! | the arguments and the answer | `params.rs` (`ClaimParams`, `ClaimedJob`, `Claimed`, `Route`), `driver.rs` (`ClaimArgs`, the contract) |
+//! | the arguments and the answer | `common/params.rs` (`ClaimParams`, `ClaimedJob`, `Claimed`, `Route`), `driver.rs` (`ClaimArgs`, the contract) |
 
 mod controlled;
 mod partitions;
@@ -38,7 +38,7 @@ mod steps;
 
 pub(crate) use route::Routes;
 
-use super::batch::bound;
+use super::columns::bound;
 use super::params::ClaimArgs;
 use super::params::{Claimed, Route};
 use super::rows::{dur_us, ClaimRow};

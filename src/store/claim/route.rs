@@ -9,8 +9,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::super::params::Route;
-use super::super::queues::QueueInfo;
 use super::super::Store;
+use crate::queue::QueueInfo;
 
 /// Which queues this store has seen to have a settings row, and what else their claims
 /// need to know. Every field starts empty: an unseen queue is claimed the fast way.

@@ -13,9 +13,9 @@ use diesel_async::RunQueryDsl;
 
 use super::*;
 use crate::clock::{Clock, ManualClock};
-use crate::job_tx::{JobTx, TxError};
+use crate::handler_tx::{JobTx, TxError};
 use crate::store::effects::{Effect, Recorded};
-use crate::store::job_conn::{JobConnection, SqliteJobConnection};
+use crate::store::handler_tx::{JobConnection, SqliteJobConnection};
 use crate::{Client, JobContext, JobError, JobOutcome};
 
 /// The business table the cases write to, as an application's would be.

@@ -167,7 +167,7 @@ struct Trigger {
 /// `WHEN` is false — fetches the old row again for it: one more buffer access per job in
 /// each. (A release trigger did, from migration 000019 to 000023: 12 % more server time per
 /// claimed row, 17 % per finalized row.) A transition that needs announcing announces itself
-/// in its own transaction (`store/wakes.rs`). Read from the catalog, so the guard cannot be
+/// in its own transaction (`store/common/wakes.rs`). Read from the catalog, so the guard cannot be
 /// noise.
 pub async fn no_trigger_fires_per_row_on_an_update_of_the_jobs(b: Backend) {
     let t = Bundle::new(b).await;

@@ -24,13 +24,13 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
+use super::columns::{
     batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, take_over, FinalRow,
     LastId, RenewedRow,
 };
+use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
-use super::own_conn::{Held, OwnConn};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
@@ -130,6 +130,17 @@ impl MysqlDriver {
     /// A pooled connection (renewals: `renew`, from their own lane).
     pub(crate) async fn conn(&self, renew: bool) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
         self.lanes.checkout(renew).await
+    }
+
+    /// A pooled connection for reads (the seam's `with_conn!`): any of the pool's.
+    pub(crate) async fn reader(&self) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
+        self.conn(false).await
+    }
+
+    /// A pooled connection for a write (the seam's `with_write!`): any of the pool's, there
+    /// being no writer lock.
+    pub(crate) async fn writer(&self, renew: bool) -> Result<PooledConn<'_, AsyncMysqlConnection>> {
+        self.conn(renew).await
     }
 
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): see [`enqueue`]; a batch in
@@ -393,29 +404,8 @@ struct MysqlKeyed<'c> {
     in_tx: bool,
 }
 
-/// MariaDB/MySQL announce by bumping the one-row counter the change signal reads.
-impl super::wakes::AnnounceDue for diesel::mysql::Mysql {
-    async fn announce_due<C>(conn: &mut C, _: &[String]) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
-        use super::schema::jobvisor_wakes as wakes;
-        diesel::update(wakes::table)
-            .set(wakes::n.eq(wakes::n + 1))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    /// The wake counter, as for a due job: every node's change signal moves, and a node with
-    /// leases renews them at once.
-    async fn announce_cancel<C>(conn: &mut C, _: i64) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
-        Self::announce_due(conn, &[]).await
-    }
-}
+// MariaDB/MySQL announce by bumping the one-row counter the change signal reads.
+super::wakes::announce_by_counter!(diesel::mysql::Mysql);
 
 impl KeyedSteps for MysqlKeyed<'_> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
@@ -644,7 +634,7 @@ pub(crate) async fn insert_effect(
 ) -> QueryResult<bool> {
     use diesel::result::{DatabaseErrorKind, Error as DieselError};
     match diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::batch::effect_values!(e))
+        .values(super::columns::effect_values!(e))
         .execute(conn)
         .await
     {

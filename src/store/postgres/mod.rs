@@ -20,7 +20,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
+use super::columns::{
     holder, take_over, unique_parts, FinalRow, Finalized, FinalizedRows, LastId, RenewedRow,
 };
 use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps};
@@ -114,6 +114,17 @@ impl PgDriver {
     /// A pooled connection (renewals: `renew`, from their own lane).
     pub(crate) async fn conn(&self, renew: bool) -> Result<PooledConn<'_, AsyncPgConnection>> {
         self.lanes.checkout(renew).await
+    }
+
+    /// A pooled connection for reads (the seam's `with_conn!`): any of the pool's.
+    pub(crate) async fn reader(&self) -> Result<PooledConn<'_, AsyncPgConnection>> {
+        self.conn(false).await
+    }
+
+    /// A pooled connection for a write (the seam's `with_write!`): any of the pool's, there
+    /// being no writer lock.
+    pub(crate) async fn writer(&self, renew: bool) -> Result<PooledConn<'_, AsyncPgConnection>> {
+        self.conn(renew).await
     }
 
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): one row by a cached single-row
@@ -656,12 +667,7 @@ pub(crate) async fn insert_effect(
     conn: &mut AsyncPgConnection,
     e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
-    let n = diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::batch::effect_values!(e))
-        .on_conflict_do_nothing()
-        .execute(conn)
-        .await?;
-    Ok(n == 1)
+    super::columns::insert_effect_unless_recorded!(conn, e)
 }
 
 #[cfg(test)]

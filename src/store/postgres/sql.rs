@@ -655,7 +655,7 @@ prepared_statement!(
     }
 );
 
-/// Inserts one job, writing what `new_row!` (`batch.rs`) writes; the key's holder is
+/// Inserts one job, writing what `new_row!` (`common/columns.rs`) writes; the key's holder is
 /// resolved by the keyed enqueue (`keyed.rs`) when the insert skips (`ON CONFLICT`). A
 /// constant text with typed binds: built by the query builder, the insert's text was
 /// rebuilt and looked up in the statement cache on every enqueue, two thirds of the

@@ -32,7 +32,7 @@ use diesel_async::pooled_connection::{
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::batch::{
+use super::columns::{
     batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
     FinalizedRows, LastId, RenewedRow,
 };
@@ -400,29 +400,8 @@ async fn insert_one<C: SqliteAsync>(
 /// and the insert one step, and the only one.
 struct SqliteKeyed<'c, C>(&'c mut C);
 
-/// SQLite announces by bumping the one-row counter the change signal reads.
-impl super::wakes::AnnounceDue for diesel::sqlite::Sqlite {
-    async fn announce_due<C>(conn: &mut C, _: &[String]) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
-        use super::schema::jobvisor_wakes as wakes;
-        diesel::update(wakes::table)
-            .set(wakes::n.eq(wakes::n + 1))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    /// The wake counter, as for a due job: every node's change signal moves, and a node with
-    /// leases renews them at once.
-    async fn announce_cancel<C>(conn: &mut C, _: i64) -> QueryResult<()>
-    where
-        C: diesel_async::AsyncConnection<Backend = Self> + Send,
-    {
-        Self::announce_due(conn, &[]).await
-    }
-}
+// SQLite announces by bumping the one-row counter the change signal reads.
+super::wakes::announce_by_counter!(diesel::sqlite::Sqlite);
 
 impl<C: SqliteAsync> KeyedSteps for SqliteKeyed<'_, C> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
@@ -544,10 +523,5 @@ pub(crate) async fn insert_effect(
     conn: &mut SqliteConn,
     e: &super::params::NewEffect,
 ) -> QueryResult<bool> {
-    let n = diesel::insert_into(super::schema::jobvisor_effects::table)
-        .values(super::batch::effect_values!(e))
-        .on_conflict_do_nothing()
-        .execute(conn)
-        .await?;
-    Ok(n == 1)
+    super::columns::insert_effect_unless_recorded!(conn, e)
 }

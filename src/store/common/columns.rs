@@ -6,10 +6,12 @@
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{Queryable, QueryableByName};
 
+use super::params::{Finalization, Finalize};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use super::rows::dur_ms;
 use super::rows::{dur_us, to_us};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-use super::{rows::dur_ms, Enqueued};
-use super::{Finalization, Finalize};
+use crate::job::Enqueued;
 use crate::job::JobFailure;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::job::{JobId, NewJob, RunAt};
@@ -34,7 +36,7 @@ macro_rules! new_row {
         use $crate::store::schema::jobvisor_jobs as jobs;
         let j: &NewJob = $job;
         let now: DbNow = $now;
-        let (scope, period_us) = $crate::store::batch::unique_parts(j);
+        let (scope, period_us) = $crate::store::columns::unique_parts(j);
         let run_at = match j.run_at {
             RunAt::Now => now,
             RunAt::After(d) => now.plus(dur_us(d)),
@@ -326,3 +328,19 @@ macro_rules! effect_values {
 }
 
 pub(crate) use effect_values;
+
+/// The effect insert of the backends where a duplicate key changes nothing and fails nothing
+/// (`ON CONFLICT DO NOTHING`: PostgreSQL, SQLite): true if inserted.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! insert_effect_unless_recorded {
+    ($conn:expr, $e:expr) => {{
+        let n = diesel::insert_into($crate::store::schema::jobvisor_effects::table)
+            .values($crate::store::columns::effect_values!($e))
+            .on_conflict_do_nothing()
+            .execute($conn)
+            .await?;
+        Ok(n == 1)
+    }};
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use insert_effect_unless_recorded;

@@ -12,7 +12,7 @@
 //! step further: the guard is the job's completion itself, so a committed business write
 //! always has its job `succeeded`, and a job `succeeded` this way always has its writes.
 //!
-//! The store and its statements are `store::job_conn`'s; how the runtime treats an attempt
+//! The store and its statements are `store::handler_tx`'s; how the runtime treats an attempt
 //! whose transaction is committing, or completed its job, is `scheduler::attempt`'s.
 
 use std::fmt;

@@ -29,10 +29,13 @@ use std::ops::DerefMut;
 use diesel::result::QueryResult;
 use serde_json::Value;
 
+use super::driver::{BackendConnection, HandlerConnection};
 use super::params::NewEffect;
-use super::{OutboxConnection, Store};
+use super::{Backend, OutboxConnection, Store};
 use crate::error::{Error, Result};
-use crate::store::effects::Effect;
+pub(crate) mod effects;
+
+use effects::Effect;
 
 mod sealed {
     pub trait Sealed {}
@@ -46,7 +49,7 @@ mod sealed {
 ///
 /// [`JobContext::transaction`]: crate::JobContext::transaction
 #[cfg(feature = "sqlite")]
-pub type SqliteJobConnection = super::sqlite::SqliteConn;
+pub type SqliteJobConnection = super::driver::SqliteConn;
 
 /// A connection of the job's store that a handler's transaction runs on:
 /// `diesel_async::AsyncPgConnection`, `diesel_async::AsyncMysqlConnection` or
@@ -142,7 +145,7 @@ macro_rules! complete_job {
         use diesel_async::RunQueryDsl;
         use $crate::store::expr::{DbNow, KeepOrNowMinus, ReleaseHold, RUNNING};
         use $crate::store::schema::jobvisor_jobs as jobs;
-        let c: &$crate::store::job_conn::Completion = $c;
+        let c: &$crate::store::handler_tx::Completion = $c;
         let now = DbNow::new(c.now);
         let started = KeepOrNowMinus {
             column: "started_at",
@@ -203,12 +206,11 @@ macro_rules! read_effect {
     }};
 }
 
-/// `JobConnection` for a network backend's connection, whose transactions are diesel-async's
-/// own; `$checkout` is the seam's accessor of the backend's driver, `$insert` the backend's
-/// effect insert.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-macro_rules! network_job_connection {
-    ($feature:literal, $conn:ty, $driver:ident, $backend:expr, $insert:path) => {
+/// `JobConnection` for a backend's connection type: what differs per backend through the
+/// seam ([`HandlerConnection`]: checkout, `BEGIN`, the effect insert), the rest written once
+/// above.
+macro_rules! job_connection {
+    ($feature:literal, $conn:ty) => {
         #[cfg(feature = $feature)]
         impl sealed::Sealed for $conn {}
 
@@ -217,32 +219,25 @@ macro_rules! network_job_connection {
             async fn checkout(
                 store: &Store,
             ) -> Result<Box<dyn DerefMut<Target = Self> + Send + '_>> {
-                match store.inner.driver.$driver() {
-                    Some(d) => Ok(Box::new(d.conn(false).await?)),
-                    None => Err(wrong_connection(store, $backend)),
+                match <$conn as HandlerConnection>::checkout(&store.inner.driver).await {
+                    Some(conn) => conn,
+                    None => Err(wrong_connection(
+                        store,
+                        <$conn as BackendConnection>::BACKEND,
+                    )),
                 }
             }
 
             async fn begin(&mut self) -> QueryResult<()> {
-                use diesel_async::TransactionManager;
-                <Self as diesel_async::AsyncConnection>::TransactionManager::begin_transaction(self)
-                    .await
+                HandlerConnection::begin(self).await
             }
 
             async fn commit(&mut self) -> QueryResult<()> {
-                use diesel_async::TransactionManager;
-                <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(
-                    self,
-                )
-                .await
+                HandlerConnection::commit(self).await
             }
 
             async fn rollback(&mut self) -> QueryResult<()> {
-                use diesel_async::TransactionManager;
-                <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(
-                    self,
-                )
-                .await
+                HandlerConnection::rollback(self).await
             }
 
             async fn hold_lease(&mut self, id: i64, token: &str) -> QueryResult<bool> {
@@ -254,7 +249,7 @@ macro_rules! network_job_connection {
             }
 
             async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
-                $insert(self, e).await
+                HandlerConnection::insert_effect(self, e).await
             }
 
             async fn read_effect(&mut self, id: i64, key: &str) -> QueryResult<Option<Effect>> {
@@ -264,66 +259,12 @@ macro_rules! network_job_connection {
     };
 }
 
-#[cfg(feature = "postgres")]
-network_job_connection!(
-    "postgres",
-    diesel_async::AsyncPgConnection,
-    pg,
-    super::Backend::Postgres,
-    super::postgres::insert_effect
-);
-#[cfg(feature = "mysql")]
-network_job_connection!(
-    "mysql",
-    diesel_async::AsyncMysqlConnection,
-    mysql,
-    super::Backend::Mysql,
-    super::mysql::insert_effect
-);
-
-#[cfg(feature = "sqlite")]
-impl sealed::Sealed for SqliteJobConnection {}
-
-#[cfg(feature = "sqlite")]
-impl JobConnection for SqliteJobConnection {
-    async fn checkout(store: &Store) -> Result<Box<dyn DerefMut<Target = Self> + Send + '_>> {
-        match store.inner.driver.sqlite() {
-            Some(d) => Ok(Box::new(d.writer(false).await?)),
-            None => Err(wrong_connection(store, super::Backend::Sqlite)),
-        }
-    }
-
-    async fn begin(&mut self) -> QueryResult<()> {
-        super::sqlite::begin_immediate(self).await
-    }
-
-    async fn commit(&mut self) -> QueryResult<()> {
-        super::sqlite::commit(self).await
-    }
-
-    async fn rollback(&mut self) -> QueryResult<()> {
-        super::sqlite::rollback(self).await
-    }
-
-    async fn hold_lease(&mut self, id: i64, token: &str) -> QueryResult<bool> {
-        hold_lease!(self, id, token)
-    }
-
-    async fn complete_job(&mut self, c: &Completion) -> QueryResult<bool> {
-        complete_job!(self, c)
-    }
-
-    async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
-        super::sqlite::insert_effect(self, e).await
-    }
-
-    async fn read_effect(&mut self, id: i64, key: &str) -> QueryResult<Option<Effect>> {
-        read_effect!(self, id, key)
-    }
-}
+job_connection!("postgres", diesel_async::AsyncPgConnection);
+job_connection!("mysql", diesel_async::AsyncMysqlConnection);
+job_connection!("sqlite", SqliteJobConnection);
 
 /// A transaction asked for on a connection type of another backend than the store's.
-fn wrong_connection(store: &Store, asked: super::Backend) -> Error {
+fn wrong_connection(store: &Store, asked: Backend) -> Error {
     Error::invalid(
         "connection type",
         format!(

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::tls::TlsMode;
-use super::DEFAULT_MAX_PAYLOAD_BYTES;
 use crate::error::{Error, Result};
+use crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES;
 
 /// Which database a store talks to.
 ///
@@ -39,7 +39,7 @@ pub enum Backend {
     Sqlite,
 }
 
-/// Options for [`Store::connect_with`](super::Store::connect_with). Every default is a named constant.
+/// Options for [`Store::connect_with`](crate::store::Store::connect_with). Every default is a named constant.
 ///
 /// # Bounded waits
 /// A node whose network to the database is cut silently — its TCP connections hang, nothing

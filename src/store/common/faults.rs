@@ -1,5 +1,5 @@
 //! Store faults for simulation (feature `test-util` only): a [`FaultPlan`] installed on a
-//! [`Store`](super::Store) is asked before each operation of the hot path and the
+//! [`Store`](crate::store::Store) is asked before each operation of the hot path and the
 //! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
 //! under the store's statement bound) what happens to it: nothing, a failure before it
 //! applies, an answer lost after it applied (commit-unknown), or an answer that arrives

@@ -3,7 +3,7 @@
 //! ([`JobTx::record_effect`](crate::JobTx::record_effect)) so a retried attempt can tell which
 //! effects already happened. This file owns the public [`Effect`] / [`Recorded`] types, the
 //! key's validation and the read of a job's records; the insert is each backend's (it meets a
-//! duplicate key its own way, see `job_conn.rs`), and the records are deleted with their job
+//! duplicate key its own way, see `handler_tx/mod.rs`), and the records are deleted with their job
 //! when the archive is pruned (`maintain.rs`).
 
 use chrono::{DateTime, Utc};
@@ -11,12 +11,12 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use serde_json::Value;
 
-use super::driver::with_conn;
-use super::rows::from_us;
-use super::schema::jobvisor_effects as effects;
-use super::Store;
 use crate::error::{Error, Result};
 use crate::job::JobId;
+use crate::store::driver::with_conn;
+use crate::store::rows::from_us;
+use crate::store::schema::jobvisor_effects as effects;
+use crate::store::Store;
 
 /// The longest effect key, in bytes (255).
 pub const MAX_EFFECT_KEY_LEN: usize = 255;

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde_json::Value;
 
+use super::params::ClaimedJob;
 use super::schema::{jobvisor_jobs, jobvisor_jobs_archive};
-use super::ClaimedJob;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobFailure, JobId, JobState, LeaseInfo, UniqueScope};
 use crate::lease::{LeaseToken, NodeId};

@@ -14,11 +14,11 @@ use diesel_async::AsyncConnection;
 
 use diesel_async::pooled_connection::PoolError;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use super::options::StoreOptions;
 use super::timeout::{checkout, ConnPool, Manager, PooledConn, Tracked};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::timeout::{renew_conn, RenewConn};
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use super::StoreOptions;
 use crate::error::Result;
 
 /// Runs `attempt` (one try at opening a connection) with at most `each` per try, starting a
@@ -126,7 +126,7 @@ pub(crate) fn with_query(url: &str, kv: &str) -> String {
 }
 
 /// A store's two pools on one database, for every backend: the main one, and the renewal lane
-/// of [`RENEW_LANE_SIZE`](super::RENEW_LANE_SIZE) (2) connections for lease renewals only, so
+/// of [`RENEW_LANE_SIZE`](crate::store::RENEW_LANE_SIZE) (2) connections for lease renewals only, so
 /// a renewal never waits behind a hung claim or finalization, nor for a connection one of
 /// them holds.
 pub(crate) struct Lanes<C>

@@ -3,7 +3,7 @@
 //!
 //! A new job needs nothing: on PostgreSQL its insert trigger notifies, and on MariaDB and
 //! SQLite its id moves the change signal every node reads each 80 ms
-//! ([`Store::change_signal`](super::Store::change_signal)). A job that becomes due by an
+//! ([`Store::change_signal`](crate::store::Store::change_signal)). A job that becomes due by an
 //! `UPDATE` moves neither, and would wait for another process's poll. The transitions that
 //! do so announce it inside their own transaction with [`announce_due`]:
 //! * a dependency child released (`waiting` → `pending`) by its last parent's settle
@@ -74,3 +74,36 @@ where
     }
     <C::Backend as AnnounceDue>::announce_due(conn, queues).await
 }
+
+/// `AnnounceDue` by bumping the one-row counter the change signal reads (MariaDB, SQLite):
+/// for a due job, and for a cancel too — every node's change signal moves, and a node with
+/// leases renews them at once.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! announce_by_counter {
+    ($backend:ty) => {
+        impl $crate::store::wakes::AnnounceDue for $backend {
+            async fn announce_due<C>(conn: &mut C, _: &[String]) -> diesel::QueryResult<()>
+            where
+                C: diesel_async::AsyncConnection<Backend = Self> + Send,
+            {
+                use diesel::prelude::*;
+                use diesel_async::RunQueryDsl;
+                use $crate::store::schema::jobvisor_wakes as wakes;
+                diesel::update(wakes::table)
+                    .set(wakes::n.eq(wakes::n + 1))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            }
+
+            async fn announce_cancel<C>(conn: &mut C, _: i64) -> diesel::QueryResult<()>
+            where
+                C: diesel_async::AsyncConnection<Backend = Self> + Send,
+            {
+                Self::announce_due(conn, &[]).await
+            }
+        }
+    };
+}
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) use announce_by_counter;

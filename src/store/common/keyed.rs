@@ -3,8 +3,8 @@
 //! ended, take the hold over and insert in its place. Each backend supplies the three steps
 //! ([`KeyedSteps`]) with its own SQL and transaction rules; the loop and its outcomes are here.
 
-use super::batch::KEYED_TRIES;
-use super::Enqueued;
+use super::columns::KEYED_TRIES;
+use crate::job::Enqueued;
 use crate::job::{JobId, NewJob};
 
 /// What a job's key is held by, as a backend reads it.

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::batch::bound;
+use super::columns::bound;
 use super::params::RenewArgs;
 use super::retry::{pause_before_retry, TRANSIENT_TRIES};
 use super::rows::{dur_us, from_us};
