@@ -242,6 +242,7 @@ fn finalize<'a>(jobs: impl Iterator<Item = (JobId, &'a LeaseToken)>) -> Finalize
                 },
                 // A job shorter than a heartbeat: its start is written by the same statement.
                 started_ago: Some(Duration::from_millis(5)),
+                fence_margin_ms: None,
             })
             .collect(),
         now: None,

@@ -35,7 +35,7 @@
 //!    attempts, the pool builder), `embedded` (the migration helpers: latest version, locked
 //!    migrate), `keyed` (the keyed-enqueue loop), `retry` (tries of a transient failure and
 //!    the pause between them), `rows`, `schema`, `timeout` (bounded operations, poisoned
-//!    connections), `tls`, `own_conn`, `wakes`, `statement_count` and `faults` (test builds
+//!    connections), `ledger` (the execution ledger's rows), `tls`, `own_conn`, `wakes`, `statement_count` and `faults` (test builds
 //!    only: counted statements, injected faults).
 //!
 //! A module imports its own layer or those below it, never one above, and no modules import
@@ -80,6 +80,7 @@ mod gauges;
 pub(crate) mod job_conn;
 mod keyed;
 mod leader;
+mod ledger;
 mod maintain;
 mod migrate;
 #[cfg(feature = "mysql")]
