@@ -11,7 +11,7 @@
 //!
 //! PostgreSQL writes the rows in its finalize statement itself (a data-modifying `WITH`,
 //! `postgres/sql.rs`); MySQL and SQLite read the held rows in the finalize's transaction and
-//! insert these rows in one statement after its update.
+//! insert these rows in one statement after its update (SQLite: as one JSON bind).
 
 use diesel::prelude::*;
 use diesel::Insertable;

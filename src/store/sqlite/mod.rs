@@ -587,8 +587,26 @@ async fn finalize(
             })
             .collect();
         if !ledger.is_empty() {
+            let rows: Vec<serde_json::Value> = ledger
+                .iter()
+                .map(|r| {
+                    serde_json::json!([
+                        r.job_id,
+                        r.claim_id,
+                        r.attempt,
+                        r.node,
+                        r.claimed_at,
+                        r.started_at,
+                        r.ended_at,
+                        r.outcome,
+                        r.code,
+                        r.fence_margin_ms
+                    ])
+                })
+                .collect();
+            let rows = serde_json::Value::Array(rows).to_string();
             diesel::RunQueryDsl::execute(
-                diesel::insert_into(super::schema::jobvisor_claims::table).values(&ledger),
+                diesel::sql_query(sql::INSERT_LEDGER).bind::<diesel::sql_types::Text, _>(rows),
                 c,
             )?;
         }
