@@ -133,6 +133,7 @@ pub(crate) fn ending(f: &Finalize) -> (&'static str, Option<String>) {
 
 /// The outcome of an ending that reached `state`: a retry that used up the job's attempts
 /// (the job is `dead`) failed.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn settled(outcome: &'static str, state: &str) -> &'static str {
     if outcome == ClaimOutcome::Retried.as_str() && state == "dead" {
         ClaimOutcome::Failed.as_str()
