@@ -143,7 +143,8 @@ pub(crate) fn settled(outcome: &'static str, state: &str) -> &'static str {
 }
 
 /// One stored ledger row, as read.
-#[derive(Debug, Queryable)]
+#[derive(Debug, Queryable, Selectable)]
+#[diesel(table_name = jobvisor_claims)]
 pub(crate) struct StoredClaim {
     pub(crate) job_id: i64,
     pub(crate) claim_id: String,
@@ -156,34 +157,6 @@ pub(crate) struct StoredClaim {
     pub(crate) code: Option<String>,
     pub(crate) fence_margin_ms: Option<i64>,
 }
-
-/// The columns of [`StoredClaim`], in its order.
-pub(crate) type StoredColumns = (
-    jobvisor_claims::job_id,
-    jobvisor_claims::claim_id,
-    jobvisor_claims::attempt,
-    jobvisor_claims::node,
-    jobvisor_claims::claimed_at,
-    jobvisor_claims::started_at,
-    jobvisor_claims::ended_at,
-    jobvisor_claims::outcome,
-    jobvisor_claims::code,
-    jobvisor_claims::fence_margin_ms,
-);
-
-/// [`StoredColumns`] as a value.
-pub(crate) const STORED_COLUMNS: StoredColumns = (
-    jobvisor_claims::job_id,
-    jobvisor_claims::claim_id,
-    jobvisor_claims::attempt,
-    jobvisor_claims::node,
-    jobvisor_claims::claimed_at,
-    jobvisor_claims::started_at,
-    jobvisor_claims::ended_at,
-    jobvisor_claims::outcome,
-    jobvisor_claims::code,
-    jobvisor_claims::fence_margin_ms,
-);
 
 impl StoredClaim {
     /// The public record; an unreadable claim id reads as all zeros, an outcome this build

@@ -6,7 +6,7 @@ use diesel_async::RunQueryDsl;
 
 use super::driver::with_conn;
 use super::expr::{state_in, DbNow, TERMINAL};
-use super::ledger::{StoredClaim, STORED_COLUMNS};
+use super::ledger::StoredClaim;
 use super::rows::{from_us, to_us, ArchiveRow, JobRow};
 use super::schema::{
     jobvisor_claims as ledger_rows, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
@@ -62,7 +62,7 @@ impl Store {
             ledger_rows::table
                 .filter(ledger_rows::job_id.eq(id.0))
                 .order((ledger_rows::claimed_at.asc(), ledger_rows::claim_id.asc()))
-                .select(STORED_COLUMNS)
+                .select(StoredClaim::as_select())
                 .load(conn)
                 .await?
         });
