@@ -107,6 +107,7 @@ pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 #[cfg(feature = "sqlite")]
 pub use store::SqliteJobConnection;
+pub use store::{AuditAction, AuditEntry};
 pub use store::{
     Backend, CancelOutcome, ListParams, OutboxConnection, ReclaimReason, RetryOutcome, StateCount,
     Store, StoreOptions, TcpKeepalive, TlsMode,

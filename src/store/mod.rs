@@ -19,7 +19,8 @@
 //!    guard, the completion, effect records) and `effects` (the effect records' types and
 //!    reads); `migrate` (embedded migrations, the schema check); `connect` (URL → backend,
 //!    open); `browse` (the dashboard's reads beyond `Client::list`), `dependencies`, `nodes`,
-//!    `leader`, `schedules`, `queues`.
+//!    `leader`, `schedules`, `queues`, `audit` (the audit log of operator actions), `watch`
+//!    (the versions of the jobs the dashboard's live pages show).
 //! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
 //!    of each operation whose SQL differs (columns written, guard, result), and the only
 //!    dispatch on the backend: no other file of the layer above names a backend's variant
@@ -59,10 +60,12 @@
 //! | leader election | `leader.rs` | portable |
 //! | periodic schedules | `schedules.rs` | portable |
 //! | connect, options, TLS | `connect.rs`, `options.rs`, `tls.rs` | each backend's connection set-up |
+//! | the audit log: record, read newest first, prune | `audit.rs` | portable |
 //! | migrations and the schema check | `migrate.rs` | `migrations/<backend>/` |
 
 use std::sync::Arc;
 
+mod audit;
 mod batch;
 mod browse;
 mod claim;
@@ -111,6 +114,7 @@ mod sqlite;
 mod timeout;
 mod tls;
 mod wakes;
+mod watch;
 
 #[cfg(all(
     feature = "test-util",
@@ -120,6 +124,7 @@ mod wakes;
 ))]
 pub mod conformance;
 
+pub use audit::{AuditAction, AuditEntry};
 pub(crate) use batch::bound as bound_us;
 #[cfg_attr(not(feature = "web"), allow(unused_imports))]
 pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};

@@ -56,8 +56,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use crate::error::{Error, Result};
 use crate::Client;
 
-pub use auth::Access;
 use auth::Sessions;
+pub use auth::{Access, Identity};
 
 /// Shortest login token accepted: **16** characters.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -422,6 +422,7 @@ fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/schedules", web::get().to(pages::schedules::page))
         .route("/schedules/{action}", web::post().to(actions::schedule))
         .route("/nodes", web::get().to(pages::nodes::page))
+        .route("/audit", web::get().to(pages::audit::page))
         .default_service(web::to(not_found))
 }
 

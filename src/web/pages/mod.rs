@@ -2,6 +2,7 @@
 //! the query string), the bounded search behind the jobs list and the bulk actions, and the
 //! job table.
 
+pub(crate) mod audit;
 pub(crate) mod dead;
 pub(crate) mod job;
 pub(crate) mod jobs;
