@@ -417,6 +417,16 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
     Ok(ctx)
 }
 
+/// The id of the live session `req` carries, if any (a live stream checks it still holds).
+pub(crate) fn session_of(state: &Data, req: &HttpRequest) -> Option<String> {
+    cookie(req, SESSION_COOKIE).filter(|id| state.sessions.get(id).is_some())
+}
+
+/// Whether session `id` still holds (not logged out, not expired).
+pub(crate) fn session_valid(state: &Data, id: &str) -> bool {
+    state.sessions.get(id).is_some()
+}
+
 /// Checks a login `token` under the throttle: its access, `None` for a wrong token (logged at
 /// WARN with the client's address, never the token), or the refusal (429) while the client
 /// or everyone is pausing after failures.

@@ -712,11 +712,15 @@ fn url_escape(s: &str) -> String {
 }
 
 mod actions;
+mod audit;
 mod guards;
 mod lists;
+mod live;
 use actions::*;
+use audit::*;
 use guards::*;
 use lists::*;
+use live::*;
 
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
@@ -749,6 +753,9 @@ on_every_backend!(
     run_now_makes_a_scheduled_job_due,
     a_job_page_shows_its_parents_children_and_effects,
     the_chart_has_a_time_axis,
+    every_action_is_audited,
+    the_applications_identity_is_recorded,
+    the_event_stream_pushes_a_finished_job,
 );
 
 /// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins

@@ -9,7 +9,7 @@ use chrono::Utc;
 use maud::html;
 
 use super::super::auth::{authorize, csrf_field, Ctx};
-use super::super::layout::{age, json, shell, ts, ts_opt};
+use super::super::layout::{age, json, shell_with, ts, ts_opt, Watch};
 use super::super::{error_response, Data};
 use super::state_class;
 use crate::error::{Error, Result};
@@ -183,13 +183,6 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) 
             }
         }
     };
-    shell(
-        state,
-        req,
-        ctx,
-        &title,
-        !job.state.is_terminal(),
-        StatusCode::OK,
-        body,
-    )
+    let events = (!job.state.is_terminal()).then(|| Watch::Job(job.id.0, job.version).url(state));
+    shell_with(state, req, ctx, &title, events, StatusCode::OK, body)
 }
