@@ -20,7 +20,8 @@
 //!    reads); `migrate` (embedded migrations, the schema check); `connect` (URL → backend,
 //!    open); `browse` (the dashboard's reads beyond `Client::list`), `dependencies`, `nodes`,
 //!    `leader`, `schedules`, `queues`, `audit` (the audit log of operator actions), `watch`
-//!    (the versions of the jobs the dashboard's live pages show).
+//!    (the versions of the jobs the dashboard's live pages show), `throughput` (per queue
+//!    and 5 minutes, succeeded and dead: the history's rollup, written with the gauges).
 //! 2. The seam, `driver`: `Driver`, one variant per backend, the contract
 //!    of each operation whose SQL differs (columns written, guard, result), and the only
 //!    dispatch on the backend: no other file of the layer above names a backend's variant
@@ -61,6 +62,7 @@
 //! | periodic schedules | `schedules.rs` | portable |
 //! | connect, options, TLS | `connect.rs`, `options.rs`, `tls.rs` | each backend's connection set-up |
 //! | the audit log: record, read newest first, prune | `audit.rs` | portable |
+//! | throughput history: roll up with the gauges, read a day | `throughput.rs` | portable |
 //! | migrations and the schema check | `migrate.rs` | `migrations/<backend>/` |
 
 use std::sync::Arc;
@@ -111,6 +113,7 @@ mod schedules;
 mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod throughput;
 mod timeout;
 mod tls;
 mod wakes;

@@ -229,3 +229,13 @@ diesel::table! {
         ok -> Bool,
     }
 }
+
+diesel::table! {
+    /// Throughput history (see `store::throughput`): per queue and 5-minute bucket.
+    jobvisor_throughput (queue, bucket) {
+        queue -> Text,
+        bucket -> BigInt,
+        succeeded -> BigInt,
+        failed -> BigInt,
+    }
+}

@@ -120,13 +120,14 @@ pub(crate) fn plain_error(req: &HttpRequest, status: StatusCode, message: &str) 
 }
 
 /// The navigation: each view's path under the prefix and its name.
-const NAV: [(&str, &str); 7] = [
+const NAV: [(&str, &str); 8] = [
     ("/", "Overview"),
     ("/jobs", "Jobs"),
     ("/dead", "Dead letters"),
     ("/queues", "Queues"),
     ("/schedules", "Schedules"),
     ("/nodes", "Nodes"),
+    ("/history", "History"),
     ("/audit", "Audit"),
 ];
 

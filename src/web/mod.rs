@@ -428,6 +428,8 @@ fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/schedules/{action}", web::post().to(actions::schedule))
         .route("/nodes", web::get().to(pages::nodes::page))
         .route("/audit", web::get().to(pages::audit::page))
+        .route("/history", web::get().to(pages::history::page))
+        .route("/batches/{id}", web::get().to(pages::batch::page))
         .route("/events", web::get().to(live::events))
         .default_service(web::to(not_found))
 }

@@ -85,7 +85,7 @@ struct Story {
 }
 
 /// A list of linked jobs: id, state, the child's policy for a failed parent, settled.
-fn links(state: &Data, id: &str, links: &[crate::dependency::Link]) -> maud::Markup {
+pub(crate) fn links(state: &Data, id: &str, links: &[crate::dependency::Link]) -> maud::Markup {
     html! {
         table id=(id) {
             thead { tr { th { "job" } th { "state" } th { "if a parent fails" } th { "settled" } } }
@@ -147,11 +147,17 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) 
         @if let Some(p) = &job.progress { h2 { "Progress" } pre #progress { (json(p)) } }
         @if !story.deps.parents.is_empty() {
             h2 { "Waits for (parents)" }
-            p.note { (story.deps.parents.len()) " parent(s)" @if story.deps.parents.len() > 1 { " — a batch, when this job is its callback" } }
+            p.note { (story.deps.parents.len()) " parent(s)" @if story.deps.parents.len() > 1 { " — a batch, when this job is its callback" }
+                " · " a #batch-view href=(state.url(&format!("/batches/{}", job.id.0))) { "Batch view" } }
             (links(state, "parents", &story.deps.parents))
         }
         @if !story.deps.children.is_empty() {
             h2 { "Waited for by (children)" }
+            p.note { "Each child's batch view: "
+                @for (i, c) in story.deps.children.iter().take(20).enumerate() {
+                    @if i > 0 { ", " }
+                    a.batch-of href=(state.url(&format!("/batches/{}", c.id.0))) { "batch of " (c.id.0) }
+                } }
             (links(state, "children", &story.deps.children))
         }
         h2 { "Effects" }

@@ -3,7 +3,9 @@
 //! job table.
 
 pub(crate) mod audit;
+pub(crate) mod batch;
 pub(crate) mod dead;
+pub(crate) mod history;
 pub(crate) mod job;
 pub(crate) mod jobs;
 pub(crate) mod nodes;
