@@ -37,7 +37,8 @@
 //! * [`store`] — the only code that speaks SQL: [`Store`], a connection handle (connect,
 //!   options, backend, migrate); the operations behind [`Client`] and the actors are
 //!   crate-private.
-//! * `web` (feature `web`) — the operator dashboard: pages, actions, logins.
+//! * `web` (feature `web`) — the operator dashboard: pages, actions, logins, the live event
+//!   stream, the audit log and history pages.
 //! * `testing` (feature `test-util`) — testing handlers: the simulation harness with a manual
 //!   clock (stable); hidden in it, the engine internals jobvisor's own tests use (not).
 //!

@@ -117,6 +117,8 @@ mod throughput;
 mod timeout;
 mod tls;
 mod wakes;
+// The dashboard's live stream's read.
+#[cfg(feature = "web")]
 mod watch;
 
 #[cfg(all(

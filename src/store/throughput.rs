@@ -13,14 +13,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use diesel::dsl::count_star;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::batch::bound;
 use super::driver::{with_conn, with_tx};
-use super::expr::{DbNow, TERMINAL};
+use super::expr::TERMINAL;
 use super::rows::dur_us;
 use super::schema::{
     jobvisor_jobs as jobs, jobvisor_jobs_archive as archive, jobvisor_throughput as tp,
@@ -124,17 +122,13 @@ impl Store {
             .collect())
     }
 
-    /// The rows of the last `window` before `now` (`None`: the database's clock), oldest
-    /// first: at most `window / 5 min` rows per queue, read by the bucket index.
+    /// The rows of buckets starting at or after `since` (epoch µs), oldest first: at most
+    /// one per queue and 5 minutes, read by the bucket index.
     ///
     /// # Errors
     /// [`Error::Database`](crate::Error::Database).
-    pub(crate) async fn throughput_since(
-        &self,
-        window: Duration,
-        now: Option<DateTime<Utc>>,
-    ) -> Result<Vec<ThroughputRow>> {
-        let since = DbNow::new(bound(now)).plus(-dur_us(window) - dur_us(BUCKET));
+    #[cfg(feature = "web")]
+    pub(crate) async fn throughput_since(&self, since: i64) -> Result<Vec<ThroughputRow>> {
         let rows: Vec<(String, i64, i64, i64)> = with_conn!(self, |c| {
             tp::table
                 .filter(tp::bucket.ge(since))

@@ -16,11 +16,9 @@ use super::super::chart;
 use super::super::layout::{query, shell};
 use super::super::{error_response, Data};
 
-/// The window shown: **24 hours**.
-const DAY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 /// One bar: **15 minutes** (three buckets of the rollup).
 const BAR_US: i64 = 15 * 60 * 1_000_000;
-/// Bars in the day.
+/// Bars in the day shown (24 hours).
 const BARS: usize = 96;
 
 pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
@@ -28,14 +26,14 @@ pub(crate) async fn page(state: Data, req: HttpRequest) -> HttpResponse {
         Ok(c) => c,
         Err(r) => return r,
     };
-    let rows = match state.client.store().throughput_since(DAY, None).await {
-        Ok(r) => r,
-        Err(e) => return ctx.finish(&state, &req, error_response(&req, &e)),
-    };
     let now = Utc::now().timestamp_micros();
     // The last bar ends with the current 15 minutes.
     let end = now - now.rem_euclid(BAR_US) + BAR_US;
     let first = end - BAR_US * BARS as i64;
+    let rows = match state.client.store().throughput_since(first).await {
+        Ok(r) => r,
+        Err(e) => return ctx.finish(&state, &req, error_response(&req, &e)),
+    };
     let mut per: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     for (queue, bucket, ok, failed) in rows {
         if bucket < first {
