@@ -11,8 +11,8 @@
 //!   1,000): a job finishing, retried or reclaimed moves no signal, but always its version.
 //!
 //! A stream answers `event: change` when one of the jobs its page shows changed (at once), or
-//! when the signal moved (at most once a second; a page that shows no changing job also
-//! every 5 s, as counts move with finalizations that no signal announces). A session logged
+//! when the signal moved (at most once a second), and every page but one job's also every
+//! 5 s (counts, ages and lists move with finalizations that no signal announces). A session logged
 //! out or expired ends the stream with `event: expired`. A comment every 15 s keeps proxies
 //! from closing an idle stream. The page's script polls every 2 s only while the stream is
 //! down. The stream requires the same authentication as the pages (401 without).
@@ -212,7 +212,7 @@ struct Stream {
     known: HashMap<i64, i64>,
     /// The signal moved since the last `change`.
     pending: bool,
-    /// The page follows the signal too (every page but one job's).
+    /// The page follows the signal and re-reads every few seconds (every page but one job's).
     global: bool,
     last_change: Instant,
     last_sent: Instant,
@@ -233,7 +233,7 @@ impl Stream {
             let tick = self.last_change + TICK;
             let quiet = self.last_change + QUIET;
             let mut until = wake;
-            if self.known.is_empty() {
+            if self.global {
                 until = until.min(tick);
             }
             if self.pending && self.global {
@@ -268,7 +268,7 @@ impl Stream {
             }
             if changed
                 || (self.global && self.pending && now >= quiet)
-                || (self.known.is_empty() && now >= tick)
+                || (self.global && now >= tick)
             {
                 self.pending = false;
                 self.last_change = now;
