@@ -236,6 +236,29 @@ impl Client {
         self.store.job_effects(id).await
     }
 
+    /// The audit log of operator actions (every dashboard action, every bulk action of the
+    /// `jobvisor` command, and what [`record_action`](Client::record_action) records), newest
+    /// first: at most `limit` entries (1 to 1,000), older than entry `before` if given (the
+    /// last id of the previous page). Entries are kept as long as archived jobs
+    /// ([`prune`](Client::prune) and the archiver delete older ones).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn audit(&self, before: Option<i64>, limit: u32) -> Result<Vec<crate::AuditEntry>> {
+        self.store
+            .audit_page(before, i64::from(limit.clamp(1, 1_000)))
+            .await
+    }
+
+    /// Records an operator action in the audit log (an application's own admin tools; the
+    /// dashboard and the command record theirs).
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn record_action(&self, action: &crate::AuditAction) -> Result<()> {
+        self.store.audit_record(action).await
+    }
+
     /// Jobs matching filters, a page at a time.
     ///
     /// # Errors
@@ -279,20 +302,27 @@ impl Client {
         .await
     }
 
-    /// Deletes archived jobs archived more than `older_than` ago, in batches of 1,000;
-    /// answers how many were deleted.
+    /// Deletes archived jobs archived more than `older_than` ago, in batches of 1,000, and
+    /// the audit log's entries older than that; answers how many jobs were deleted.
     ///
     /// # Errors
     /// [`Error::Database`] (batches already deleted stay deleted).
     pub async fn prune(&self, older_than: Duration) -> Result<u64> {
-        in_batches(|| {
+        let jobs = in_batches(|| {
             self.store.job_prune_archive(PruneParams {
                 older_than,
                 limit: MAINTENANCE_BATCH,
                 now: self.clock.bound_now(),
             })
         })
-        .await
+        .await?;
+        // The audit log is kept as long as the archive.
+        in_batches(|| {
+            self.store
+                .audit_prune(older_than, MAINTENANCE_BATCH, self.clock.bound_now())
+        })
+        .await?;
+        Ok(jobs)
     }
 
     /// The nodes registered on this database: the queues each serves, the kinds it runs, and

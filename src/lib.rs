@@ -41,7 +41,8 @@
 //!   options, backend, migrate); the operations behind [`Client`] and the actors are
 //!   crate-private. Its layers are its folders: entry points at its root (`claim/`,
 //!   `jobs.rs`, `handler_tx/`, …), the seam `driver.rs`, a folder per backend, `common/`.
-//! * `web` (feature `web`) — the operator dashboard: pages, actions, logins.
+//! * `web` (feature `web`) — the operator dashboard: pages, actions, logins, the live event
+//!   stream, the audit log and history pages.
 //! * `testing` (feature `test-util`) — testing handlers: the simulation harness with a manual
 //!   clock (stable); hidden in it, the engine internals jobvisor's own tests use (not).
 //!
@@ -115,6 +116,7 @@ pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 #[cfg(feature = "sqlite")]
 pub use store::SqliteJobConnection;
+pub use store::{AuditAction, AuditEntry};
 pub use store::{
     Backend, CancelOutcome, ListParams, OutboxConnection, ReclaimReason, RetryOutcome, StateCount,
     Store, StoreOptions, TcpKeepalive, TlsMode,

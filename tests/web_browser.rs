@@ -9,8 +9,10 @@
 //! grouped by kind and code, the schedule's recent fires linking to their jobs, a queue's
 //! pending jobs in run-time order — and takes the screenshots the README shows. A third
 //! logs in once to `jobvisor dashboard` as built (two workers) and to an embedded app with
-//! four, and works across every worker: navigations, requests on new connections, actions,
-//! then a logout that revokes the session on all of them.
+//! four, and works across every worker: navigations, requests on new connections, actions
+//! (each in the audit log), then a logout that revokes the session on all of them; then a
+//! running job's page on each turns "succeeded" within a second of the job ending (pushed by
+//! the event stream).
 //!
 //! Screenshots of each main view go to the directory in `JOBVISOR_SCREENSHOTS` when set
 //! (CI keeps them as artifacts). A missing chromedriver fails the tests; it never skips them.
@@ -24,11 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
-use jobvisor::testing::TestDb;
+use jobvisor::testing::{ClaimParams, Finalize, FinalizeParams, StoreEngine as _, TestDb};
 use jobvisor::web::{Dashboard, DashboardConfig};
 use jobvisor::{
-    handler_fn, Backend, Client, JobContext, JobError, JobId, JobOutcome, JobState, NewJob,
-    QueueConfig, Schedule, Scheduler, SchedulerConfig,
+    handler_fn, Backend, Client, JobContext, JobError, JobId, JobOutcome, JobState, NewJob, NodeId,
+    QueueConfig, Schedule, Scheduler, SchedulerConfig, Store,
 };
 use serde_json::{json, Value};
 
@@ -860,18 +862,93 @@ async fn one_login_serves_every_worker(b: &Browser, base: &str, prefix: &str, wo
     }
 }
 
-/// The CLI as shipped (two workers) and an embedded app with four: one login serves all.
+/// A running job's page, open in the browser, turns "succeeded" within a second of the job
+/// ending (the event stream, not the 2 s poll): the time it took.
+async fn a_live_page_follows_its_job(b: &Browser, root: &str, store: &Store) -> Duration {
+    let client = Client::new(store.clone());
+    let id = client
+        .enqueue(NewJob::new("live", json!({})).queue("live"))
+        .await
+        .unwrap()
+        .id;
+    let c = store
+        .job_claim(ClaimParams {
+            queue: "live".into(),
+            owner: NodeId::new("browser-test").unwrap(),
+            limit: 1,
+            kinds: None,
+            lease: Duration::from_secs(600),
+            now: None,
+        })
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    b.goto(&format!("{root}/jobs/{}", id.0)).await.unwrap();
+    until_text(b, "#job-state", |t| t == "running").await;
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("body[data-stream='open']"))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    store
+        .job_finalize_many(FinalizeParams {
+            items: vec![Finalize::succeeded(c.id, c.token, json!({"ok": true}))],
+            now: None,
+        })
+        .await
+        .unwrap();
+    let deadline = start + Duration::from_secs(1);
+    loop {
+        // The page may swap its main between the find and the read: not yet, then.
+        let state = match b.find(Locator::Css("#job-state")).await {
+            Ok(e) => e.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if state == "succeeded" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{root}: the page still says {state:?} a second after the job ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+/// The CLI as shipped (two workers) and an embedded app with four: one login serves all;
+/// a live page follows its job; the actions are in the audit log.
 async fn logins_hold_on_every_worker(backend: Backend) {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
-    let client = Client::new(store);
+    let client = Client::new(store.clone());
     let cli = cli_dashboard(&db.url);
     let (base, server) = serve_on(&client, DashboardConfig::with_token(TOKEN).unwrap(), 4);
     let embedded = base.trim_end_matches("/ops").to_string();
     let driver = start_driver();
     let b = browser(&driver).await;
     one_login_serves_every_worker(&b, &cli.base, "", 2).await;
+    // 20 actions on the CLI's dashboard, 20 on the embedded one: all in the audit log.
+    let log = client.audit(None, 100).await.unwrap();
+    assert_eq!(log.len(), 20, "{log:#?}");
+    assert!(log
+        .iter()
+        .all(|a| a.who.starts_with("dashboard login (token)") && a.ok));
     one_login_serves_every_worker(&b, &embedded, "/ops", 4).await;
+    assert_eq!(client.audit(None, 100).await.unwrap().len(), 40);
+    // Live, on both: logged in again, a job page follows its job.
+    for root in [cli.base.clone(), format!("{embedded}/ops")] {
+        b.goto(&format!("{root}/login")).await.unwrap();
+        b.delete_all_cookies().await.unwrap();
+        login(&b, &root).await;
+        let took = a_live_page_follows_its_job(&b, &root, &store).await;
+        eprintln!("{backend:?} {root}: the page said succeeded {took:?} after the job ended");
+    }
+    b.goto(&format!("{embedded}/ops/audit")).await.unwrap();
+    until_text(&b, "#audit", |t| t.contains("queue.pause")).await;
+    shot(&b, backend, "audit").await;
     b.close().await.unwrap();
     drop(driver);
     drop(cli);

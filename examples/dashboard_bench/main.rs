@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use actix_web::test::{self, TestRequest};
 use actix_web::App;
-use jobvisor::testing::{exec_sql, TestDb};
+use jobvisor::testing::{exec_sql, StoreEngine as _, TestDb};
 use jobvisor::web::{Dashboard, DashboardConfig};
 use jobvisor::{Backend, Client};
 
@@ -161,6 +161,32 @@ async fn main() {
         "database gauges computed in {:.1?} (once per database per 15 s at most)",
         t.elapsed()
     );
+    // A day of throughput history, as the gauges' turns write it (one roll per 5 minutes
+    // here; a turn every 15 s recounts the current bucket), and 100,000 audit entries.
+    let t = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let day_end = chrono::Utc::now();
+    for i in (0..288).rev() {
+        let at = day_end - chrono::Duration::minutes(5 * i);
+        let one = Instant::now();
+        store.throughput_roll(at).await.unwrap();
+        slowest = slowest.max(one.elapsed());
+    }
+    println!(
+        "throughput rollup: 288 turns over the last day in {:.1?}, the slowest {slowest:.1?}",
+        t.elapsed()
+    );
+    exec_sql(
+        &store,
+        &format!(
+            "INSERT INTO jobvisor_audit (at, who, action, target, jobs, outcome, ok)
+             SELECT {now} - g * 1000000, 'dashboard login (token) from 127.0.0.1', 'job.retry',
+               'job ' || g, 1, 'job ' || g || ' retried: pending, due now', true
+             FROM generate_series(1, 100000) g"
+        ),
+    )
+    .await
+    .unwrap();
     if std::env::args().any(|a| a == "--explain") {
         explain(&db.url, n).await;
     }
@@ -190,6 +216,10 @@ async fn main() {
         "/ops/schedules".to_string(),
         "/ops/nodes".to_string(),
         "/ops/jobs/bulk?action=cancel&queue=q3&state=pending".to_string(),
+        "/ops/audit".to_string(),
+        "/ops/audit?before=50000".to_string(),
+        "/ops/history".to_string(),
+        format!("/ops/batches/{job}"),
     ];
     println!(
         "\n{:<56} {:>10} {:>10} {:>8}",

@@ -138,6 +138,10 @@ impl DatabaseGauges {
         let stored = if computed {
             let t0 = Instant::now();
             let snapshot = self.store.gauges_compute(now).await?;
+            // The throughput history's rollup rides on the turn (and counts in its cost).
+            if let Err(e) = self.store.throughput_roll(snapshot.at).await {
+                tracing::warn!(error = %e, "the throughput history was not rolled up");
+            }
             let took = t0.elapsed();
             self.store.gauges_save(&snapshot, took).await?;
             StoredGauges {

@@ -1,7 +1,8 @@
 //! Archiver: moves terminal jobs older than the retention to the archive table (succeeded and
 //! cancelled after `archive_after`, default 24 h; dead ones after `archive_dead_after`,
 //! default 28 days, so dead letters wait for a human) and deletes archived jobs older than
-//! theirs (`prune_after`, default 7 days), in bounded batches, so the
+//! theirs (`prune_after`, default 7 days), with the audit log's entries older than that, in
+//! bounded batches, so the
 //! live table stays small however many jobs pass through: a pass that ends with work left
 //! (every batch full) is followed at once by the next, so archiving keeps up with any job
 //! rate instead of waiting for the next tick.
@@ -111,6 +112,17 @@ impl Handler<ArchiveNow> for Archiver {
                     })
                     .await?;
                 report.pruned += n;
+                if n < u64::from(cfg.archive_batch) {
+                    break;
+                }
+                more |= i + 1 == MAX_BATCHES_PER_PASS;
+            }
+            // The audit log is kept as long as the archive.
+            for i in 0..MAX_BATCHES_PER_PASS {
+                let n = shared
+                    .store
+                    .audit_prune(cfg.prune_after, cfg.archive_batch, shared.clock.bound_now())
+                    .await?;
                 if n < u64::from(cfg.archive_batch) {
                     break;
                 }

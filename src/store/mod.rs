@@ -16,8 +16,9 @@
 //!    `gauges`, `outbox` (enqueue in the caller's transaction), `handler_tx/` (a handler's own
 //!    transaction on the store's connection: the lease guard, the completion, effect
 //!    records), `migrate`, `connect` (URL → backend, open), `browse` (the dashboard's reads),
-//!    `dependencies`, `nodes`, `leader`, `schedules`, `queues`; `conformance/` is the suite
-//!    that runs each case on every backend.
+//!    `dependencies`, `nodes`, `leader`, `schedules`, `queues`, `audit` (operator actions),
+//!    `watch` (the versions the dashboard's live pages show), `throughput` (the history's
+//!    rollup); `conformance/` is the suite that runs each case on every backend.
 //! 2. **The seam, `driver.rs`**: `Driver`, one variant per backend, the contract of each
 //!    operation whose SQL differs (columns written, guard, result), one `dispatch!` per
 //!    operation, and what differs per connection type (`BackendConnection`,
@@ -61,10 +62,13 @@
 //! | leader election | `leader.rs` | portable |
 //! | periodic schedules | `schedules.rs` | portable |
 //! | connect, options, TLS | `connect.rs`, `common/options.rs`, `common/tls.rs` | each backend's connection set-up |
+//! | the audit log: record, read newest first, prune | `audit.rs` | portable |
+//! | throughput history: roll up with the gauges, read a day | `throughput.rs` | portable |
 //! | migrations and the schema check | `migrate.rs` | `migrations/<backend>/` |
 
 use std::sync::Arc;
 
+mod audit;
 mod browse;
 mod claim;
 mod common;
@@ -88,6 +92,10 @@ mod read;
 mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod throughput;
+// The dashboard's live stream's read.
+#[cfg(feature = "web")]
+mod watch;
 
 // The helpers below the backends live in `common/`; every module of the store names them by
 // their short path (`super::rows`, `crate::store::params`).
@@ -112,6 +120,7 @@ use handler_tx::effects;
 ))]
 pub mod conformance;
 
+pub use audit::{AuditAction, AuditEntry};
 pub use crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES;
 pub use crate::queue::{
     QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,

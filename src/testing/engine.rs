@@ -67,6 +67,9 @@ pub trait StoreEngine {
     fn job_prune_archive(&self, p: PruneParams) -> impl Future<Output = Result<u64>> + Send;
     /// Reclaims the live table's dead space where the backend needs it.
     fn job_vacuum_live(&self) -> impl Future<Output = Result<()>> + Send;
+    /// Rolls the throughput history up at `at`, as a gauges turn taken then does: the
+    /// rows written.
+    fn throughput_roll(&self, at: DateTime<Utc>) -> impl Future<Output = Result<usize>> + Send;
     /// Cancels a job (see [`Client::cancel`](crate::Client::cancel)).
     fn job_cancel(&self, p: CancelParams) -> impl Future<Output = Result<CancelOutcome>> + Send;
     /// Retries a dead or cancelled job (see [`Client::retry`](crate::Client::retry)).
@@ -132,6 +135,9 @@ impl StoreEngine for Store {
     }
     fn job_vacuum_live(&self) -> impl Future<Output = Result<()>> + Send {
         Store::job_vacuum_live(self)
+    }
+    fn throughput_roll(&self, at: DateTime<Utc>) -> impl Future<Output = Result<usize>> + Send {
+        Store::throughput_roll(self, at.timestamp_micros())
     }
     fn job_cancel(&self, p: CancelParams) -> impl Future<Output = Result<CancelOutcome>> + Send {
         Store::job_cancel(self, p)

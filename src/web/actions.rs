@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use super::auth::{authorize, authorize_action, csrf_field, Ctx};
 use super::layout::{flash, query, shell};
+use super::pages::audit::{failure_text, record};
 use super::pages::job::parse_id;
 use super::pages::{find, job_table, FilterForm};
 use super::{error_response, Data, BULK_LIMIT};
@@ -101,6 +102,8 @@ pub(crate) async fn job(
         Err(r) => return r,
     };
     let (id, action) = path.into_inner();
+    let what = format!("job.{action}");
+    let target = format!("job {id}");
     let out = async {
         let id = parse_id(&id)?;
         let version: i64 = form
@@ -189,10 +192,18 @@ pub(crate) async fn job(
                 ))
             }
         };
+        let ok = status.is_success();
+        record(&state, &ctx, &what, &target, u64::from(ok), &text, ok).await;
         Ok::<_, Error>(done(&state, &req, &ctx, status, &text, &back))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
+    match out {
+        Ok(r) => r,
+        Err(e) => {
+            record(&state, &ctx, &what, &target, 0, &failure_text(&e), false).await;
+            ctx.finish(&state, &req, error_response(&req, &e))
+        }
+    }
 }
 
 /// What a bulk action does.
@@ -371,6 +382,7 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
         Ok(c) => c,
         Err(r) => return r,
     };
+    let what = format!("bulk.{}", form.action);
     let out = async {
         let b = Bulk::parse(&form.action)?;
         let pinned = parse_pin(&form.pin)?;
@@ -421,10 +433,47 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
             }
         );
         let back = state.url(&format!("/jobs{}", query(&form.filter.pairs())));
+        record(
+            &state,
+            &ctx,
+            &what,
+            &filter_text(&form.filter),
+            applied,
+            &text,
+            true,
+        )
+        .await;
         Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &back))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
+    match out {
+        Ok(r) => r,
+        Err(e) => {
+            record(
+                &state,
+                &ctx,
+                &what,
+                &filter_text(&form.filter),
+                0,
+                &failure_text(&e),
+                false,
+            )
+            .await;
+            ctx.finish(&state, &req, error_response(&req, &e))
+        }
+    }
+}
+
+/// A bulk action's filter as the audit log records it: `queue=mail state=dead …`.
+fn filter_text(f: &FilterForm) -> String {
+    let text = f
+        .pairs()
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("jobs matching {text}")
 }
 
 /// A dead-letter group's retry.
@@ -449,6 +498,7 @@ pub(crate) async fn dead_retry(
         Ok(c) => c,
         Err(r) => return r,
     };
+    let target = format!("dead jobs of kind {} with error {}", form.kind, form.code);
     let out = async {
         // "none": the group of dead jobs without a recorded error.
         let code = Some(form.code.as_str()).filter(|c| *c != "none");
@@ -487,10 +537,26 @@ pub(crate) async fn dead_retry(
             }
         }
         let text = format!("{applied} dead job(s) of kind {} with error {} retried; {changed} had changed meanwhile", form.kind, form.code);
+        record(&state, &ctx, "dead.retry", &target, applied, &text, true).await;
         Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &state.url("/dead")))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
+    match out {
+        Ok(r) => r,
+        Err(e) => {
+            record(
+                &state,
+                &ctx,
+                "dead.retry",
+                &target,
+                0,
+                &failure_text(&e),
+                false,
+            )
+            .await;
+            ctx.finish(&state, &req, error_response(&req, &e))
+        }
+    }
 }
 
 /// A queue action's form.
@@ -553,6 +619,8 @@ pub(crate) async fn queue(
         Ok(c) => c,
         Err(r) => return r,
     };
+    let what = format!("queue.{path}");
+    let target = format!("queue {}", form.queue);
     let out = async {
         let q = form.queue.as_str();
         let text = match path.as_str() {
@@ -591,6 +659,7 @@ pub(crate) async fn queue(
                 ))
             }
         };
+        record(&state, &ctx, &what, &target, 0, &text, true).await;
         Ok::<_, Error>(done(
             &state,
             &req,
@@ -601,7 +670,13 @@ pub(crate) async fn queue(
         ))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
+    match out {
+        Ok(r) => r,
+        Err(e) => {
+            record(&state, &ctx, &what, &target, 0, &failure_text(&e), false).await;
+            ctx.finish(&state, &req, error_response(&req, &e))
+        }
+    }
 }
 
 /// A schedule action's form.
@@ -622,6 +697,8 @@ pub(crate) async fn schedule(
         Ok(c) => c,
         Err(r) => return r,
     };
+    let what = format!("schedule.{path}");
+    let target = format!("schedule {}", form.name);
     let out = async {
         let n = form.name.as_str();
         let text = match path.as_str() {
@@ -644,6 +721,8 @@ pub(crate) async fn schedule(
                 ))
             }
         };
+        let jobs = u64::from(path.as_str() == "trigger");
+        record(&state, &ctx, &what, &target, jobs, &text, true).await;
         Ok::<_, Error>(done(
             &state,
             &req,
@@ -654,5 +733,11 @@ pub(crate) async fn schedule(
         ))
     }
     .await;
-    out.unwrap_or_else(|e| ctx.finish(&state, &req, error_response(&req, &e)))
+    match out {
+        Ok(r) => r,
+        Err(e) => {
+            record(&state, &ctx, &what, &target, 0, &failure_text(&e), false).await;
+            ctx.finish(&state, &req, error_response(&req, &e))
+        }
+    }
 }

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use actix_web::http::{header, StatusCode};
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use maud::html;
 use serde::Deserialize;
 
@@ -49,6 +49,13 @@ pub enum Access {
     /// changes.
     Full,
 }
+
+/// Who the embedding application's authorizer let in, as the audit log and a paused queue
+/// record it: an authorizer that knows its user inserts it into the request's extensions
+/// before answering (`req.extensions_mut().insert(Identity("alice".into()))`). Without
+/// one, the record says only that the application's login let the request in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity(pub String);
 
 /// A token, compared in constant time and never printed.
 #[derive(Clone)]
@@ -351,7 +358,11 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
     } else {
         let mut access = cfg.authorizer.as_ref().and_then(|a| a(req));
         if access.is_some() {
-            ctx.who = format!("dashboard, the application's login{from}");
+            let name = req.extensions().get::<Identity>().map(|i| i.0.clone());
+            ctx.who = match name {
+                Some(name) => format!("{name} (the application's login){from}"),
+                None => format!("dashboard, the application's login{from}"),
+            };
         }
         if access.is_none() {
             if let Some(s) = cookie(req, SESSION_COOKIE).and_then(|id| state.sessions.get(&id)) {
@@ -404,6 +415,16 @@ pub(crate) async fn authorize(state: &Data, req: &HttpRequest) -> Result<Ctx, Ht
     }
     ctx.access = access;
     Ok(ctx)
+}
+
+/// The id of the live session `req` carries, if any (a live stream checks it still holds).
+pub(crate) fn session_of(state: &Data, req: &HttpRequest) -> Option<String> {
+    cookie(req, SESSION_COOKIE).filter(|id| state.sessions.get(id).is_some())
+}
+
+/// Whether session `id` still holds (not logged out, not expired).
+pub(crate) fn session_valid(state: &Data, id: &str) -> bool {
+    state.sessions.get(id).is_some()
 }
 
 /// Checks a login `token` under the throttle: its access, `None` for a wrong token (logged at

@@ -120,13 +120,15 @@ pub(crate) fn plain_error(req: &HttpRequest, status: StatusCode, message: &str) 
 }
 
 /// The navigation: each view's path under the prefix and its name.
-const NAV: [(&str, &str); 6] = [
+const NAV: [(&str, &str); 8] = [
     ("/", "Overview"),
     ("/jobs", "Jobs"),
     ("/dead", "Dead letters"),
     ("/queues", "Queues"),
     ("/schedules", "Schedules"),
     ("/nodes", "Nodes"),
+    ("/history", "History"),
+    ("/audit", "Audit"),
 ];
 
 /// The login page.
@@ -161,8 +163,8 @@ pub(crate) fn login(
     )
 }
 
-/// A full page: navigation, `body`, the script. `live`: the page re-reads itself every two
-/// seconds while it shows something changing.
+/// A full page: navigation, `body`, the script. `live`: the page re-reads itself when its
+/// event stream (`live.rs`) says something changed, while it shows something changing.
 pub(crate) fn shell(
     state: &Data,
     req: &HttpRequest,
@@ -172,12 +174,55 @@ pub(crate) fn shell(
     status: StatusCode,
     body: Markup,
 ) -> HttpResponse {
+    let events = live.then(|| Watch::Signal.url(state));
+    shell_with(state, req, ctx, title, events, status, body)
+}
+
+/// What a live page's event stream follows.
+pub(crate) enum Watch<'a> {
+    /// The change signal (new jobs, settings, wake-ups), and a re-read every few seconds.
+    Signal,
+    /// The signal and these jobs (`(id, version)` as shown): a list showing changing jobs.
+    Jobs(&'a [(i64, i64)]),
+    /// One job's page: that job only.
+    Job(i64, i64),
+}
+
+impl Watch<'_> {
+    /// The stream's URL.
+    pub(crate) fn url(&self, state: &Data) -> String {
+        let pairs = |jobs: &[(i64, i64)]| {
+            jobs.iter()
+                .map(|(id, v)| format!("{id}.{v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let q = match self {
+            Watch::Signal => String::new(),
+            Watch::Jobs(jobs) => query(&[("watch", &pairs(jobs))]),
+            Watch::Job(id, v) => query(&[("watch", &pairs(&[(*id, *v)])), ("job", "1")]),
+        };
+        state.url(&format!("/events{q}"))
+    }
+}
+
+/// [`shell`] with the page's event stream chosen: `Some(url)` for a live page.
+pub(crate) fn shell_with(
+    state: &Data,
+    req: &HttpRequest,
+    ctx: &Ctx,
+    title: &str,
+    events: Option<String>,
+    status: StatusCode,
+    body: Markup,
+) -> HttpResponse {
+    let live = events.is_some();
     let nav = NAV;
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
             (head(title, &state.url("/assets/dashboard.css")))
-            body data-live=(if live { "1" } else { "0" }) data-login=(state.url("/login")) {
+            body data-live=(if live { "1" } else { "0" }) data-login=(state.url("/login")) data-events=[events] {
                 header {
                     span.brand { "jobvisor" }
                     nav {

@@ -23,7 +23,8 @@
 //! Building it inside the factory would give each worker logins of its own; it panics there.
 //!
 //! Pages are rendered on the server (maud: every value escaped); the stylesheet and one small
-//! script (polling for live pages, keeping typed input, showing a lost session) are compiled
+//! script (live pages re-read when the server's event stream says so, polling only while it
+//! is down; keeping typed input; showing a lost session) are compiled
 //! into the binary and served under
 //! `<prefix>/assets/`. Every read and every action goes through the same [`Client`] and store
 //! operations as the rest of jobvisor: a retry is guarded by the version the page showed, so
@@ -38,13 +39,14 @@
 //! actions and refuses them. Database URLs and lease tokens are never rendered.
 //!
 //! Files: `auth` (logins, sessions, CSRF, the access check), `throttle` (slowing token
-//! guesses), `layout` (the page shell, error pages and formatting), `chart` (the inline SVG
+//! guesses), `live` (the event stream and its one shared reader), `layout` (the page shell, error pages and formatting), `chart` (the inline SVG
 //! chart), `actions` (every POST), `pages/` (one file per view), `assets/` (CSS and JS).
 
 mod actions;
 mod auth;
 mod chart;
 mod layout;
+mod live;
 mod pages;
 mod throttle;
 
@@ -56,8 +58,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use crate::error::{Error, Result};
 use crate::Client;
 
-pub use auth::Access;
 use auth::Sessions;
+pub use auth::{Access, Identity};
 
 /// Shortest login token accepted: **16** characters.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -291,6 +293,8 @@ pub(crate) struct State {
     /// Takes the database gauges' turn when their snapshot is stale (at most one refresh
     /// at a time, in the background): the overview's estimates on big tables.
     pub(crate) gauges: Arc<tokio::sync::Mutex<Option<crate::metrics::DatabaseGauges>>>,
+    /// The live stream's one reader of the database, shared by every open page.
+    pub(crate) live: Arc<live::Hub>,
 }
 
 impl State {
@@ -356,6 +360,7 @@ impl Dashboard {
             prefix,
             sessions: Sessions::default(),
             throttle: throttle::Throttle::default(),
+            live: Arc::default(),
             gauges: Arc::new(tokio::sync::Mutex::new(
                 crate::metrics::DatabaseGauges::new(
                     client.store().clone(),
@@ -422,6 +427,10 @@ fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/schedules", web::get().to(pages::schedules::page))
         .route("/schedules/{action}", web::post().to(actions::schedule))
         .route("/nodes", web::get().to(pages::nodes::page))
+        .route("/audit", web::get().to(pages::audit::page))
+        .route("/history", web::get().to(pages::history::page))
+        .route("/batches/{id}", web::get().to(pages::batch::page))
+        .route("/events", web::get().to(live::events))
         .default_service(web::to(not_found))
 }
 

@@ -106,7 +106,7 @@ pub(crate) async fn stale_pages_cannot_resurrect_jobs(b: Backend) {
 }
 
 /// The confirmation form's pinned jobs in a preview page.
-fn pin_in(body: &str) -> String {
+pub(crate) fn pin_in(body: &str) -> String {
     let at = body
         .find("name=\"pin\" value=\"")
         .unwrap_or_else(|| panic!("no pin in the preview:\n{body}"));

@@ -220,6 +220,9 @@ const PAGES: &[&str] = &[
     "/d/schedules",
     "/d/nodes",
     "/d/jobs/bulk?action=retry&state=dead",
+    "/d/audit",
+    "/d/batches/1",
+    "/d/history",
 ];
 
 async fn authentication_is_required(b: Backend) {
@@ -294,7 +297,9 @@ async fn authentication_is_required(b: Backend) {
     assert!(!session.contains("Secure"), "plain HTTP: {session}");
     let (cookie, _) = login(&app, TOKEN).await;
     for p in PAGES {
-        let p = p.replace("/jobs/1", &format!("/jobs/{}", e.dead.0));
+        let p = p
+            .replace("/jobs/1", &format!("/jobs/{}", e.dead.0))
+            .replace("/batches/1", &format!("/batches/{}", e.dead.0));
         let r = call(
             &app,
             TestRequest::get()
@@ -739,11 +744,19 @@ fn url_escape(s: &str) -> String {
 }
 
 mod actions;
+mod audit;
+mod batch;
 mod guards;
+mod history;
 mod lists;
+mod live;
 use actions::*;
+use audit::*;
+use batch::*;
 use guards::*;
+use history::*;
 use lists::*;
+use live::*;
 
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
@@ -776,6 +789,11 @@ on_every_backend!(
     run_now_makes_a_scheduled_job_due,
     a_job_page_shows_its_parents_children_and_effects,
     the_chart_has_a_time_axis,
+    every_action_is_audited,
+    the_applications_identity_is_recorded,
+    the_event_stream_pushes_a_finished_job,
+    a_batch_has_a_view_linked_from_its_jobs,
+    history_shows_a_day_from_the_rollup,
 );
 
 /// A dashboard built inside `HttpServer::new`'s factory (on a worker thread) would keep logins

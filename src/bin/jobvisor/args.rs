@@ -207,6 +207,24 @@ impl Filter {
             && self.unique_key.is_none()
             && self.payload_contains.is_none()
     }
+
+    /// The filters given, as the audit log records them: `--queue mail --state dead`.
+    pub(crate) fn describe(&self) -> String {
+        let age = |d: &Duration| format!("{}s", d.as_secs());
+        [
+            ("--queue", self.queue.clone()),
+            ("--kind", self.kind.clone()),
+            ("--state", self.state.map(|s| s.as_str().to_string())),
+            ("--older-than", self.older_than.as_ref().map(age)),
+            ("--newer-than", self.newer_than.as_ref().map(age)),
+            ("--unique-key", self.unique_key.clone()),
+            ("--payload-contains", self.payload_contains.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, v)| v.map(|v| format!("{flag} {v}")))
+        .collect::<Vec<_>>()
+        .join(" ")
+    }
 }
 
 /// A change to one job by id, or to every job matching filters.

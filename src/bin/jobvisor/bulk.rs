@@ -5,7 +5,9 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use chrono::{DateTime, Utc};
-use jobvisor::{CancelOutcome, Client, Job, JobId, JobState, ListParams, RetryOutcome};
+use jobvisor::{
+    AuditAction, CancelOutcome, Client, Job, JobId, JobState, ListParams, RetryOutcome,
+};
 use serde_json::json;
 
 use crate::args::Bulk;
@@ -121,6 +123,15 @@ pub(crate) async fn run(
             Err(e) => refused.push((j.id.0, e.to_string())),
         }
     }
+    record(
+        client,
+        change,
+        &b,
+        changed.len(),
+        refused.len(),
+        skipped.len(),
+    )
+    .await;
     let v = json!({
         "changed": changed.iter().map(|(id, note)| json!({"id": id, "outcome": note})).collect::<Vec<_>>(),
         "refused": refused.iter().map(|(id, why)| json!({"id": id, "reason": why})).collect::<Vec<_>>(),
@@ -150,6 +161,47 @@ pub(crate) async fn run(
             code: exit::FAILED,
             message: format!("{} jobs could not be changed", refused.len()),
         })
+    }
+}
+
+/// Who runs the command, as the audit log records it: `jobvisor command (user alice)`.
+pub(crate) fn who() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".to_string());
+    format!("jobvisor command (user {user})")
+}
+
+/// Records the bulk action in the audit log; a failure to record is said on stderr (the
+/// jobs are already changed).
+async fn record(
+    client: &Client,
+    change: Change,
+    b: &Bulk,
+    changed: usize,
+    refused: usize,
+    skipped: usize,
+) {
+    let target = match b.id {
+        Some(id) => format!("job {id}"),
+        None => format!("jobs matching {}", b.filter.describe()),
+    };
+    let action = match change {
+        Change::Retry => "cli.retry",
+        Change::Cancel => "cli.cancel",
+        Change::CancelCascade => "cli.cancel_cascade",
+    };
+    let a = AuditAction::new(who(), action, target)
+        .jobs(changed as u64)
+        .outcome(
+            format!(
+                "{changed} changed, {refused} refused, {skipped} skipped (not in a state to {})",
+                change.verb()
+            ),
+            refused == 0,
+        );
+    if let Err(e) = client.record_action(&a).await {
+        eprintln!("jobvisor: the action was not recorded in the audit log: {e}");
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use jobvisor::{Client, QueueInfo, QueueLimits, RateLimit};
+use jobvisor::{AuditAction, Client, QueueInfo, QueueLimits, RateLimit};
 use serde_json::{json, Value};
 
 use crate::{show, Failure};
@@ -128,6 +128,11 @@ pub(crate) async fn pause(
 ) -> Result<(), Failure> {
     warn_if_unknown(client, queue).await?;
     let q = client.pause_queue(queue, by).await?;
+    audit(
+        client,
+        AuditAction::new(by, "cli.pause", format!("queue {queue}")),
+    )
+    .await;
     print_after(queue, Some(&q), json_wanted);
     Ok(())
 }
@@ -153,8 +158,20 @@ async fn warn_if_unknown(client: &Client, queue: &str) -> Result<(), Failure> {
 /// `jobvisor resume`.
 pub(crate) async fn resume(client: &Client, queue: &str, json_wanted: bool) -> Result<(), Failure> {
     let q = client.resume_queue(queue).await?;
+    audit(
+        client,
+        AuditAction::new(crate::bulk::who(), "cli.resume", format!("queue {queue}")),
+    )
+    .await;
     print_after(queue, q.as_ref(), json_wanted);
     Ok(())
+}
+
+/// Records a queue change in the audit log; a failure to record is said on stderr.
+async fn audit(client: &Client, a: AuditAction) {
+    if let Err(e) = client.record_action(&a).await {
+        eprintln!("jobvisor: the action was not recorded in the audit log: {e}");
+    }
 }
 
 /// `jobvisor limit`: the queue's current limits with the given ones changed.

@@ -233,3 +233,27 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_job_deps);
+
+diesel::table! {
+    /// The audit log (see `store::audit`): one row per operator action.
+    jobvisor_audit (id) {
+        id -> BigInt,
+        at -> BigInt,
+        who -> Text,
+        action -> Text,
+        target -> Text,
+        jobs -> BigInt,
+        outcome -> Text,
+        ok -> Bool,
+    }
+}
+
+diesel::table! {
+    /// Throughput history (see `store::throughput`): per queue and 5-minute bucket.
+    jobvisor_throughput (queue, bucket) {
+        queue -> Text,
+        bucket -> BigInt,
+        succeeded -> BigInt,
+        failed -> BigInt,
+    }
+}

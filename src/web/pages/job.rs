@@ -10,7 +10,7 @@ use chrono::Utc;
 use maud::html;
 
 use super::super::auth::{authorize, csrf_field, Ctx};
-use super::super::layout::{age, json, shell, ts, ts_opt};
+use super::super::layout::{age, json, shell_with, ts, ts_opt, Watch};
 use super::super::{error_response, Data};
 use super::state_class;
 use crate::error::{Error, Result};
@@ -128,7 +128,7 @@ fn claims(job: &Job, claims: &[crate::Claim]) -> maud::Markup {
 }
 
 /// A list of linked jobs: id, state, the child's policy for a failed parent, settled.
-fn links(state: &Data, id: &str, links: &[crate::dependency::Link]) -> maud::Markup {
+pub(crate) fn links(state: &Data, id: &str, links: &[crate::dependency::Link]) -> maud::Markup {
     html! {
         table id=(id) {
             thead { tr { th { "job" } th { "state" } th { "if a parent fails" } th { "settled" } } }
@@ -190,11 +190,17 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) 
         @if let Some(p) = &job.progress { h2 { "Progress" } pre #progress { (json(p)) } }
         @if !story.deps.parents.is_empty() {
             h2 { "Waits for (parents)" }
-            p.note { (story.deps.parents.len()) " parent(s)" @if story.deps.parents.len() > 1 { " — a batch, when this job is its callback" } }
+            p.note { (story.deps.parents.len()) " parent(s)" @if story.deps.parents.len() > 1 { " — a batch, when this job is its callback" }
+                " · " a #batch-view href=(state.url(&format!("/batches/{}", job.id.0))) { "Batch view" } }
             (links(state, "parents", &story.deps.parents))
         }
         @if !story.deps.children.is_empty() {
             h2 { "Waited for by (children)" }
+            p.note { "Each child's batch view: "
+                @for (i, c) in story.deps.children.iter().take(20).enumerate() {
+                    @if i > 0 { ", " }
+                    a.batch-of href=(state.url(&format!("/batches/{}", c.id.0))) { "batch of " (c.id.0) }
+                } }
             (links(state, "children", &story.deps.children))
         }
         h2 { "Effects" }
@@ -227,13 +233,6 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) 
             }
         }
     };
-    shell(
-        state,
-        req,
-        ctx,
-        &title,
-        !job.state.is_terminal(),
-        StatusCode::OK,
-        body,
-    )
+    let events = (!job.state.is_terminal()).then(|| Watch::Job(job.id.0, job.version).url(state));
+    shell_with(state, req, ctx, &title, events, StatusCode::OK, body)
 }

@@ -19,7 +19,7 @@ use chrono::Utc;
 use maud::html;
 
 use super::super::auth::{authorize, Ctx};
-use super::super::layout::{query, shell};
+use super::super::layout::{query, shell_with, Watch};
 use super::super::{error_response, Data};
 use super::{find, job_table, Filter, FilterForm, Found, PAGE};
 use crate::error::Result;
@@ -234,5 +234,21 @@ async fn render(
             }
         }
     };
-    Ok(shell(state, req, ctx, "Jobs", live, StatusCode::OK, body))
+    // A live list follows the changing jobs it shows (and the signal, for new ones).
+    let changing: Vec<(i64, i64)> = found
+        .jobs
+        .iter()
+        .filter(|j| !j.state.is_terminal())
+        .map(|j| (j.id.0, j.version))
+        .collect();
+    let events = live.then(|| Watch::Jobs(&changing).url(state));
+    Ok(shell_with(
+        state,
+        req,
+        ctx,
+        "Jobs",
+        events,
+        StatusCode::OK,
+        body,
+    ))
 }

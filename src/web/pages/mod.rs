@@ -2,7 +2,10 @@
 //! the query string), the bounded search behind the jobs list and the bulk actions, and the
 //! job table.
 
+pub(crate) mod audit;
+pub(crate) mod batch;
 pub(crate) mod dead;
+pub(crate) mod history;
 pub(crate) mod job;
 pub(crate) mod jobs;
 pub(crate) mod nodes;
