@@ -90,6 +90,8 @@ pub(crate) use event::report_store_error;
 pub(crate) use fetcher::Fetcher;
 #[cfg(feature = "test-util")]
 pub(crate) use gauges::refresh as refresh_gauges;
+#[cfg(feature = "web")]
+pub(crate) use id_gaps::IdGaps;
 #[cfg(feature = "test-util")]
 pub(crate) use leader_elector::Elect;
 #[cfg(feature = "test-util")]

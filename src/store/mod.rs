@@ -101,9 +101,9 @@ mod watch;
 // their short path (`super::rows`, `crate::store::params`).
 #[cfg(feature = "mysql")]
 use common::dedicated_conn;
-pub(crate) use common::ledger;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use common::errors;
+pub(crate) use common::ledger;
 pub(crate) use common::params;
 use common::{
     columns, embedded, expr, keyed, options, pool, retry, rows, schema, timeout, tls, wakes,
@@ -120,12 +120,12 @@ use handler_tx::effects;
 ))]
 pub mod conformance;
 
-pub use audit::{AuditAction, AuditEntry};
 pub use crate::new_job::DEFAULT_MAX_PAYLOAD_BYTES;
 pub use crate::queue::{
     QueueInfo, QueueLimits, RateLimit, MAX_LIMIT, MAX_PAUSED_BY_LEN, MAX_RATE_PERIOD,
     MIN_RATE_PERIOD, RATE_START_MARGIN,
 };
+pub use audit::{AuditAction, AuditEntry};
 #[cfg_attr(not(feature = "web"), allow(unused_imports))]
 pub(crate) use browse::{fire_instant, Browse, MAX_DEAD_GROUPS};
 pub(crate) use columns::bound as bound_us;

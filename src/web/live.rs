@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use super::auth::{authorize, session_of, session_valid};
 use super::layout::plain_error;
 use super::Data;
+use crate::scheduler::IdGaps;
 use crate::store::Store;
 
 /// How often the hub reads the signal and the watched jobs' versions.
@@ -133,17 +134,22 @@ async fn poll(hub: Arc<Hub>, store: Store) {
         .notifies()
         .then(|| actix_web::rt::spawn(listen(hub.clone(), store.clone())));
     let mut last = None;
+    // Read as the queue watch reads it: a job committed after a newer id was read moves the
+    // count above the floor, not the newest id.
+    let mut gaps = IdGaps::default();
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(ids) = hub.watched() else { break };
-        match store.change_signal().await {
+        match store.change_signal(gaps.floor()).await {
             Ok(s) => {
-                if last.is_some_and(|l| l != s) {
+                let appeared = gaps.read(s.newest_job, s.above_floor, std::time::Instant::now());
+                let rest = (s.settings, s.wakes);
+                if appeared || last.is_some_and(|l| l != rest) {
                     let _ = hub.tx.send(Signal::Changed);
                 }
-                last = Some(s);
+                last = Some(rest);
             }
             Err(e) => {
                 tracing::debug!(error = %e, "dashboard: the live stream's signal was not read")

@@ -16,8 +16,8 @@
 use diesel::prelude::*;
 use diesel::Insertable;
 
-use super::schema::jobvisor_claims;
 use super::params::{Finalization, Finalize};
+use super::schema::jobvisor_claims;
 use crate::claim::{Claim, ClaimOutcome};
 use crate::job::JobId;
 use crate::lease::{ClaimId, NodeId};
