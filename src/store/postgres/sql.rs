@@ -730,7 +730,7 @@ mod tests {
     #[test]
     fn statements_split_at_their_placeholders_in_order() {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
-        assert_eq!(segments(FINALIZE).len(), 14);
+        assert_eq!(segments(FINALIZE).len(), 10);
         assert_eq!(segments(CLAIM).len(), 10);
         assert_eq!(segments(LOCK_QUEUE).len(), 2);
         assert_eq!(segments(CLAIM_CONTROLLED).len(), 13);
