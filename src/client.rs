@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
+use crate::done_watch::{self, DoneWatch};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, NewJob, RunAt};
 use crate::schedule::ScheduleInfo;
@@ -73,6 +74,8 @@ pub struct Client {
     /// A node's client: turns true once the node has stored the schedules it declares, so
     /// the schedule calls made right after `start()` see them.
     declared: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Hears that jobs ended, for [`Client::wait`] (PostgreSQL); shared by the clones.
+    done: Arc<DoneWatch>,
 }
 
 impl std::fmt::Debug for Client {
@@ -93,6 +96,7 @@ impl Client {
     /// A client whose statements bind `clock` (a manual clock in simulation).
     pub fn with_clock(store: Store, clock: Arc<dyn Clock>) -> Self {
         Client {
+            done: DoneWatch::new(store.clone()),
             store,
             clock,
             wake: None,
@@ -642,7 +646,9 @@ impl Client {
     }
 
     /// Waits until the job is succeeded, dead or cancelled and returns it — the "future"
-    /// pattern. It polls the store, so it works whichever process runs the job.
+    /// pattern. It polls the store, so it works whichever process runs the job; on
+    /// PostgreSQL it also listens (one connection shared by the client's waits) for the
+    /// notification a finalize sends with the ids it ended, and re-reads the job at once.
     ///
     /// # Errors
     /// [`Error::WaitTimeout`] (with the job's state then) after `timeout`;
@@ -650,6 +656,8 @@ impl Client {
     pub async fn wait(&self, id: JobId, timeout: Duration) -> Result<Job> {
         let start = std::time::Instant::now();
         let mut pause = WAIT_POLL_MIN;
+        // Subscribed before the first read, so an end after it is heard.
+        let mut ended = self.done.subscribe();
         loop {
             let job = self.get(id).await?;
             if job.state.is_terminal() {
@@ -663,7 +671,13 @@ impl Client {
                     state: job.state,
                 });
             }
-            tokio::time::sleep(pause.min(timeout - waited)).await;
+            let nap = pause.min(timeout - waited);
+            match ended.as_mut() {
+                Some(rx) => {
+                    let _ = tokio::time::timeout(nap, done_watch::ended(rx, id.0)).await;
+                }
+                None => tokio::time::sleep(nap).await,
+            }
             pause = (pause * 2).min(WAIT_POLL_MAX);
         }
     }

@@ -371,14 +371,19 @@ impl Driver {
         }
     }
 
-    /// A wake-up listener (PostgreSQL's `LISTEN`); `None` elsewhere.
-    #[allow(unused_variables)] // `limit` is unused without PostgreSQL
-    pub(crate) async fn listen(&self, limit: Duration) -> Result<Option<Listener>> {
+    /// A wake-up listener (PostgreSQL's `LISTEN`), for a node or (`done`) for the jobs
+    /// that ended; `None` elsewhere.
+    #[allow(unused_variables)] // `limit` and `done` are unused without PostgreSQL
+    pub(crate) async fn listen(&self, limit: Duration, done: bool) -> Result<Option<Listener>> {
         match self {
             #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => Ok(Some(Listener {
-                pg: d.listen(limit).await?,
-            })),
+            Driver::Postgres(d) => {
+                use super::postgres::listen::{DONE_CHANNEL, NODE_CHANNELS};
+                let channels = if done { &[DONE_CHANNEL] } else { NODE_CHANNELS };
+                Ok(Some(Listener {
+                    pg: d.listen(limit, channels).await?,
+                }))
+            }
             #[allow(unreachable_patterns)] // reachable when another backend is compiled in
             _ => Ok(None),
         }

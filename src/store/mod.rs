@@ -183,7 +183,22 @@ impl Store {
     /// [`Error::Database`](crate::Error::Database) (transient) when the connection or
     /// `LISTEN` fails.
     pub(crate) async fn listen(&self) -> crate::error::Result<Option<Listener>> {
-        self.inner.driver.listen(self.inner.statement_bound()).await
+        self.inner
+            .driver
+            .listen(self.inner.statement_bound(), false)
+            .await
+    }
+
+    /// A listener of the jobs that reached a terminal state ([`Notice::Done`], PostgreSQL);
+    /// `None` on the other backends.
+    ///
+    /// # Errors
+    /// As [`Store::listen`].
+    pub(crate) async fn listen_done(&self) -> crate::error::Result<Option<Listener>> {
+        self.inner
+            .driver
+            .listen(self.inner.statement_bound(), true)
+            .await
     }
 
     /// Whether [`Store::listen`] offers a listener (PostgreSQL); nodes of the other

@@ -589,4 +589,6 @@ pub(crate) enum Notice {
     Settings(String),
     /// A cancel was asked of this running job (its id).
     Cancel(i64),
+    /// These jobs reached a terminal state; empty: some did (re-check every waited job).
+    Done(Vec<i64>),
 }

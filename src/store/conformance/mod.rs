@@ -41,6 +41,7 @@ mod control;
 mod cut;
 mod dependencies;
 mod deploy;
+mod done;
 mod enqueue;
 mod finalize;
 mod gauges;
@@ -72,6 +73,7 @@ pub use control::*;
 pub use cut::*;
 pub use dependencies::*;
 pub use deploy::*;
+pub use done::*;
 pub use enqueue::*;
 pub use finalize::*;
 pub use gauges::*;
@@ -328,6 +330,7 @@ macro_rules! conformance_tests {
             each_ending_is_recorded_with_its_outcome_and_code,
             a_late_answer_from_an_old_claim_never_edits_a_newer_claims_row,
             archive_and_prune_keep_a_jobs_ledger_with_it,
+            a_finalize_announces_the_jobs_it_ended,
         );
     };
     (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {

@@ -292,12 +292,17 @@ impl PgDriver {
         Ok(())
     }
 
-    /// A listening connection, opened like the pool's, `LISTEN` bounded by `limit`.
-    pub(crate) async fn listen(&self, limit: std::time::Duration) -> Result<PgListener> {
+    /// A listening connection to `channels`, opened like the pool's, `LISTEN` bounded by
+    /// `limit`.
+    pub(crate) async fn listen(
+        &self,
+        limit: std::time::Duration,
+        channels: &[&str],
+    ) -> Result<PgListener> {
         let conn = self.connector.diesel().await.map_err(|e| {
             Error::Database(StoreError::Transient(format!("listener connection: {e}")))
         })?;
-        PgListener::start(conn, limit).await
+        PgListener::start(conn, limit, channels).await
     }
 }
 

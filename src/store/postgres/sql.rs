@@ -128,6 +128,12 @@ WHERE j.id = ANY(ARRAY("
 /// it — before this update, every statement of a `WITH` seeing the same snapshot — gives the
 /// claim's node (`lease_owner`), attempt and instant (`updated_at`); only rows `upd` applied,
 /// under their token, are written.
+///
+/// The ids of the rows it ended (succeeded, dead, cancelled) are announced on
+/// `jobvisor_done` (`done`, delivered at commit) for [`Client::wait`](crate::Client::wait):
+/// 300 ids a notification at most (a payload under PostgreSQL's 8,000 bytes), none when the
+/// batch ended no job. `done` is one row whatever it notifies, joined by the answer so that
+/// it runs.
 pub(crate) const FINALIZE: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
@@ -173,8 +179,15 @@ WITH v AS MATERIALIZED (
            v.code, v.margin
     FROM upd AS u JOIN v ON v.id = u.id JOIN jobvisor_jobs AS o ON o.id = u.id, n
     ON CONFLICT DO NOTHING
+), done AS MATERIALIZED (
+    SELECT count(*) AS n FROM (
+        SELECT pg_notify('jobvisor_done', string_agg(id::text, ',')) FROM (
+            SELECT id, (row_number() OVER () - 1) / 300 AS chunk FROM upd
+            WHERE state IN ('succeeded', 'dead', 'cancelled')
+        ) AS t GROUP BY chunk
+    ) AS s
 )
-SELECT id, state, has_children FROM upd"
+SELECT id, state, has_children FROM upd, done"
 );
 
 prepared_statement!(
