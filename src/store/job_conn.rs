@@ -215,6 +215,9 @@ macro_rules! complete_job {
                 .execute($conn)
                 .await?;
         }
+        if n == 1 {
+            $crate::store::wakes::announce_done($conn, c.id).await?;
+        }
         Ok(n == 1)
     }};
 }

@@ -21,7 +21,7 @@ use super::schema::{
     jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
 };
 use super::timeout::Op;
-use super::wakes::{announce_cancel, announce_due};
+use super::wakes::{announce_cancel, announce_done, announce_due};
 use super::{
     ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
     Reclaimed, RetryParams, Store,
@@ -323,7 +323,7 @@ impl Store {
                 })?
             } else {
                 with_write!(self, |conn| {
-                    diesel::update(
+                    let n = diesel::update(
                         jobs::table
                             .filter(jobs::id.eq(id))
                             .filter(jobs::version.eq(version)),
@@ -336,7 +336,13 @@ impl Store {
                         jobs::unique_hold.eq(ReleaseHold(true)),
                     ))
                     .execute(conn)
-                    .await?
+                    .await?;
+                    if n == 1 {
+                        // Heard by its waiters at once (PostgreSQL: a statement of its own,
+                        // after the cancel's commit; the waiter re-reads the cancelled job).
+                        announce_done(conn, id).await?;
+                    }
+                    n
                 })
             };
             if job.state == JobState::Running && job.cancel_requested_at.is_some() {

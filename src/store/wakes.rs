@@ -48,6 +48,24 @@ pub(crate) trait AnnounceDue: diesel::backend::Backend + Sized {
     async fn announce_cancel<C>(conn: &mut C, job: i64) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self> + Send;
+
+    /// Announces, on `conn` (delivered at commit), that job `job` ended, for
+    /// [`Client::wait`](crate::Client::wait): PostgreSQL only, where waits listen; nothing
+    /// elsewhere, where they poll.
+    async fn announce_done<C>(conn: &mut C, job: i64) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self> + Send;
+}
+
+/// Announces, on `conn`, that job `job` ended (see [`AnnounceDue::announce_done`]): a
+/// cancel of a job that was not running, a completion in the handler's transaction. A
+/// finalize batch announces its own in its statement.
+pub(crate) async fn announce_done<C>(conn: &mut C, job: i64) -> QueryResult<()>
+where
+    C: AsyncConnection + Send,
+    C::Backend: AnnounceDue,
+{
+    <C::Backend as AnnounceDue>::announce_done(conn, job).await
 }
 
 /// Announces, inside the transaction open on `conn`, that running job `job` was asked to

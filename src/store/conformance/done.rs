@@ -6,7 +6,7 @@ use super::*;
 
 /// A batch that ends some jobs and not others names exactly the ended ones — succeeded,
 /// dead (also by a retry past its attempts), cancelled — in one notification; a retry and a
-/// give-back are not named.
+/// give-back are not named. A cancel of a job that was not running names it.
 pub async fn a_finalize_announces_the_jobs_it_ended(b: Backend) {
     let t = Bundle::new(b).await;
     let Some(mut l) = t.store.listen_done().await.unwrap() else {
@@ -53,4 +53,27 @@ pub async fn a_finalize_announces_the_jobs_it_ended(b: Backend) {
         got, want,
         "the ended jobs, in one notification, and no other"
     );
+
+    let out = t
+        .store
+        .job_cancel(CancelParams {
+            id: ids[4],
+            now: t.at(2),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out, CancelOutcome::Cancelled(_)), "{out:?}");
+    let got = loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), l.next())
+            .await
+            .expect("the cancel's notification within 10 s")
+            .expect("listener open")
+            .unwrap();
+        if let super::Notice::Done(n) = n {
+            if ours(&n) {
+                break n;
+            }
+        }
+    };
+    assert_eq!(got, vec![ids[4].0], "the cancelled job");
 }

@@ -416,6 +416,14 @@ impl super::wakes::AnnounceDue for diesel::mysql::Mysql {
     {
         Self::announce_due(conn, &[]).await
     }
+
+    /// Nothing: waits poll on this backend.
+    async fn announce_done<C>(_: &mut C, _: i64) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        Ok(())
+    }
 }
 
 impl KeyedSteps for MysqlKeyed<'_> {

@@ -414,6 +414,17 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
             .await
             .map(drop)
     }
+
+    async fn announce_done<C>(conn: &mut C, job: i64) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        diesel::sql_query("SELECT pg_notify('jobvisor_done', $1)")
+            .bind::<Text, _>(job.to_string())
+            .execute(conn)
+            .await
+            .map(drop)
+    }
 }
 
 impl KeyedSteps for PgKeyed<'_> {

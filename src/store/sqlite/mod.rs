@@ -423,6 +423,14 @@ impl super::wakes::AnnounceDue for diesel::sqlite::Sqlite {
     {
         Self::announce_due(conn, &[]).await
     }
+
+    /// Nothing: waits poll on this backend.
+    async fn announce_done<C>(_: &mut C, _: i64) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        Ok(())
+    }
 }
 
 impl<C: SqliteAsync> KeyedSteps for SqliteKeyed<'_, C> {
