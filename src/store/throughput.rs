@@ -127,7 +127,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Database`](crate::Error::Database).
-    #[cfg(feature = "web")]
+    #[cfg(any(feature = "web", feature = "test-util"))]
     pub(crate) async fn throughput_since(&self, since: i64) -> Result<Vec<ThroughputRow>> {
         let rows: Vec<(String, i64, i64, i64)> = with_conn!(self, |c| {
             tp::table

@@ -173,3 +173,91 @@ pub async fn gauges_are_computed_once_per_interval_and_match_the_table(b: Backen
     let gone = t.store.gauges_compute(t.at(6 + 301)).await.unwrap();
     assert_eq!(gone.ended, vec![], "out of the window");
 }
+
+/// The throughput rollup counts each queue's succeeded and dead jobs per 5-minute bucket,
+/// live and archived alike, and nothing else (a running, a pending or a retried job); a
+/// second turn replaces its bucket's rows rather than adding to them; in a bucket's first
+/// minute the previous one is recounted (a late commit still lands); rows past 48 hours go.
+pub async fn the_throughput_rollup_counts_each_ended_job_once_per_bucket(b: Backend) {
+    let t = Bundle::new(b).await;
+    let us = |secs: i64| t.at(secs).unwrap().timestamp_micros();
+    let rows = || async { t.store.throughput_since(0).await.unwrap() };
+
+    // Bucket [t0, t0+300): in "ra" one success and one dead job, one retried (not ended),
+    // one running and one pending; in "rb" a success. The success in "ra" is archived before
+    // the turn.
+    for n in 0..5 {
+        t.enqueue(NewJob::new("k", json!(n)).queue("ra"), 0).await;
+    }
+    let rb = t.enqueue(NewJob::new("k", json!("b")).queue("rb"), 0).await;
+    let c = t.claim("ra", "n1", 4, 1).await;
+    t.finalize(
+        Finalize::succeeded(c[0].id, c[0].token.clone(), json!(1)),
+        10,
+    )
+    .await;
+    t.finalize(Finalize::dead(c[1].id, c[1].token.clone(), err("E", 1)), 20)
+        .await;
+    t.finalize(
+        Finalize::retry(
+            c[2].id,
+            c[2].token.clone(),
+            err("E", 1),
+            Duration::from_secs(600),
+        ),
+        25,
+    )
+    .await;
+    let cb = t.claim("rb", "n1", 1, 2).await.pop().unwrap();
+    assert_eq!(cb.id, rb);
+    t.finalize(Finalize::succeeded(rb, cb.token, json!(2)), 30)
+        .await;
+    let archived = t
+        .store
+        .job_archive(ArchiveParams {
+            older_than: Duration::from_secs(20),
+            dead_older_than: Duration::from_secs(3600),
+            limit: 100,
+            now: t.at(40),
+        })
+        .await
+        .unwrap();
+    assert_eq!(archived, 1, "the success in ra only");
+
+    let first = vec![
+        ("ra".to_string(), us(0), 1, 1),
+        ("rb".to_string(), us(0), 1, 0),
+    ];
+    assert_eq!(t.store.throughput_roll(us(100)).await.unwrap(), 2);
+    assert_eq!(rows().await, first);
+    assert_eq!(t.store.throughput_roll(us(200)).await.unwrap(), 2);
+    assert_eq!(rows().await, first, "a second turn replaces, never adds");
+
+    // A success committed late into the first bucket (finished at t0+290), then one in the
+    // second bucket; a turn 30 s into the second bucket counts both.
+    t.finalize(
+        Finalize::succeeded(c[3].id, c[3].token.clone(), json!(3)),
+        290,
+    )
+    .await;
+    let d = t.claim("ra", "n1", 1, 301).await.pop().unwrap();
+    t.finalize(Finalize::succeeded(d.id, d.token, json!(4)), 310)
+        .await;
+    assert_eq!(t.store.throughput_roll(us(330)).await.unwrap(), 3);
+    assert_eq!(
+        rows().await,
+        vec![
+            ("ra".to_string(), us(0), 2, 1),
+            ("rb".to_string(), us(0), 1, 0),
+            ("ra".to_string(), us(300), 1, 0),
+        ]
+    );
+    // Past its first minute the previous bucket is left as it is.
+    assert_eq!(t.store.throughput_roll(us(400)).await.unwrap(), 1);
+    assert_eq!(rows().await.len(), 3);
+
+    // 48 hours on, every row above is older than the rollup keeps.
+    let later = 48 * 3600 + 600;
+    assert_eq!(t.store.throughput_roll(us(later)).await.unwrap(), 0);
+    assert_eq!(rows().await, vec![]);
+}

@@ -300,6 +300,7 @@ macro_rules! conformance_tests {
             period_take_overs_follow_the_callers_transaction,
             concurrent_batches_after_a_period_take_it_over_once,
             gauges_are_computed_once_per_interval_and_match_the_table,
+            the_throughput_rollup_counts_each_ended_job_once_per_bucket,
             leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term,
             a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers,
             a_schedule_is_retired_only_once_no_node_declares_it,
