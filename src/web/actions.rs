@@ -48,6 +48,61 @@ fn done(
     shell(state, req, ctx, title, false, status, body)
 }
 
+/// How an action's work ended, before it is recorded and answered.
+enum Answer {
+    /// It acted (or was refused by the engine): recorded in the audit log with `jobs` changed,
+    /// then answered with [`done`].
+    Done {
+        status: StatusCode,
+        text: String,
+        jobs: u64,
+        back: String,
+    },
+    /// It asks first (a confirmation page): nothing happened yet, so nothing is recorded.
+    Ask(HttpResponse),
+}
+
+impl Answer {
+    /// Acted with `status`; `jobs` changed.
+    fn done(status: StatusCode, text: String, jobs: u64, back: String) -> Result<Answer> {
+        Ok(Answer::Done {
+            status,
+            text,
+            jobs,
+            back,
+        })
+    }
+}
+
+/// Every action ends here, so none can answer without its audit entry: the outcome (or the
+/// error, with nothing changed) is recorded as `what` on `target`, then answered.
+async fn conclude(
+    state: &Data,
+    req: &HttpRequest,
+    ctx: &Ctx,
+    what: &str,
+    target: &str,
+    out: Result<Answer>,
+) -> HttpResponse {
+    match out {
+        Ok(Answer::Done {
+            status,
+            text,
+            jobs,
+            back,
+        }) => {
+            let ok = status.is_success();
+            record(state, ctx, what, target, jobs, &text, ok).await;
+            done(state, req, ctx, status, &text, &back)
+        }
+        Ok(Answer::Ask(page)) => page,
+        Err(e) => {
+            record(state, ctx, what, target, 0, &failure_text(&e), false).await;
+            ctx.finish(state, req, error_response(req, &e))
+        }
+    }
+}
+
 /// A job action's form.
 #[derive(Debug, Deserialize)]
 pub(crate) struct JobForm {
@@ -164,7 +219,7 @@ pub(crate) async fn job(
                     (StatusCode::CONFLICT, stale(&j))
                 } else if form.confirm != "yes" && j.state.is_terminal() {
                     let v = version.to_string();
-                    return Ok(confirm_page(
+                    return Ok(Answer::Ask(confirm_page(
                         &state,
                         &req,
                         &ctx,
@@ -173,7 +228,7 @@ pub(crate) async fn job(
                         &[("version", &v)],
                         "Yes, delete it",
                         &back,
-                    ));
+                    )));
                 } else {
                     match state.client.store().job_delete_finished(id, version).await {
                         Ok(Guarded::Applied(())) => (StatusCode::OK, format!("job {} deleted", id.0)),
@@ -192,18 +247,10 @@ pub(crate) async fn job(
                 ))
             }
         };
-        let ok = status.is_success();
-        record(&state, &ctx, &what, &target, u64::from(ok), &text, ok).await;
-        Ok::<_, Error>(done(&state, &req, &ctx, status, &text, &back))
+        Answer::done(status, text, u64::from(status.is_success()), back)
     }
     .await;
-    match out {
-        Ok(r) => r,
-        Err(e) => {
-            record(&state, &ctx, &what, &target, 0, &failure_text(&e), false).await;
-            ctx.finish(&state, &req, error_response(&req, &e))
-        }
-    }
+    conclude(&state, &req, &ctx, &what, &target, out).await
 }
 
 /// What a bulk action does.
@@ -433,35 +480,10 @@ pub(crate) async fn bulk(state: Data, req: HttpRequest, form: web::Form<BulkForm
             }
         );
         let back = state.url(&format!("/jobs{}", query(&form.filter.pairs())));
-        record(
-            &state,
-            &ctx,
-            &what,
-            &filter_text(&form.filter),
-            applied,
-            &text,
-            true,
-        )
-        .await;
-        Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &back))
+        Answer::done(StatusCode::OK, text, applied, back)
     }
     .await;
-    match out {
-        Ok(r) => r,
-        Err(e) => {
-            record(
-                &state,
-                &ctx,
-                &what,
-                &filter_text(&form.filter),
-                0,
-                &failure_text(&e),
-                false,
-            )
-            .await;
-            ctx.finish(&state, &req, error_response(&req, &e))
-        }
-    }
+    conclude(&state, &req, &ctx, &what, &filter_text(&form.filter), out).await
 }
 
 /// A bulk action's filter as the audit log records it: `queue=mail state=dead …`.
@@ -506,7 +528,7 @@ pub(crate) async fn dead_retry(
         let jobs = state.client.store().dead_of_group(&form.kind, code, limit).await?;
         if form.confirm != "yes" {
             let more = if jobs.len() >= BULK_LIMIT { " (the first of them; run it again for the rest)" } else { "" };
-            return Ok(confirm_page(
+            return Ok(Answer::Ask(confirm_page(
                 &state,
                 &req,
                 &ctx,
@@ -515,7 +537,7 @@ pub(crate) async fn dead_retry(
                 &[("kind", &form.kind), ("code", &form.code)],
                 &format!("Yes, retry {}", jobs.len()),
                 &state.url("/dead"),
-            ));
+            )));
         }
         let mut applied = 0u64;
         let mut changed = 0u64;
@@ -537,26 +559,10 @@ pub(crate) async fn dead_retry(
             }
         }
         let text = format!("{applied} dead job(s) of kind {} with error {} retried; {changed} had changed meanwhile", form.kind, form.code);
-        record(&state, &ctx, "dead.retry", &target, applied, &text, true).await;
-        Ok::<_, Error>(done(&state, &req, &ctx, StatusCode::OK, &text, &state.url("/dead")))
+        Answer::done(StatusCode::OK, text, applied, state.url("/dead"))
     }
     .await;
-    match out {
-        Ok(r) => r,
-        Err(e) => {
-            record(
-                &state,
-                &ctx,
-                "dead.retry",
-                &target,
-                0,
-                &failure_text(&e),
-                false,
-            )
-            .await;
-            ctx.finish(&state, &req, error_response(&req, &e))
-        }
-    }
+    conclude(&state, &req, &ctx, "dead.retry", &target, out).await
 }
 
 /// A queue action's form.
@@ -659,24 +665,10 @@ pub(crate) async fn queue(
                 ))
             }
         };
-        record(&state, &ctx, &what, &target, 0, &text, true).await;
-        Ok::<_, Error>(done(
-            &state,
-            &req,
-            &ctx,
-            StatusCode::OK,
-            &text,
-            &state.url("/queues"),
-        ))
+        Answer::done(StatusCode::OK, text, 0, state.url("/queues"))
     }
     .await;
-    match out {
-        Ok(r) => r,
-        Err(e) => {
-            record(&state, &ctx, &what, &target, 0, &failure_text(&e), false).await;
-            ctx.finish(&state, &req, error_response(&req, &e))
-        }
-    }
+    conclude(&state, &req, &ctx, &what, &target, out).await
 }
 
 /// A schedule action's form.
@@ -722,22 +714,8 @@ pub(crate) async fn schedule(
             }
         };
         let jobs = u64::from(path.as_str() == "trigger");
-        record(&state, &ctx, &what, &target, jobs, &text, true).await;
-        Ok::<_, Error>(done(
-            &state,
-            &req,
-            &ctx,
-            StatusCode::OK,
-            &text,
-            &state.url("/schedules"),
-        ))
+        Answer::done(StatusCode::OK, text, jobs, state.url("/schedules"))
     }
     .await;
-    match out {
-        Ok(r) => r,
-        Err(e) => {
-            record(&state, &ctx, &what, &target, 0, &failure_text(&e), false).await;
-            ctx.finish(&state, &req, error_response(&req, &e))
-        }
-    }
+    conclude(&state, &req, &ctx, &what, &target, out).await
 }
