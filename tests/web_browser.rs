@@ -918,6 +918,122 @@ async fn a_live_page_follows_its_job(b: &Browser, root: &str, store: &Store) -> 
     start.elapsed()
 }
 
+/// Ends `n` jobs of `queue` at `at` (every third dead), as a node would have.
+async fn end_jobs_at(store: &Store, queue: &str, n: usize, at: chrono::DateTime<chrono::Utc>) {
+    for i in 0..n {
+        store
+            .job_enqueue(
+                NewJob::new("report", json!({ "i": i })).queue(queue),
+                Some(at),
+            )
+            .await
+            .unwrap();
+        let c = store
+            .job_claim(ClaimParams {
+                queue: queue.into(),
+                owner: NodeId::new("history-node").unwrap(),
+                limit: 1,
+                kinds: None,
+                lease: Duration::from_secs(60),
+                now: Some(at),
+            })
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        let end = if i % 3 == 2 {
+            Finalize::dead(
+                c.id,
+                c.token,
+                jobvisor::JobFailure::new("smtp_down", "failed", 1),
+            )
+        } else {
+            Finalize::succeeded(c.id, c.token, json!({}))
+        };
+        store
+            .job_finalize_many(FinalizeParams {
+                items: vec![end],
+                now: Some(at),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// The history page draws a day of the rollup per queue, and a batch's page shows its
+/// members by outcome; both are shot for the README's tour.
+async fn history_and_a_batch(
+    b: &Browser,
+    root: &str,
+    client: &Client,
+    store: &Store,
+    backend: Backend,
+) {
+    let now = chrono::Utc::now();
+    for (hours, n) in [(9, 4), (6, 7), (3, 5), (1, 9)] {
+        let at = now - chrono::Duration::hours(hours);
+        end_jobs_at(store, "reports", n, at).await;
+        end_jobs_at(store, "mail", n / 2 + 1, at).await;
+        // The gauges' turn of that moment rolled them up.
+        store
+            .throughput_roll(at + chrono::Duration::seconds(1))
+            .await
+            .unwrap();
+    }
+    b.goto(&format!("{root}/history")).await.unwrap();
+    b.wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#history-reports"))
+        .await
+        .unwrap();
+    // Every third job of each hour's run dead: "reports" 25 jobs (1 + 2 + 1 + 3 dead),
+    // "mail" 15 (one dead an hour).
+    let page = text(b, "main").await;
+    assert!(
+        page.contains("18 succeeded · 7 failed in 24 h")
+            && page.contains("11 succeeded · 4 failed in 24 h"),
+        "{page}"
+    );
+    shot(b, backend, "history").await;
+
+    let members = (0..4)
+        .map(|i| NewJob::new("resize", json!({ "image": i })).queue("images"))
+        .collect();
+    let batch = client
+        .enqueue_batch(
+            members,
+            NewJob::new("album_ready", json!({})).queue("images"),
+        )
+        .await
+        .unwrap();
+    client.cancel(batch.members[0].id).await.unwrap();
+    let c = store
+        .job_claim(ClaimParams {
+            queue: "images".into(),
+            owner: NodeId::new("batch-node").unwrap(),
+            limit: 1,
+            kinds: None,
+            lease: Duration::from_secs(60),
+            now: None,
+        })
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    store
+        .job_finalize_many(FinalizeParams {
+            items: vec![Finalize::succeeded(c.id, c.token, json!({}))],
+            now: None,
+        })
+        .await
+        .unwrap();
+    b.goto(&format!("{root}/batches/{}", batch.callback.id.0))
+        .await
+        .unwrap();
+    until_text(b, "#batch-ended", |t| t == "2 of 4").await;
+    shot(b, backend, "batch").await;
+}
+
 /// The CLI as shipped (two workers) and an embedded app with four: one login serves all;
 /// a live page follows its job; the actions are in the audit log.
 async fn logins_hold_on_every_worker(backend: Backend) {
@@ -949,6 +1065,7 @@ async fn logins_hold_on_every_worker(backend: Backend) {
     b.goto(&format!("{embedded}/ops/audit")).await.unwrap();
     until_text(&b, "#audit", |t| t.contains("queue.pause")).await;
     shot(&b, backend, "audit").await;
+    history_and_a_batch(&b, &format!("{embedded}/ops"), &client, &store, backend).await;
     b.close().await.unwrap();
     drop(driver);
     drop(cli);
