@@ -180,7 +180,7 @@ async fn main() {
         &store,
         &format!(
             "INSERT INTO jobvisor_audit (at, who, action, target, jobs, outcome, ok)
-             SELECT {now} - g * 1000000, 'dashboard login (token) from 127.0.0.1', 'job.retry',
+             SELECT {now} - g::bigint * 1000000, 'dashboard login (token) from 127.0.0.1', 'job.retry',
                'job ' || g, 1, 'job ' || g || ' retried: pending, due now', true
              FROM generate_series(1, 100000) g"
         ),
