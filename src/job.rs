@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::lease::{ClaimId, NodeId};
 
-pub use crate::new_job::{Enqueued, NewJob, RunAt, UniqueScope};
+pub use crate::new_job::{Enqueued, NewJob, OnDuplicate, RunAt, UniqueScope};
 
 /// Queue used when a job names none: **`"default"`**.
 pub const DEFAULT_QUEUE: &str = "default";

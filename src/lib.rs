@@ -104,7 +104,9 @@ pub use handler::{
     handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobResult, MAX_PROGRESS_BYTES,
 };
 pub use handler_tx::{JobTx, TxBody, TxError};
-pub use job::{Enqueued, Job, JobFailure, JobId, JobState, NewJob, RunAt, UniqueScope};
+pub use job::{
+    Enqueued, Job, JobFailure, JobId, JobState, NewJob, OnDuplicate, RunAt, UniqueScope,
+};
 pub use job_args::JobArgs;
 pub use lease::{ClaimId, NodeId};
 pub use queue::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};

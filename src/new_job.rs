@@ -1,6 +1,6 @@
-//! A job to enqueue: [`NewJob`] with its options (queue, priority, unique key and scope,
-//! partition, run time, attempts, timeout), their validation before anything is written,
-//! and [`Enqueued`], what an enqueue answers.
+//! A job to enqueue: [`NewJob`] with its options (queue, priority, unique key, its scope and
+//! what a duplicate does, partition, run time, attempts, timeout), their validation before
+//! anything is written, and [`Enqueued`], what an enqueue answers.
 //!
 //! The limits and defaults it checks against are the job's constants (`crate::job`).
 
@@ -79,6 +79,46 @@ impl UniqueScope {
     }
 }
 
+/// What an enqueue does when another job holds its (kind, [`unique_key`](NewJob::unique_key)).
+/// Default: **[`OnDuplicate::Keep`]**.
+///
+/// [`Replace`](OnDuplicate::Replace) and [`CancelAndInsert`](OnDuplicate::CancelAndInsert) act
+/// only while the holder has not started: it is `pending`, no handler ever started on it, and no
+/// job waits on it as a parent. Otherwise (running, retrying, finished, a parent) the holder is
+/// kept and returned as a duplicate, as with `Keep`. Each write is guarded by the holder's
+/// version and state in the statement itself, so a job claimed between the look-up and the write
+/// is never changed, and of concurrent replacing enqueues of one key each applies whole, one after
+/// the other: one pending job is left, with the last payload written.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use jobvisor::{NewJob, OnDuplicate};
+///
+/// // A debounce: send the digest 5 minutes after the *last* change. Each change moves the
+/// // pending digest's run time (and payload) instead of queueing another.
+/// let digest = NewJob::new("digest", serde_json::json!({"user": 7, "changes": 3}))
+///     .unique_key("digest:7")
+///     .delay(Duration::from_secs(300))
+///     .on_duplicate(OnDuplicate::Replace);
+/// # let _ = digest;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDuplicate {
+    /// Keep the holder unchanged and return it as a duplicate (`duplicate: true`). The default.
+    #[default]
+    Keep,
+    /// Overwrite the pending holder's payload, run time and priority with this job's (its
+    /// queue, attempts, timeout and partition stay the holder's); returns the holder's id with
+    /// `duplicate: true` and `replaced: true` (graphile-worker's `job_key` replace, Oban's
+    /// `replace:`, a debounce).
+    Replace,
+    /// Cancel the pending holder and insert this job in its place, in one transaction; returns
+    /// the new job's id with `duplicate: false` and `replaced: true`.
+    CancelAndInsert,
+}
+
 /// When a new job becomes claimable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RunAt {
@@ -122,6 +162,9 @@ pub struct NewJob {
     /// How long the unique key is held; `None`: [`UniqueScope::UntilArchived`]. Needs a
     /// `unique_key`.
     pub unique_scope: Option<UniqueScope>,
+    /// What to do when another job holds the unique key; default [`OnDuplicate::Keep`].
+    /// Anything else needs a `unique_key` and no parents.
+    pub on_duplicate: OnDuplicate,
     /// Partition key (a tenant, an account id such as `"acct:42"`); default none.
     pub partition: Option<String>,
     /// When it becomes claimable.
@@ -153,6 +196,7 @@ impl NewJob {
             priority: DEFAULT_PRIORITY,
             unique_key: None,
             unique_scope: None,
+            on_duplicate: OnDuplicate::Keep,
             partition: None,
             run_at: RunAt::Now,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
@@ -214,6 +258,13 @@ impl NewJob {
     /// [`unique_key`](NewJob::unique_key).
     pub fn unique_scope(mut self, scope: UniqueScope) -> Self {
         self.unique_scope = Some(scope);
+        self
+    }
+
+    /// Sets what an enqueue does when another job holds the unique key (default
+    /// [`OnDuplicate::Keep`]); needs a [`unique_key`](NewJob::unique_key).
+    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+        self.on_duplicate = on_duplicate;
         self
     }
 
@@ -287,6 +338,28 @@ impl NewJob {
                 ));
             }
             _ => {}
+        }
+        if self.on_duplicate != OnDuplicate::Keep {
+            if self.unique_key.is_none() {
+                return Err(Error::invalid(
+                    "on_duplicate",
+                    format!(
+                        "{:?} is given without a unique_key; expected a unique_key as well \
+                         (it says what to do with the job holding that key)",
+                        self.on_duplicate
+                    ),
+                ));
+            }
+            if self.has_parents() {
+                return Err(Error::invalid(
+                    "on_duplicate",
+                    format!(
+                        "{:?} is given with parents (after, after_key); expected no parents \
+                         (a replaced job keeps its own) or OnDuplicate::Keep",
+                        self.on_duplicate
+                    ),
+                ));
+            }
         }
         if let Some(p) = &self.partition {
             if p.len() > MAX_PARTITION_LEN {
@@ -414,6 +487,9 @@ pub(crate) fn check_name(field: &'static str, value: &str, max_chars: usize) -> 
 pub struct Enqueued {
     /// The new job's id, or for a duplicate the id of the job holding the key.
     pub id: JobId,
+    /// True when the holder was changed or cancelled ([`OnDuplicate::Replace`],
+    /// [`OnDuplicate::CancelAndInsert`]); false for [`OnDuplicate::Keep`] and a new key.
+    pub replaced: bool,
     /// True when another job held the same (kind, unique_key) (see [`UniqueScope`]): nothing
     /// new was written.
     pub duplicate: bool,
@@ -459,6 +535,17 @@ mod tests {
             (
                 NewJob::new("k", json!({})).partition("é".repeat(128)),
                 "partition",
+            ),
+            (
+                NewJob::new("k", json!({})).on_duplicate(OnDuplicate::Replace),
+                "on_duplicate",
+            ),
+            (
+                NewJob::new("k", json!({}))
+                    .unique_key("u")
+                    .on_duplicate(OnDuplicate::CancelAndInsert)
+                    .after(&[JobId(1)]),
+                "on_duplicate",
             ),
             (NewJob::new("k", json!({})).max_attempts(0), "max_attempts"),
             (

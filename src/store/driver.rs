@@ -22,8 +22,12 @@
 //!   (kind, unique key) another job holds is not inserted — unless the holder's period has
 //!   ended (`unique_until <= now`): then, in one transaction, a guarded row-locking `UPDATE`
 //!   clears the holder's `unique_hold` and the job is inserted (ARCHITECTURE.md, *Unique
-//!   scopes*). Result, in input order: `Some` new id, `Some` holder's id with
-//!   `duplicate: true` (also for a repeat of a key within the batch), or `None` when the key
+//!   scopes*). A holder still open (pending, never started, no children) is, as the job's
+//!   [`OnDuplicate`](crate::job::OnDuplicate) asks, overwritten (payload, priority, run_at) or
+//!   cancelled with the job inserted in its place, in one transaction, each write guarded by
+//!   its version and openness (`keyed.rs`). Result, in input order: `Some` new id, `Some`
+//!   holder's id with `duplicate: true` (also for a repeat of a key within the batch, which a
+//!   replacing mode resolves against the first as a later enqueue would), or `None` when the key
 //!   kept changing hands (holders released or archived) before it could be resolved — the
 //!   caller tries that job again. Atomic per batch.
 //! * [`claim`](Driver::claim) — guard: `queue` matches, state `pending`/`retrying`,

@@ -82,31 +82,44 @@ pub(crate) fn unique_parts(j: &crate::job::NewJob) -> (Option<&'static str>, Opt
     (Some(scope.stored()), period)
 }
 
-/// Tries to insert a keyed job that lost to a holder, up to this many times: the holder
-/// may release its key (finish, be archived, be taken over) between the insert and the
-/// look-up, and the insert is then tried again.
-pub(crate) const KEYED_TRIES: usize = 4;
-
-/// The live job holding `$job`'s (kind, unique_key) — `Some((id, expired))`, where
-/// `expired` says its [`For`](crate::job::UniqueScope::For) period has ended (the hold can be
-/// taken over) — or `None` if no job holds it (any more).
+/// The live job holding `$job`'s (kind, unique_key) as a [`Holder`](super::keyed::Holder) —
+/// whether its [`For`](crate::job::UniqueScope::For) period has ended (the hold can be taken
+/// over), its version, and whether it is *open* (pending, never started, no children: an
+/// [`OnDuplicate`](crate::job::OnDuplicate) other than `Keep` may change it) — or `None` if no
+/// job holds it (any more).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! holder {
     ($conn:expr, $job:expr, $now:expr) => {{
         use diesel::{ExpressionMethods, NullableExpressionMethods, OptionalExtension, QueryDsl};
         use diesel_async::RunQueryDsl;
-        use $crate::job::NewJob;
+        use $crate::job::{JobState, NewJob};
         use $crate::store::expr::DbNow;
+        use $crate::store::keyed::Holder;
         use $crate::store::schema::jobvisor_jobs as jobs;
         let j: &NewJob = $job;
         jobs::table
-            .select((jobs::id, jobs::unique_until.le(DbNow::new($now).nullable())))
+            .select((
+                jobs::id,
+                jobs::unique_until.le(DbNow::new($now).nullable()),
+                jobs::version,
+                jobs::state,
+                jobs::first_started_at.is_null(),
+                // Not a column of the `table!` (at diesel's 32-column limit).
+                diesel::dsl::sql::<diesel::sql_types::Bool>("has_children"),
+            ))
             .filter(jobs::kind.eq(&j.kind))
             .filter(jobs::unique_hold.eq(&j.unique_key))
-            .first::<(i64, Option<bool>)>(&mut *$conn)
+            .first::<(i64, Option<bool>, i64, String, bool, bool)>(&mut *$conn)
             .await
             .optional()?
-            .map(|(id, expired)| (id, expired == Some(true)))
+            .map(
+                |(id, expired, version, state, unstarted, children)| Holder {
+                    id,
+                    expired: expired == Some(true),
+                    version,
+                    open: state == JobState::Pending.as_str() && unstarted && !children,
+                },
+            )
     }};
 }
 
@@ -131,6 +144,95 @@ macro_rules! take_over {
         .execute(&mut *$conn)
         .await?
     }};
+}
+
+/// Frees job `$id`'s hold as `$release` (a [`Release`](super::keyed::Release)) says: an ended
+/// period's take-over ([`take_over!`]), or the cancel of an open holder still at the version
+/// read — `cancelled`, `finished_at`, its hold cleared, guarded in the statement by its
+/// version, `pending`, no start ever recorded and no children. Returns the rows changed (0: the
+/// holder moved on, another enqueuer got there first).
+macro_rules! release {
+    ($conn:expr, $id:expr, $release:expr, $now:expr) => {{
+        use diesel::{ExpressionMethods, NullableExpressionMethods, QueryDsl};
+        use diesel_async::RunQueryDsl;
+        use $crate::job::JobState;
+        use $crate::store::expr::DbNow;
+        use $crate::store::keyed::Release;
+        use $crate::store::schema::jobvisor_jobs as jobs;
+        let id: i64 = $id;
+        match $release {
+            Release::Expired => $crate::store::columns::take_over!($conn, id, $now),
+            Release::Cancel { version } => {
+                let now = DbNow::new($now);
+                diesel::update(
+                    jobs::table
+                        .filter(jobs::id.eq(id))
+                        .filter(jobs::version.eq(version))
+                        .filter(jobs::state.eq(JobState::Pending.as_str()))
+                        .filter(jobs::first_started_at.is_null())
+                        .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                            "NOT has_children",
+                        )),
+                )
+                .set((
+                    jobs::state.eq(JobState::Cancelled.as_str()),
+                    jobs::finished_at.eq(now.nullable()),
+                    jobs::updated_at.eq(now),
+                    jobs::version.eq(jobs::version + 1),
+                    jobs::unique_hold.eq(None::<String>),
+                ))
+                .execute(&mut *$conn)
+                .await?
+            }
+        }
+    }};
+}
+
+/// Overwrites the open holder `$id`'s payload, priority and run time with `$job`'s
+/// ([`OnDuplicate::Replace`](crate::job::OnDuplicate::Replace)), guarded in the statement as
+/// [`release!`]'s cancel is; `version + 1`. Returns the rows changed (0: the holder moved on).
+macro_rules! overwrite {
+    ($conn:expr, $id:expr, $version:expr, $job:expr, $now:expr) => {{
+        use diesel::{ExpressionMethods, QueryDsl};
+        use diesel_async::RunQueryDsl;
+        use $crate::job::{JobState, NewJob};
+        use $crate::store::expr::DbNow;
+        use $crate::store::schema::jobvisor_jobs as jobs;
+        let j: &NewJob = $job;
+        let id: i64 = $id;
+        let version: i64 = $version;
+        let now = DbNow::new($now);
+        diesel::update(
+            jobs::table
+                .filter(jobs::id.eq(id))
+                .filter(jobs::version.eq(version))
+                .filter(jobs::state.eq(JobState::Pending.as_str()))
+                .filter(jobs::first_started_at.is_null())
+                .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                    "NOT has_children",
+                )),
+        )
+        .set((
+            jobs::payload.eq(j.payload.clone()),
+            jobs::priority.eq(i32::from(j.priority)),
+            jobs::run_at.eq($crate::store::columns::run_at_of(j, now)),
+            jobs::updated_at.eq(now),
+            jobs::version.eq(jobs::version + 1),
+        ))
+        .execute(&mut *$conn)
+        .await?
+    }};
+}
+
+/// A new job's `run_at` as an expression of `now`.
+pub(crate) fn run_at_of(j: &crate::job::NewJob, now: super::expr::DbNow) -> super::expr::DbNow {
+    use crate::job::RunAt;
+    match j.run_at {
+        RunAt::Now => now,
+        RunAt::After(d) => now.plus(dur_us(d)),
+        // COALESCE(bound, db-now) + 0 = the given instant.
+        RunAt::At(t) => super::expr::DbNow::new(Some(to_us(t))),
+    }
 }
 
 #[derive(QueryableByName)]
@@ -232,6 +334,7 @@ pub(crate) fn new_ids(ids: Vec<i64>) -> impl Iterator<Item = Option<Enqueued>> {
         Some(Enqueued {
             id: JobId(id),
             duplicate: false,
+            replaced: false,
         })
     })
 }
@@ -308,6 +411,8 @@ impl From<&Finalize> for FinalRow {
 pub(crate) use holder;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use new_row;
+pub(crate) use overwrite;
+pub(crate) use release;
 pub(crate) use take_over;
 
 /// The values of an effect record's insert, once for every backend.

@@ -10,7 +10,7 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! concurrent migrations), `migrations` (jobvisor's migration records beside an application's), `partition` (partition keys), `unique` (unique-key scopes), `gauges` (the database-wide
+//! concurrent migrations), `migrations` (jobvisor's migration records beside an application's), `partition` (partition keys), `unique` (unique-key scopes), `replace` (replace or skip on a duplicate key), `gauges` (the database-wide
 //! gauges' turns and counts), `handler_tx` (a handler's own transaction: lease-fenced
 //! completion, effect records), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
@@ -56,6 +56,7 @@ pub mod proxy;
 mod queues;
 mod rate;
 mod reads;
+mod replace;
 mod schedules;
 mod unique;
 mod wakes;
@@ -85,6 +86,7 @@ pub use progress::*;
 pub use queues::*;
 pub use rate::*;
 pub use reads::*;
+pub use replace::*;
 pub use schedules::*;
 pub use unique::*;
 pub use wakes::*;
@@ -299,6 +301,10 @@ macro_rules! conformance_tests {
             keyed_jobs_from_before_scopes_keep_their_key_after_the_migration,
             period_take_overs_follow_the_callers_transaction,
             concurrent_batches_after_a_period_take_it_over_once,
+            a_duplicate_replaces_or_cancels_only_a_holder_that_has_not_started,
+            a_repeat_within_a_batch_replaces_the_first,
+            concurrent_replacing_enqueues_leave_one_pending_job_with_the_last_payload,
+            bad_replacing_enqueues_are_refused,
             gauges_are_computed_once_per_interval_and_match_the_table,
             the_throughput_rollup_counts_each_ended_job_once_per_bucket,
             leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term,

@@ -25,12 +25,12 @@ use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use super::columns::{
-    batch_json, keyless_run, new_ids, new_row, run_at_parts, sorted_ids, take_over, FinalRow,
-    LastId, RenewedRow,
+    batch_json, keyless_run, new_ids, new_row, overwrite, release, run_at_parts, sorted_ids,
+    FinalRow, LastId, RenewedRow,
 };
 use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
-use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
+use super::keyed::{enqueue_keyed, Holder, KeyedSteps, Release};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
@@ -303,6 +303,7 @@ pub(crate) async fn enqueue(
             out.push(Some(Enqueued {
                 id: JobId(insert_one_mariadb(conn, batch[i], now).await?),
                 duplicate: false,
+                replaced: false,
             }));
         } else if run > 1 {
             out.extend(new_ids(
@@ -388,6 +389,11 @@ struct HolderRow {
     id: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     expired: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    version: i64,
+    /// Pending, never started, no children (1).
+    #[diesel(sql_type = BigInt)]
+    open: i64,
 }
 
 /// MySQL's steps of the keyed enqueue (`keyed.rs`). The expired hold is released by a
@@ -428,23 +434,37 @@ impl KeyedSteps for MysqlKeyed<'_> {
         Ok(row.map(|h| Holder {
             id: h.id,
             expired: h.expired == Some(1),
+            version: h.version,
+            open: h.open == 1,
         }))
     }
 
     async fn replace(
         &mut self,
         holder: i64,
+        release: Release,
         job: &NewJob,
         now: Option<i64>,
     ) -> diesel::QueryResult<Option<i64>> {
         if self.in_tx {
-            replace_expired_hold(self.conn, holder, job, now).await
+            replace_hold(self.conn, holder, release, job, now).await
         } else {
             diesel_async::AsyncConnection::transaction(&mut *self.conn, async |c| {
-                replace_expired_hold(c, holder, job, now).await
+                replace_hold(c, holder, release, job, now).await
             })
             .await
         }
+    }
+
+    async fn overwrite(
+        &mut self,
+        holder: i64,
+        version: i64,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<bool> {
+        let conn = &mut *self.conn;
+        Ok(overwrite!(conn, holder, version, job, now) == 1)
     }
 }
 
@@ -458,15 +478,16 @@ async fn enqueue_one(
     enqueue_keyed(&mut MysqlKeyed { conn, in_tx }, j, now).await
 }
 
-/// Releases the expired hold of job `holder` and inserts `j` in its place; `None` if another
-/// enqueuer took the hold over first.
-async fn replace_expired_hold(
+/// Releases the hold of job `holder` as `release` says and inserts `j` in its place; `None`
+/// if the holder moved on or another enqueuer took the hold over first.
+async fn replace_hold(
     conn: &mut diesel_async::AsyncMysqlConnection,
     holder: i64,
+    release: Release,
     j: &NewJob,
     now: Option<i64>,
 ) -> diesel::QueryResult<Option<i64>> {
-    if take_over!(conn, holder, now) == 0 {
+    if release!(conn, holder, release, now) == 0 {
         return Ok(None);
     }
     insert_one(conn, j, now).await

@@ -295,12 +295,14 @@ prepared_statement!(Mysql
     }
 );
 
-/// The job holding a (kind, key), and whether its period has ended (1), read with a shared
+/// The job holding a (kind, key), whether its period has ended (1), its version and whether it
+/// is open (`keyed::Holder`), read with a shared
 /// lock (see [`enqueue_one`](super::enqueue_one)).
 pub(crate) const HOLDER: &str = concat!(
     "SELECT id, CAST(unique_until <= COALESCE(CAST(? AS SIGNED), ",
     now_us!(),
-    ") AS SIGNED) AS expired \
+    ") AS SIGNED) AS expired, version, \
+     CAST(state = 'pending' AND first_started_at IS NULL AND NOT has_children AS SIGNED) AS open \
      FROM jobvisor_jobs WHERE kind = ? AND unique_hold = ? LOCK IN SHARE MODE"
 );
 

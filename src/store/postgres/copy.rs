@@ -191,6 +191,7 @@ async fn copy_batch(
             Some(Enqueued {
                 id: JobId(id),
                 duplicate: false,
+                replaced: false,
             })
         })
         .collect())

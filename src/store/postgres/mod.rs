@@ -21,9 +21,10 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use super::columns::{
-    holder, take_over, unique_parts, FinalRow, Finalized, FinalizedRows, LastId, RenewedRow,
+    holder, overwrite, release, unique_parts, FinalRow, Finalized, FinalizedRows, LastId,
+    RenewedRow,
 };
-use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps};
+use super::keyed::{after_conflict, enqueue_keyed, Holder, KeyedSteps, Release};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::params::{Claimed, Route};
 use super::pool::{pool, Lanes, Reuse};
@@ -31,7 +32,7 @@ use super::rows::{dur_ms, dur_us, to_us, ClaimRow};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::{Error, Result, StoreError};
-use crate::job::{JobId, JobState, NewJob, RunAt};
+use crate::job::{JobId, JobState, NewJob, OnDuplicate, RunAt};
 
 pub(crate) mod connect;
 pub(crate) mod copy;
@@ -433,24 +434,36 @@ impl KeyedSteps for PgKeyed<'_> {
         now: Option<i64>,
     ) -> diesel::QueryResult<Option<Holder>> {
         let conn = &mut *self.0;
-        Ok(holder!(conn, job, now).map(|(id, expired)| Holder { id, expired }))
+        Ok(holder!(conn, job, now))
     }
 
     async fn replace(
         &mut self,
         holder: i64,
+        release: Release,
         job: &NewJob,
         now: Option<i64>,
     ) -> diesel::QueryResult<Option<i64>> {
         use diesel_async::AsyncConnection;
         self.0
             .transaction(async |c| {
-                if take_over!(c, holder, now) == 0 {
+                if release!(c, holder, release, now) == 0 {
                     return Ok::<_, diesel::result::Error>(None);
                 }
                 insert_one(c, job, now).await
             })
             .await
+    }
+
+    async fn overwrite(
+        &mut self,
+        holder: i64,
+        version: i64,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<bool> {
+        let conn = &mut *self.0;
+        Ok(overwrite!(conn, holder, version, job, now) == 1)
     }
 }
 
@@ -476,9 +489,15 @@ fn match_inserted(
         let key = j.unique_key.as_deref().map(|k| (j.kind.as_str(), k));
         if let Some(k) = key {
             if let Some(id) = first_of_key.get(&k) {
+                // A repeat that replaces the first is resolved against it, as one by one.
+                if j.on_duplicate != OnDuplicate::Keep {
+                    out.push(None);
+                    continue;
+                }
                 out.push(Some(Enqueued {
                     id: *id,
                     duplicate: true,
+                    replaced: false,
                 }));
                 continue;
             }
@@ -494,6 +513,7 @@ fn match_inserted(
                 out.push(Some(Enqueued {
                     id: JobId(id),
                     duplicate: false,
+                    replaced: false,
                 }));
             }
             None => out.push(None),

@@ -33,10 +33,10 @@ use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use super::columns::{
-    batch_json, holder, keyless_run, new_ids, new_row, sorted_ids, take_over, FinalRow, Finalized,
-    FinalizedRows, LastId, RenewedRow,
+    batch_json, holder, keyless_run, new_ids, new_row, overwrite, release, sorted_ids, FinalRow,
+    Finalized, FinalizedRows, LastId, RenewedRow,
 };
-use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
+use super::keyed::{enqueue_keyed, Holder, KeyedSteps, Release};
 use super::params::{ClaimArgs, RenewArgs};
 use super::pool::Lanes;
 use super::rows::{dur_us, ClaimRow};
@@ -176,6 +176,7 @@ impl SqliteDriver {
                 return Ok(vec![id.map(|id| Enqueued {
                     id: JobId(id),
                     duplicate: false,
+                    replaced: false,
                 })]);
             }
         }
@@ -414,20 +415,32 @@ impl<C: SqliteAsync> KeyedSteps for SqliteKeyed<'_, C> {
         now: Option<i64>,
     ) -> diesel::QueryResult<Option<Holder>> {
         let conn = &mut *self.0;
-        Ok(holder!(conn, job, now).map(|(id, expired)| Holder { id, expired }))
+        Ok(holder!(conn, job, now))
     }
 
     async fn replace(
         &mut self,
         holder: i64,
+        release: Release,
         job: &NewJob,
         now: Option<i64>,
     ) -> diesel::QueryResult<Option<i64>> {
         let conn = &mut *self.0;
-        if take_over!(conn, holder, now) == 0 {
+        if release!(conn, holder, release, now) == 0 {
             return Ok(None);
         }
         insert_one(conn, job, now).await
+    }
+
+    async fn overwrite(
+        &mut self,
+        holder: i64,
+        version: i64,
+        job: &NewJob,
+        now: Option<i64>,
+    ) -> diesel::QueryResult<bool> {
+        let conn = &mut *self.0;
+        Ok(overwrite!(conn, holder, version, job, now) == 1)
     }
 }
 
