@@ -10,7 +10,8 @@
 //!
 //! The live jobs: 8 queues, 20 kinds; 60 % succeeded, 30 % pending, 5 % dead (7 error
 //! codes), 3 % cancelled, 2 % retrying; created over the last day. The archive: the same
-//! shape, all succeeded, archived over the last week. Needs `JOBVISOR_PG_URL`.
+//! shape, all succeeded, archived over the last week. A day of throughput history, 100,000
+//! audit entries and a batch of 1,000 members. Needs `JOBVISOR_PG_URL`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -192,6 +193,21 @@ async fn main() {
     }
 
     let client = Client::new(store);
+    // A batch of 1,000 members, a tenth of them cancelled: its page lists them all.
+    let members = (0..1000)
+        .map(|i| jobvisor::NewJob::new("part", serde_json::json!({ "i": i })).queue("parts"))
+        .collect();
+    let batch = client
+        .enqueue_batch(
+            members,
+            jobvisor::NewJob::new("all_done", serde_json::json!({})).queue("parts"),
+        )
+        .await
+        .unwrap();
+    for m in batch.members.iter().step_by(10) {
+        client.cancel(m.id).await.unwrap();
+    }
+    let callback = batch.callback.id.0;
     let dashboard = Dashboard::new("/ops", client, DashboardConfig::with_token(TOKEN).unwrap());
     let app = test::init_service(App::new().service(dashboard.service())).await;
     let job = n + n / 2;
@@ -219,7 +235,7 @@ async fn main() {
         "/ops/audit".to_string(),
         "/ops/audit?before=50000".to_string(),
         "/ops/history".to_string(),
-        format!("/ops/batches/{job}"),
+        format!("/ops/batches/{callback}"),
     ];
     println!(
         "\n{:<56} {:>10} {:>10} {:>8}",
