@@ -32,7 +32,8 @@ use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
-use super::pool::{pool, Lanes, Reuse};
+use super::pool::{pool_with, Lanes, Reuse};
+use diesel_async::pooled_connection::RecyclingMethod;
 use super::rows::{dur_ms, dur_us, ClaimRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::PooledConn;
@@ -41,6 +42,7 @@ use crate::error::Result;
 use crate::job::{JobId, JobState, NewJob};
 
 pub(crate) mod connect;
+pub(crate) mod members;
 pub(crate) mod sql;
 
 use connect::MysqlConnector;
@@ -96,13 +98,23 @@ impl MysqlDriver {
             })
         };
         let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
+        // On several members, the checkout ping also drops a connection whose member left
+        // the primary component (`connect::still_primary`).
+        let ping = |clustered: bool| -> RecyclingMethod<AsyncMysqlConnection> {
+            if clustered {
+                RecyclingMethod::CustomFunction(Box::new(|c| Box::pin(connect::still_primary(c))))
+            } else {
+                RecyclingMethod::Verified
+            }
+        };
+        let clustered = connector.clustered();
         Ok(MysqlDriver {
             lanes: Lanes::new(
-                pool(opts, size, true, Reuse::Oldest, setup(&connector)),
-                pool(
+                pool_with(opts, size, ping(clustered), Reuse::Oldest, setup(&connector)),
+                pool_with(
                     opts,
                     RENEW_LANE_SIZE,
-                    true,
+                    ping(clustered),
                     Reuse::Oldest,
                     setup(&connector),
                 ),
