@@ -15,7 +15,8 @@
 //!   unique key looks the existing row up with a shared lock.
 //! * Sessions run READ COMMITTED (no gap locks between claimers) in UTC; pooled connections
 //!   are pinged at checkout, since a server restart is otherwise not noticed. No `LISTEN`:
-//!   nodes poll. Migrations serialise on `GET_LOCK`.
+//!   nodes poll. Migrations serialise on a row that replicates (and `GET_LOCK`): see
+//!   [`run_migrations`].
 
 use std::collections::HashMap;
 
@@ -33,13 +34,13 @@ use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool_with, Lanes, Reuse};
-use diesel_async::pooled_connection::RecyclingMethod;
 use super::rows::{dur_ms, dur_us, ClaimRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::Result;
 use crate::job::{JobId, JobState, NewJob};
+use diesel_async::pooled_connection::RecyclingMethod;
 
 pub(crate) mod connect;
 pub(crate) mod members;
@@ -110,7 +111,13 @@ impl MysqlDriver {
         let clustered = connector.clustered();
         Ok(MysqlDriver {
             lanes: Lanes::new(
-                pool_with(opts, size, ping(clustered), Reuse::Oldest, setup(&connector)),
+                pool_with(
+                    opts,
+                    size,
+                    ping(clustered),
+                    Reuse::Oldest,
+                    setup(&connector),
+                ),
                 pool_with(
                     opts,
                     RENEW_LANE_SIZE,
@@ -276,20 +283,106 @@ pub(crate) fn latest_migration() -> String {
     super::embedded::latest_version::<diesel::mysql::Mysql>(&MIGRATIONS)
 }
 
-/// Runs the pending migrations on a dedicated connection, holding `GET_LOCK` on the
-/// database's name.
+/// Runs the pending migrations on a dedicated connection, holding the row lock
+/// [`MIGRATE_LOCK`] and `GET_LOCK` on the database's name. `GET_LOCK` alone is local to one
+/// server: on a Galera cluster two processes migrating through two members both held it and
+/// both ran the first migration (one failed: "Table 'jobvisor_jobs' already exists", 3 runs
+/// of 3). The row replicates: of two members' claims on it, one commits and the other fails
+/// certification (a deadlock error) or finds it held.
 pub(crate) fn run_migrations(
     conn: AsyncMysqlConnection,
 ) -> std::result::Result<(), super::embedded::BoxError> {
     use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
     // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
     let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::from(conn);
-    super::embedded::migrate_locked(
+    let me = lock_holder();
+    take_migrate_lock(&mut conn, &me)?;
+    let res = super::embedded::migrate_locked(
         &mut conn,
         "SELECT GET_LOCK(CONCAT('jobvisor_migrate:', DATABASE()), 300)",
         "SELECT RELEASE_LOCK(CONCAT('jobvisor_migrate:', DATABASE()))",
         MIGRATIONS,
-    )
+    );
+    let released = diesel::RunQueryDsl::execute(
+        diesel::sql_query(format!(
+            "UPDATE {MIGRATE_LOCK} SET holder = NULL, until = NULL \
+             WHERE name = 'migrate' AND holder = '{me}'"
+        )),
+        &mut conn,
+    );
+    res?;
+    released?;
+    Ok(())
+}
+
+/// The table of the migration's row lock, made (if missing) before any migration: one row,
+/// its holder and until when its hold lasts.
+const MIGRATE_LOCK: &str = "jobvisor_migrate_lock";
+
+/// How long a hold on the migration lock lasts, **300 s**: a process that died migrating
+/// keeps others waiting that long (as `GET_LOCK`'s wait did), and a migration must finish
+/// within it.
+const MIGRATE_HOLD_SECS: u32 = 300;
+
+/// A holder name no other process uses at once: process id, time and a counter (digits and
+/// dashes only: it is spliced into statements).
+fn lock_holder() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
+/// Takes the migration's row lock for `me`, waiting (polling every 100 ms) while another
+/// holds it, for at most [`MIGRATE_HOLD_SECS`]; a deadlock or certification failure (two
+/// members racing for the row) is waited out the same way.
+fn take_migrate_lock<C>(
+    conn: &mut C,
+    me: &str,
+) -> std::result::Result<(), super::embedded::BoxError>
+where
+    C: diesel::Connection<Backend = diesel::mysql::Mysql>,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    let statements = [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {MIGRATE_LOCK} (name VARCHAR(16) PRIMARY KEY NOT NULL, \
+             holder VARCHAR(64) NULL, until DATETIME(6) NULL)"
+        ),
+        format!("INSERT IGNORE INTO {MIGRATE_LOCK} (name) VALUES ('migrate')"),
+        format!(
+            "UPDATE {MIGRATE_LOCK} SET holder = '{me}', \
+             until = UTC_TIMESTAMP(6) + INTERVAL {MIGRATE_HOLD_SECS} SECOND \
+             WHERE name = 'migrate' AND (holder IS NULL OR until < UTC_TIMESTAMP(6))"
+        ),
+    ];
+    let start = std::time::Instant::now();
+    loop {
+        let mut taken = Ok(0);
+        for sql in &statements {
+            taken = diesel::RunQueryDsl::execute(diesel::sql_query(sql.as_str()), conn);
+            if taken.is_err() {
+                break;
+            }
+        }
+        match taken {
+            Ok(1) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => match super::errors::classify(e) {
+                crate::error::StoreError::Transient(_) => {}
+                other => return Err(format!("taking the migration lock: {other}").into()),
+            },
+        }
+        if start.elapsed() > std::time::Duration::from_secs(u64::from(MIGRATE_HOLD_SECS)) {
+            return Err(format!(
+                "the migration lock ({MIGRATE_LOCK}) stayed held for {MIGRATE_HOLD_SECS} s"
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
