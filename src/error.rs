@@ -151,7 +151,9 @@ pub(crate) fn redact_url(raw: &str) -> String {
 /// hosts (which may be a list).
 pub(crate) fn password_span(raw: &str) -> Option<(usize, usize)> {
     let after = raw.find("://")? + 3;
-    let end = raw[after..].find(['/', '?']).map_or(raw.len(), |i| after + i);
+    let end = raw[after..]
+        .find(['/', '?'])
+        .map_or(raw.len(), |i| after + i);
     let at = after + raw[after..end].rfind('@')?;
     let colon = after + raw[after..at].find(':')?;
     (colon + 1 < at).then_some((colon + 1, at))

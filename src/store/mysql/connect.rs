@@ -89,6 +89,12 @@ impl MysqlConnector {
     /// are named differently).
     pub(crate) fn for_flavour(mut self, opts: &StoreOptions, mariadb: bool) -> Self {
         self.session = mysql_session_sql(opts, mariadb);
+        if mariadb && self.clustered() {
+            // Galera applies a commit on the other members after it returns: without this a
+            // read on another member (the schema check after a migration, a job just
+            // enqueued) may not see it yet. Each read waits until its member has caught up.
+            self.session.push_str("; SET SESSION wsrep_sync_wait = 1");
+        }
         self
     }
 
@@ -216,12 +222,10 @@ async fn primary(c: &mut AsyncMysqlConnection) -> std::result::Result<(), String
         #[diesel(column_name = Value)]
         value: String,
     }
-    let rows: Vec<Status> = diesel_async::RunQueryDsl::load(
-        diesel::sql_query("SHOW STATUS LIKE 'wsrep_ready'"),
-        c,
-    )
-    .await
-    .map_err(|e| format!("reading wsrep_ready: {e}"))?;
+    let rows: Vec<Status> =
+        diesel_async::RunQueryDsl::load(diesel::sql_query("SHOW STATUS LIKE 'wsrep_ready'"), c)
+            .await
+            .map_err(|e| format!("reading wsrep_ready: {e}"))?;
     match rows.first() {
         Some(s) if s.value != "ON" => Err(format!(
             "not in the cluster's primary component (wsrep_ready={})",

@@ -177,8 +177,8 @@ mod tests {
 
     #[test]
     fn a_host_list_is_split_in_order() {
-        let s = split("mysql://u:p,w@127.0.0.1:3401, h2 ,[::1]:3403/test?a=1&members=spread")
-            .unwrap();
+        let s =
+            split("mysql://u:p,w@127.0.0.1:3401, h2 ,[::1]:3403/test?a=1&members=spread").unwrap();
         assert_eq!(
             s.list,
             vec![
@@ -199,13 +199,19 @@ mod tests {
     #[test]
     fn malformed_lists_are_named_without_the_password() {
         for (url, want) in [
-            ("mysql://u:hunter2@a,,b/db", "member 2 of the host list \"a,,b\": it is empty"),
+            (
+                "mysql://u:hunter2@a,,b/db",
+                "member 2 of the host list \"a,,b\": it is empty",
+            ),
             ("mysql://u:hunter2@a:1,b:x/db", "port \"x\" is not a number"),
             ("mysql://u:hunter2@a,b:0/db", "port \"0\""),
             ("mysql://u:hunter2@a,b:70000/db", "port \"70000\""),
             ("mysql://u:hunter2@a,:5/db", "\":5\" has no host"),
             ("mysql://u:hunter2@a,[::1/db", "without closing"),
-            ("mysql://u:hunter2@a/db?members=all", "members=\"all\" is not known"),
+            (
+                "mysql://u:hunter2@a/db?members=all",
+                "members=\"all\" is not known",
+            ),
         ] {
             let err = split(url).unwrap_err();
             assert!(err.contains(want), "{url}: {err}");
