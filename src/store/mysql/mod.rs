@@ -303,13 +303,23 @@ pub(crate) fn run_migrations(
         "SELECT RELEASE_LOCK(CONCAT('jobvisor_migrate:', DATABASE()))",
         MIGRATIONS,
     );
-    let released = diesel::RunQueryDsl::execute(
-        diesel::sql_query(format!(
-            "UPDATE {MIGRATE_LOCK} SET holder = NULL, until = NULL \
-             WHERE name = 'migrate' AND holder = '{me}'"
-        )),
-        &mut conn,
+    // Released even when the migration failed; a certification failure of the release
+    // (another member's statement on the row) is tried again, or the lock would stay held
+    // for its whole hold.
+    let release = format!(
+        "UPDATE {MIGRATE_LOCK} SET holder = NULL, until = NULL \
+         WHERE name = 'migrate' AND holder = '{me}'"
     );
+    let mut released = Ok(0);
+    for _ in 0..50 {
+        released = diesel::RunQueryDsl::execute(diesel::sql_query(release.as_str()), &mut conn);
+        match &released {
+            Err(e) if e.to_string().contains("Deadlock") => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => break,
+        }
+    }
     res?;
     released?;
     Ok(())
@@ -338,14 +348,10 @@ fn lock_holder() -> String {
 /// Takes the migration's row lock for `me`, waiting (polling every 100 ms) while another
 /// holds it, for at most [`MIGRATE_HOLD_SECS`]; a deadlock or certification failure (two
 /// members racing for the row) is waited out the same way.
-fn take_migrate_lock<C>(
-    conn: &mut C,
+fn take_migrate_lock(
+    conn: &mut diesel_async::async_connection_wrapper::AsyncConnectionWrapper<AsyncMysqlConnection>,
     me: &str,
-) -> std::result::Result<(), super::embedded::BoxError>
-where
-    C: diesel::Connection<Backend = diesel::mysql::Mysql>,
-    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<C>,
-{
+) -> std::result::Result<(), super::embedded::BoxError> {
     let statements = [
         format!(
             "CREATE TABLE IF NOT EXISTS {MIGRATE_LOCK} (name VARCHAR(16) PRIMARY KEY NOT NULL, \
@@ -359,13 +365,30 @@ where
         ),
     ];
     let start = std::time::Instant::now();
+    // The table is made once: `CREATE TABLE IF NOT EXISTS` runs in Galera's total order even
+    // when the table exists, and aborts other members' transactions on the table (the
+    // holder's release among them) each time.
+    let exists = "SELECT COUNT(*) AS n FROM information_schema.TABLES \
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'jobvisor_migrate_lock'";
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let mut first = match diesel::RunQueryDsl::load::<Count>(diesel::sql_query(exists), conn) {
+        Ok(rows) if rows.iter().any(|c| c.n > 0) => 1,
+        _ => 0,
+    };
     loop {
         let mut taken = Ok(0);
-        for sql in &statements {
+        for sql in &statements[first..] {
             taken = diesel::RunQueryDsl::execute(diesel::sql_query(sql.as_str()), conn);
             if taken.is_err() {
                 break;
             }
+        }
+        if taken.is_ok() {
+            first = 1;
         }
         match taken {
             Ok(1) => return Ok(()),
