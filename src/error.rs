@@ -138,8 +138,25 @@ pub(crate) fn redact_url(raw: &str) -> String {
             u.to_string()
         }
         Ok(u) => u.to_string(),
-        Err(_) => raw.to_string(),
+        // Not a URL the parser takes (a MySQL host list `h1:3401,h2:3402`): the password is
+        // cut out by hand.
+        Err(_) => match password_span(raw) {
+            Some((from, to)) => format!("{}***{}", &raw[..from], &raw[to..]),
+            None => raw.to_string(),
+        },
     }
+}
+
+/// Where the password of `scheme://user:password@hosts…` is, found without parsing the
+/// hosts (which may be a list).
+pub(crate) fn password_span(raw: &str) -> Option<(usize, usize)> {
+    let after = raw.find("://")? + 3;
+    let end = raw[after..]
+        .find(['/', '?'])
+        .map_or(raw.len(), |i| after + i);
+    let at = after + raw[after..end].rfind('@')?;
+    let colon = after + raw[after..at].find(':')?;
+    (colon + 1 < at).then_some((colon + 1, at))
 }
 
 #[cfg(test)]
@@ -154,5 +171,10 @@ mod tests {
         );
         assert_eq!(redact_url("mysql://root@h/db"), "mysql://root@h/db");
         assert!(!redact_url("postgres://u:s3cr%40t@h/db").contains("s3cr"));
+        assert_eq!(
+            redact_url("mysql://u:p@ss,w@h1:3401,h2:3402/db?members=spread"),
+            "mysql://u:***@h1:3401,h2:3402/db?members=spread"
+        );
+        assert_eq!(redact_url("mysql://u@h1,h2/db"), "mysql://u@h1,h2/db");
     }
 }

@@ -109,6 +109,42 @@ enum Cleanup {
     MysqlDb { admin_url: String, db: String },
 }
 
+/// `url` with its path (the database) replaced by `/db`, its host list and query kept.
+fn with_path(url: &str, db: &str) -> String {
+    let after = url.find("://").map_or(0, |i| i + 3);
+    let hosts_end = url[after..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| after + i);
+    let query = url[hosts_end..]
+        .find('?')
+        .map_or("", |i| &url[hosts_end + i..]);
+    format!("{}/{db}{query}", &url[..hosts_end])
+}
+
+/// One URL per member of a MySQL URL's host list (`h1:3401,h2:3402`; see
+/// `store/mysql/members.rs`), without the `members=` parameter; a plain URL is its own one.
+pub(crate) fn member_urls(url: &str) -> Vec<String> {
+    let after = url.find("://").map_or(0, |i| i + 3);
+    let end = url[after..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| after + i);
+    let at = url[after..end].rfind('@').map_or(after, |i| after + i + 1);
+    let (path, query) = url[end..].split_once('?').unwrap_or((&url[end..], ""));
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("members="))
+        .collect();
+    let tail = if kept.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", kept.join("&"))
+    };
+    url[at..end]
+        .split(',')
+        .map(|h| format!("{}{}{tail}", &url[..at], h.trim()))
+        .collect()
+}
+
 /// A fresh name for a schema or database: `jv_` and 16 hex digits.
 pub fn unique_name() -> String {
     format!("jv_{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
@@ -143,7 +179,9 @@ impl TestDb {
             }
             #[cfg(feature = "mysql")]
             Backend::Mysql => {
-                let admin = base_url(backend);
+                let base = base_url(backend);
+                // A Galera host list: the admin statements go to its first member.
+                let admin = member_urls(&base).swap_remove(0);
                 let db = unique_name();
                 let mut c = AsyncMysqlConnection::establish(&admin)
                     .await
@@ -153,11 +191,9 @@ impl TestDb {
                 c.batch_execute(&format!("CREATE DATABASE {db}"))
                     .await
                     .unwrap();
-                let mut u = url::Url::parse(&admin).unwrap();
-                u.set_path(&format!("/{db}"));
                 TestDb {
                     backend,
-                    url: u.to_string(),
+                    url: with_path(&base, &db),
                     cleanup: Some(Cleanup::MysqlDb {
                         admin_url: admin,
                         db,
@@ -185,6 +221,16 @@ impl TestDb {
             #[allow(unreachable_patterns)] // reachable when a backend is left out
             other => panic!("{other:?} is not compiled into this build (Cargo features)"),
         }
+    }
+
+    /// The URL an application's own connection takes: on a Galera host list, each member in
+    /// turn (so the application writes through other members than the store's connections
+    /// do); otherwise [`TestDb::url`].
+    pub fn app_url(&self) -> String {
+        static TURN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let members = member_urls(&self.url);
+        let k = TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % members.len();
+        members[k].clone()
     }
 
     /// Opens a migrated store on it.

@@ -5,12 +5,13 @@
 //! runtime the drivers run on; the side tables and journal lines shared with the node
 //! ([`side`]); the journals' reader and fold, keyed by claim id ([`journal`]); the
 //! invariants checked of every job's executions ([`invariants`]); private database servers
-//! ([`server`]). Each test keeps its own fleet and the rules of its own faults around the
+//! ([`server`]) and a private Galera cluster ([`galera`]). Each test keeps its own fleet and the rules of its own faults around the
 //! shared invariants (freezes and kills in one, namespaces and cuts in another).
 
 // Each test uses a part of this module (and the node another part of `side`).
 #![allow(dead_code)]
 
+pub(crate) mod galera;
 pub(crate) mod invariants;
 pub(crate) mod journal;
 pub(crate) mod server;

@@ -70,6 +70,10 @@ fn is_transient_text(msg: &str) -> bool {
         "unexpected end of file",   //
         "too many clients",         // PG 53300
         "Too many connections",     // MySQL 1040
+        // Galera: a member outside the primary component (1047), or one whose replication
+        // failed; a certification conflict is reported as a deadlock (1213).
+        "WSREP has not yet prepared node",
+        "WSREP replication failed",
     ];
     SIGNS.iter().any(|s| msg.contains(s))
 }
@@ -109,7 +113,10 @@ pub(crate) fn scrub(msg: &str, url: &str) -> String {
             Some(p) if !p.is_empty() => msg.replace(p, "***"),
             _ => msg.to_string(),
         },
-        Err(_) => msg.to_string(),
+        Err(_) => match crate::error::password_span(url) {
+            Some((from, to)) => msg.replace(&url[from..to], "***"),
+            None => msg.to_string(),
+        },
     }
 }
 
@@ -239,6 +246,9 @@ mod tests {
         assert!(is_transient_text("database is locked"));
         assert!(is_transient_text(
             "Failed to read auto-increment value from storage engine"
+        ));
+        assert!(is_transient_text(
+            "WSREP has not yet prepared node for application use"
         ));
         assert!(!is_transient_text("syntax error at or near"));
     }

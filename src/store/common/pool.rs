@@ -69,12 +69,30 @@ where
     C: AsyncConnection + 'static,
     Manager<C>: bb8::ManageConnection,
 {
-    let mut cfg = ManagerConfig::<C>::default();
-    cfg.recycling_method = if verify {
+    let ping = if verify {
         RecyclingMethod::Verified
     } else {
         RecyclingMethod::Fast
     };
+    pool_with(opts, size, ping, reuse, setup)
+}
+
+/// [`pool`] with the checkout check given (`Fast`: none; anything else: at checkout).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn pool_with<C>(
+    opts: &StoreOptions,
+    size: u32,
+    ping: RecyclingMethod<C>,
+    reuse: Reuse,
+    setup: diesel_async::pooled_connection::SetupCallback<C>,
+) -> ConnPool<C>
+where
+    C: AsyncConnection + 'static,
+    Manager<C>: bb8::ManageConnection,
+{
+    let verify = !matches!(ping, RecyclingMethod::Fast);
+    let mut cfg = ManagerConfig::<C>::default();
+    cfg.recycling_method = ping;
     cfg.custom_setup = setup;
     // The URL is in `setup`; the manager's copy is unused.
     let mgr = Manager::new(AsyncDieselConnectionManager::new_with_config("", cfg));

@@ -551,7 +551,9 @@ pub async fn an_enqueue_in_the_callers_transaction_names_parents(b: Backend) {
     }
     let (q, child, other, lone) = match b {
         Backend::Postgres => on!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap()),
-        Backend::Mysql => on!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Mysql => on!(&mut AsyncMysqlConnection::establish(&t.db.app_url())
+            .await
+            .unwrap()),
         Backend::Sqlite => {
             let path = t.db.url.trim_start_matches("sqlite://").to_string();
             on!(&mut SqliteConn::establish(&path).await.unwrap())

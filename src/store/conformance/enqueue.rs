@@ -354,7 +354,9 @@ pub async fn outbox_enqueue_follows_the_callers_transaction(b: Backend) {
     }
     let id = match b {
         Backend::Postgres => both!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap()),
-        Backend::Mysql => both!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Mysql => both!(&mut AsyncMysqlConnection::establish(&t.db.app_url())
+            .await
+            .unwrap()),
         Backend::Sqlite => {
             let path = t.db.url.trim_start_matches("sqlite://").to_string();
             both!(&mut SqliteConn::establish(&path).await.unwrap())

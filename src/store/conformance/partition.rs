@@ -87,7 +87,9 @@ pub async fn partition_keys_round_trip_on_every_enqueue_path(b: Backend) {
             enqueue_in!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap())
         }
         Backend::Mysql => {
-            enqueue_in!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap())
+            enqueue_in!(&mut AsyncMysqlConnection::establish(&t.db.app_url())
+                .await
+                .unwrap())
         }
         Backend::Sqlite => {
             let path = t.db.url.trim_start_matches("sqlite://").to_string();

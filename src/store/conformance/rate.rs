@@ -157,7 +157,9 @@ pub async fn a_rate_limited_claim_records_when_it_took_the_queue_lock(b: Backend
             "BEGIN"
         ),
         Backend::Mysql => held!(
-            AsyncMysqlConnection::establish(&t.db.url).await.unwrap(),
+            AsyncMysqlConnection::establish(&t.db.app_url())
+                .await
+                .unwrap(),
             "BEGIN"
         ),
         Backend::Sqlite => {

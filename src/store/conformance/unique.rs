@@ -606,7 +606,9 @@ pub async fn period_take_overs_follow_the_callers_transaction(b: Backend) {
     }
     let e = match b {
         Backend::Postgres => both!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap()),
-        Backend::Mysql => both!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Mysql => both!(&mut AsyncMysqlConnection::establish(&t.db.app_url())
+            .await
+            .unwrap()),
         Backend::Sqlite => {
             let path = t.db.url.trim_start_matches("sqlite://").to_string();
             both!(&mut SqliteConn::establish(&path).await.unwrap())

@@ -2,6 +2,11 @@
 //! plain when the server offers none), the session (READ COMMITTED, UTC, the flavour's
 //! server-side bounds), keepalives through the URL, and the server's version, which
 //! says whether `INSERT … RETURNING` and `JSON_TABLE` are there.
+//!
+//! A URL may name several members of a Galera cluster (`members.rs`): each new connection
+//! then tries them in turn, each for at most the attempt timeout, and drops a member that
+//! is not in the primary component (`wsrep_ready` not `ON`, read once per connection), so a
+//! store carries on through the others when one dies, refuses, or is cut off.
 
 use std::time::Duration;
 
@@ -9,6 +14,7 @@ use diesel::result::ConnectionError;
 use diesel::ConnectionResult;
 use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
 
+use super::members::{self, Choice};
 use crate::store::errors::{connect_failure, scrub};
 use crate::store::pool::{attempts, with_query};
 use crate::store::tls::{root_certs, split_url, TlsMode, TlsSettings};
@@ -18,6 +24,12 @@ use crate::store::StoreOptions;
 #[derive(Clone)]
 pub(crate) struct MysqlConnector {
     opts: mysql_async::Opts,
+    /// Several members (a Galera cluster): each one's settings and its name for errors.
+    /// Empty for a plain URL, whose one server is `opts`.
+    members: std::sync::Arc<Vec<(String, mysql_async::Opts)>>,
+    choice: Choice,
+    /// Where the next connection starts, with [`Choice::Spread`].
+    turn: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     tls: TlsSettings,
     /// `prefer` met a server that offers no TLS: later connections go plain at once rather
     /// than opening (and dropping) a TCP connection each time to learn it again.
@@ -31,8 +43,10 @@ impl MysqlConnector {
     /// The connection settings of `url` with the store's TLS and keepalive; the session's
     /// server-side bounds are MySQL's until [`MysqlConnector::for_flavour`] says otherwise.
     pub(crate) fn new(url: &str, opts: &StoreOptions) -> std::result::Result<Self, String> {
-        let (mut url_clean, tls) = split_url(url, opts.tls_mode, opts.tls_root_cert.as_deref())
-            .map_err(|e| scrub(&e, url))?;
+        let split = members::split(url).map_err(|e| scrub(&e, url))?;
+        let (mut url_clean, tls) =
+            split_url(&split.url, opts.tls_mode, opts.tls_root_cert.as_deref())
+                .map_err(|e| scrub(&e, url))?;
         if let Some(k) = &opts.tcp_keepalive {
             // mysql_async sets the idle time only (TCP_KEEPIDLE); the URL's own wins if given.
             if !url_clean.contains("tcp_keepalive=") {
@@ -48,8 +62,21 @@ impl MysqlConnector {
                 root_certs(p)?;
             }
         }
+        let list = split
+            .list
+            .iter()
+            .map(|m| {
+                let o = mysql_async::OptsBuilder::from_opts(parsed.clone())
+                    .ip_or_hostname(m.host.clone())
+                    .tcp_port(m.port.unwrap_or(3306));
+                (m.to_string(), o.into())
+            })
+            .collect();
         Ok(MysqlConnector {
             opts: parsed,
+            members: std::sync::Arc::new(list),
+            choice: split.choice,
+            turn: std::sync::Arc::default(),
             tls,
             plain_server: std::sync::Arc::default(),
             session: mysql_session_sql(opts, false),
@@ -62,13 +89,19 @@ impl MysqlConnector {
     /// are named differently).
     pub(crate) fn for_flavour(mut self, opts: &StoreOptions, mariadb: bool) -> Self {
         self.session = mysql_session_sql(opts, mariadb);
+        if mariadb && self.clustered() {
+            // Galera applies a commit on the other members after it returns: without this a
+            // read on another member (the schema check after a migration, a job just
+            // enqueued) may not see it yet. Each read waits until its member has caught up.
+            self.session.push_str("; SET SESSION wsrep_sync_wait = 1");
+        }
         self
     }
 
     /// The driver's options for one attempt: TLS on or off. As diesel-async's own
     /// `establish`: no driver statement cache (diesel keeps its own) and found-rows counts.
-    fn driver_opts(&self, tls: bool) -> mysql_async::Opts {
-        let mut b = mysql_async::OptsBuilder::from_opts(self.opts.clone())
+    fn driver_opts(&self, base: &mysql_async::Opts, tls: bool) -> mysql_async::Opts {
+        let mut b = mysql_async::OptsBuilder::from_opts(base.clone())
             .stmt_cache_size(0)
             .client_found_rows(true);
         if tls {
@@ -87,12 +120,54 @@ impl MysqlConnector {
         b.into()
     }
 
-    /// One driver connection, TLS as the mode says (`prefer`: TLS, or plain if the server
-    /// offers none).
+    /// Whether the URL names several members.
+    pub(crate) fn clustered(&self) -> bool {
+        !self.members.is_empty()
+    }
+
+    /// One driver connection: to the URL's server, or to the first member (in order, or
+    /// from the next in turn with `members=spread`) that accepts it within the attempt
+    /// timeout and is in the cluster's primary component.
     async fn open(&self) -> std::result::Result<AsyncMysqlConnection, String> {
         use std::sync::atomic::Ordering::Relaxed;
+        if self.members.is_empty() {
+            return self.open_at(&self.opts).await;
+        }
+        let n = self.members.len();
+        let start = match self.choice {
+            Choice::First => 0,
+            Choice::Spread => self.turn.fetch_add(1, Relaxed) % n,
+        };
+        let mut failures = Vec::with_capacity(n);
+        for k in 0..n {
+            let (name, opts) = &self.members[(start + k) % n];
+            let tried = tokio::time::timeout(self.attempt, async {
+                let mut c = self.open_at(opts).await?;
+                primary(&mut c).await?;
+                Ok::<_, String>(c)
+            })
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.attempt)));
+            match tried {
+                Ok(c) => return Ok(c),
+                Err(e) => failures.push(format!("member {name}: {e}")),
+            }
+        }
+        Err(format!(
+            "no member of the cluster took the connection: {}",
+            failures.join("; ")
+        ))
+    }
+
+    /// One driver connection to `base`, TLS as the mode says (`prefer`: TLS, or plain if
+    /// the server offers none).
+    async fn open_at(
+        &self,
+        base: &mysql_async::Opts,
+    ) -> std::result::Result<AsyncMysqlConnection, String> {
+        use std::sync::atomic::Ordering::Relaxed;
         let plain = || async {
-            mysql_async::Conn::new(self.driver_opts(false))
+            mysql_async::Conn::new(self.driver_opts(base, false))
                 .await
                 .map_err(|e| e.to_string())
         };
@@ -100,7 +175,7 @@ impl MysqlConnector {
         let conn = match self.tls.mode {
             TlsMode::Disable => plain().await,
             TlsMode::Prefer if known_plain => plain().await,
-            mode => match mysql_async::Conn::new(self.driver_opts(true)).await {
+            mode => match mysql_async::Conn::new(self.driver_opts(base, true)).await {
                 Ok(c) => Ok(c),
                 Err(mysql_async::Error::Driver(
                     mysql_async::DriverError::NoClientSslFlagFromServer,
@@ -134,6 +209,47 @@ impl MysqlConnector {
         })
         .await
         .map_err(ConnectionError::BadConnection)
+    }
+}
+
+/// Fails unless the server is in its Galera cluster's primary component (`wsrep_ready` is
+/// `ON`; a member cut off from the others answers 1047 to every statement on a table). A
+/// server without Galera has no such status and passes.
+async fn primary(c: &mut AsyncMysqlConnection) -> std::result::Result<(), String> {
+    #[derive(diesel::QueryableByName)]
+    struct Status {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        #[diesel(column_name = Value)]
+        value: String,
+    }
+    let rows: Vec<Status> =
+        diesel_async::RunQueryDsl::load(diesel::sql_query("SHOW STATUS LIKE 'wsrep_ready'"), c)
+            .await
+            .map_err(|e| format!("reading wsrep_ready: {e}"))?;
+    match rows.first() {
+        Some(s) if s.value != "ON" => Err(format!(
+            "not in the cluster's primary component (wsrep_ready={})",
+            s.value
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The checkout ping of a store on several members: fails on a connection whose member has
+/// left the primary component since (1047 on any table), so the pool opens another —
+/// elsewhere — in its place. As cheap as `SELECT 1`: no row is read; a database not migrated
+/// yet (no such table) passes.
+pub(crate) async fn still_primary(c: &mut AsyncMysqlConnection) -> diesel::QueryResult<()> {
+    use diesel::result::Error as D;
+    match diesel_async::RunQueryDsl::execute(
+        diesel::sql_query("SELECT 1 FROM jobvisor_jobs LIMIT 0"),
+        c,
+    )
+    .await
+    {
+        Ok(_) => Ok(()),
+        Err(D::DatabaseError(_, info)) if info.message().contains("doesn't exist") => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

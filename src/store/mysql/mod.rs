@@ -15,7 +15,8 @@
 //!   unique key looks the existing row up with a shared lock.
 //! * Sessions run READ COMMITTED (no gap locks between claimers) in UTC; pooled connections
 //!   are pinged at checkout, since a server restart is otherwise not noticed. No `LISTEN`:
-//!   nodes poll. Migrations serialise on `GET_LOCK`.
+//!   nodes poll. Migrations serialise on a row that replicates (and `GET_LOCK`): see
+//!   [`run_migrations`].
 
 use std::collections::HashMap;
 
@@ -32,15 +33,17 @@ use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps, Release};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
-use super::pool::{pool, Lanes, Reuse};
+use super::pool::{pool_with, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
 use super::schema::{jobvisor_jobs as jobs, jobvisor_queues as queues};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, LeaseRef, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
 use crate::error::Result;
 use crate::job::{JobId, JobState, NewJob};
+use diesel_async::pooled_connection::RecyclingMethod;
 
 pub(crate) mod connect;
+pub(crate) mod members;
 pub(crate) mod sql;
 
 use connect::MysqlConnector;
@@ -96,13 +99,29 @@ impl MysqlDriver {
             })
         };
         let size = opts.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
+        // On several members, the checkout ping also drops a connection whose member left
+        // the primary component (`connect::still_primary`).
+        let ping = |clustered: bool| -> RecyclingMethod<AsyncMysqlConnection> {
+            if clustered {
+                RecyclingMethod::CustomFunction(Box::new(|c| Box::pin(connect::still_primary(c))))
+            } else {
+                RecyclingMethod::Verified
+            }
+        };
+        let clustered = connector.clustered();
         Ok(MysqlDriver {
             lanes: Lanes::new(
-                pool(opts, size, true, Reuse::Oldest, setup(&connector)),
-                pool(
+                pool_with(
+                    opts,
+                    size,
+                    ping(clustered),
+                    Reuse::Oldest,
+                    setup(&connector),
+                ),
+                pool_with(
                     opts,
                     RENEW_LANE_SIZE,
-                    true,
+                    ping(clustered),
                     Reuse::Oldest,
                     setup(&connector),
                 ),
@@ -264,20 +283,129 @@ pub(crate) fn latest_migration() -> String {
     super::embedded::latest_version::<diesel::mysql::Mysql>(&MIGRATIONS)
 }
 
-/// Runs the pending migrations on a dedicated connection, holding `GET_LOCK` on the
-/// database's name.
+/// Runs the pending migrations on a dedicated connection, holding the row lock
+/// [`MIGRATE_LOCK`] and `GET_LOCK` on the database's name. `GET_LOCK` alone is local to one
+/// server: on a Galera cluster two processes migrating through two members both held it and
+/// both ran the first migration (one failed: "Table 'jobvisor_jobs' already exists", 3 runs
+/// of 3). The row replicates: of two members' claims on it, one commits and the other fails
+/// certification (a deadlock error) or finds it held.
 pub(crate) fn run_migrations(
     conn: AsyncMysqlConnection,
 ) -> std::result::Result<(), super::embedded::BoxError> {
     use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
     // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
     let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::from(conn);
-    super::embedded::migrate_locked(
+    let me = lock_holder();
+    take_migrate_lock(&mut conn, &me)?;
+    let res = super::embedded::migrate_locked(
         &mut conn,
         "SELECT GET_LOCK(CONCAT('jobvisor_migrate:', DATABASE()), 300)",
         "SELECT RELEASE_LOCK(CONCAT('jobvisor_migrate:', DATABASE()))",
         MIGRATIONS,
-    )
+    );
+    // Released even when the migration failed; a certification failure of the release
+    // (another member's statement on the row) is tried again, or the lock would stay held
+    // for its whole hold.
+    let release = format!(
+        "UPDATE {MIGRATE_LOCK} SET holder = NULL, until = NULL \
+         WHERE name = 'migrate' AND holder = '{me}'"
+    );
+    let mut released = Ok(0);
+    for _ in 0..50 {
+        released = diesel::RunQueryDsl::execute(diesel::sql_query(release.as_str()), &mut conn);
+        match &released {
+            Err(e) if e.to_string().contains("Deadlock") => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => break,
+        }
+    }
+    res?;
+    released?;
+    Ok(())
+}
+
+/// The table of the migration's row lock, made (if missing) before any migration: one row,
+/// its holder and until when its hold lasts.
+const MIGRATE_LOCK: &str = "jobvisor_migrate_lock";
+
+/// How long a hold on the migration lock lasts, **300 s**: a process that died migrating
+/// keeps others waiting that long (as `GET_LOCK`'s wait did), and a migration must finish
+/// within it.
+const MIGRATE_HOLD_SECS: u32 = 300;
+
+/// A holder name no other process uses at once: process id, time and a counter (digits and
+/// dashes only: it is spliced into statements).
+fn lock_holder() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
+/// Takes the migration's row lock for `me`, waiting (polling every 100 ms) while another
+/// holds it, for at most [`MIGRATE_HOLD_SECS`]; a deadlock or certification failure (two
+/// members racing for the row) is waited out the same way.
+fn take_migrate_lock(
+    conn: &mut diesel_async::async_connection_wrapper::AsyncConnectionWrapper<AsyncMysqlConnection>,
+    me: &str,
+) -> std::result::Result<(), super::embedded::BoxError> {
+    let statements = [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {MIGRATE_LOCK} (name VARCHAR(16) PRIMARY KEY NOT NULL, \
+             holder VARCHAR(64) NULL, until DATETIME(6) NULL)"
+        ),
+        format!("INSERT IGNORE INTO {MIGRATE_LOCK} (name) VALUES ('migrate')"),
+        format!(
+            "UPDATE {MIGRATE_LOCK} SET holder = '{me}', \
+             until = UTC_TIMESTAMP(6) + INTERVAL {MIGRATE_HOLD_SECS} SECOND \
+             WHERE name = 'migrate' AND (holder IS NULL OR until < UTC_TIMESTAMP(6))"
+        ),
+    ];
+    let start = std::time::Instant::now();
+    // The table is made once: `CREATE TABLE IF NOT EXISTS` runs in Galera's total order even
+    // when the table exists, and aborts other members' transactions on the table (the
+    // holder's release among them) each time.
+    let exists = "SELECT COUNT(*) AS n FROM information_schema.TABLES \
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'jobvisor_migrate_lock'";
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let mut first = match diesel::RunQueryDsl::load::<Count>(diesel::sql_query(exists), conn) {
+        Ok(rows) if rows.iter().any(|c| c.n > 0) => 1,
+        _ => 0,
+    };
+    loop {
+        let mut taken = Ok(0);
+        for sql in &statements[first..] {
+            taken = diesel::RunQueryDsl::execute(diesel::sql_query(sql.as_str()), conn);
+            if taken.is_err() {
+                break;
+            }
+        }
+        if taken.is_ok() {
+            first = 1;
+        }
+        match taken {
+            Ok(1) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => match super::errors::classify(e) {
+                crate::error::StoreError::Transient(_) => {}
+                other => return Err(format!("taking the migration lock: {other}").into()),
+            },
+        }
+        if start.elapsed() > std::time::Duration::from_secs(u64::from(MIGRATE_HOLD_SECS)) {
+            return Err(format!(
+                "the migration lock ({MIGRATE_LOCK}) stayed held for {MIGRATE_HOLD_SECS} s"
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is
