@@ -106,6 +106,7 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(1, 0, 0),
             claim_limited: Cost::new(5, 0, 0),
             renew: Cost::new(1, 0, 0),
+            // The execution ledger's rows are written by the finalize statement itself.
             finalize: Cost::new(1, 0, 0),
         },
         // No `UPDATE … RETURNING`: a locking read or a read-back beside each update, in a
@@ -116,7 +117,9 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(6, 1, 1),
             claim_limited: Cost::new(8, 1, 1),
             renew: Cost::new(5, 1, 1),
-            finalize: Cost::new(5, 1, 1),
+            // Ping, `BEGIN`, locking `SELECT` (which also reads what the execution ledger
+            // records), `UPDATE … JOIN`, the ledger's `INSERT`, `COMMIT`.
+            finalize: Cost::new(6, 1, 1),
         },
         // Writes in `BEGIN IMMEDIATE … COMMIT` (the writer lock is taken up front) — but one
         // job without a key: its insert alone, in autocommit (`sqlite/mod.rs`).
@@ -126,7 +129,9 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(3, 1, 1),
             claim_limited: Cost::new(7, 1, 1),
             renew: Cost::new(1, 0, 0),
-            finalize: Cost::new(3, 1, 1),
+            // `BEGIN IMMEDIATE`, the read of what the execution ledger records, the update,
+            // the ledger's `INSERT`, `COMMIT`: in-process statements, no round trips.
+            finalize: Cost::new(5, 1, 1),
         },
     }
 }
@@ -242,6 +247,7 @@ fn finalize<'a>(jobs: impl Iterator<Item = (JobId, &'a LeaseToken)>) -> Finalize
                 },
                 // A job shorter than a heartbeat: its start is written by the same statement.
                 started_ago: Some(Duration::from_millis(5)),
+                fence_margin_ms: None,
             })
             .collect(),
         now: None,

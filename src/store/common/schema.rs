@@ -190,6 +190,24 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// The execution ledger (see `store::ledger`): one row per ended claim of a job.
+    jobvisor_claims (job_id, claim_id) {
+        job_id -> BigInt,
+        claim_id -> Text,
+        attempt -> Integer,
+        node -> Text,
+        claimed_at -> BigInt,
+        started_at -> Nullable<BigInt>,
+        ended_at -> BigInt,
+        outcome -> Text,
+        code -> Nullable<Text>,
+        fence_margin_ms -> Nullable<BigInt>,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_claims);
+
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_effects);
 
 diesel::table! {

@@ -459,6 +459,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         Backend::Postgres => vec![
             include_str!("../../../migrations/postgres/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-12-000025_audit/down.sql"),
+            include_str!("../../../migrations/postgres/2026-12-11-000024_claims/down.sql"),
             include_str!(
                 "../../../migrations/postgres/2026-12-10-000023_release_notify_in_settle/down.sql"
             ),
@@ -489,6 +490,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         Backend::Mysql => vec![
             include_str!("../../../migrations/mysql/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-12-000025_audit/down.sql"),
+            include_str!("../../../migrations/mysql/2026-12-11-000024_claims/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-09-000022_wakes/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-07-000020_open_edges_index/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-06-000019_dependencies/down.sql"),
@@ -506,6 +508,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         Backend::Sqlite => vec![
             include_str!("../../../migrations/sqlite/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-12-000025_audit/down.sql"),
+            include_str!("../../../migrations/sqlite/2026-12-11-000024_claims/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-09-000022_wakes/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-08-000021_dead_index/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-07-000020_open_edges_index/down.sql"),
@@ -543,7 +546,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261130000013', '20261201000014', '20261202000015', \
                            '20261203000016', '20261204000017', '20261205000018', \
                            '20261206000019', '20261207000020', '20261208000021', \
-                           '20261209000022', '20261210000023', \
+                           '20261209000022', '20261210000023', '20261211000024', \
                            '20261212000025', '20261213000026')",
     )
     .await

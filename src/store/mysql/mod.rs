@@ -31,6 +31,7 @@ use super::columns::{
 use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps};
+use super::ledger::{Ending, LedgerRow};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
@@ -552,16 +553,29 @@ async fn finalize(
             ids: chunk.iter().map(|f| f.id.0).collect(),
             tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
         };
-        let held: Vec<(i64, i32, i32, bool)> = jobs::table
+        type HeldRow = (
+            (i64, i32, i32, bool),
+            (Option<String>, i64, Option<i64>, i64),
+        );
+        let held: Vec<HeldRow> = jobs::table
             .filter(in_list(jobs::id, pairs.ids.clone()))
             .filter(pairs)
             .filter(RUNNING)
             .select((
-                jobs::id,
-                jobs::attempts,
-                jobs::max_attempts,
-                // Not in `jobs` (diesel's 32 columns): see `schema::jobvisor_jobs_links`.
-                diesel::dsl::sql::<diesel::sql_types::Bool>("jobvisor_jobs.has_children"),
+                (
+                    jobs::id,
+                    jobs::attempts,
+                    jobs::max_attempts,
+                    // Not in `jobs` (diesel's 32 columns): see `schema::jobvisor_jobs_links`.
+                    diesel::dsl::sql::<diesel::sql_types::Bool>("jobvisor_jobs.has_children"),
+                ),
+                // What the execution ledger records of the claim (`store::ledger`).
+                (
+                    jobs::lease_owner,
+                    jobs::updated_at,
+                    jobs::started_at,
+                    DbNow::new(now),
+                ),
             ))
             .for_update()
             .load(&mut *conn)
@@ -569,22 +583,35 @@ async fn finalize(
         if held.is_empty() {
             continue;
         }
-        let held: HashMap<i64, (bool, bool)> = held
+        let held: HashMap<i64, (bool, bool, super::ledger::Held)> = held
             .into_iter()
-            .map(|(id, attempts, max, children)| (id, (attempts >= max, children)))
+            .map(
+                |((id, attempts, max, children), (owner, claimed_at, started_at, now))| {
+                    let ledger = super::ledger::Held {
+                        node: owner.unwrap_or_default(),
+                        attempt: attempts,
+                        claimed_at,
+                        started_at,
+                        now,
+                    };
+                    (id, (attempts >= max, children, ledger))
+                },
+            )
             .collect();
         let mut rows = Vec::with_capacity(held.len());
+        let mut ledger = Vec::with_capacity(held.len());
         for f in chunk {
-            let Some(&(exhausted, children)) = held.get(&f.id.0) else {
+            let Some((exhausted, children, claim)) = held.get(&f.id.0) else {
                 continue;
             };
             let mut row = FinalRow::from(f);
-            if row.state == "retrying" && exhausted {
+            if row.state == "retrying" && *exhausted {
                 row.state = "dead";
             }
             let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
             let state = row.state.parse().unwrap_or(JobState::Retrying);
-            applied.insert(f.id.0, (state, children));
+            applied.insert(f.id.0, (state, *children));
+            ledger.push(LedgerRow::ended(Ending::of(f), claim.clone(), row.state));
             rows.push((f, row, finished));
         }
         let mut q = BoundSql::default();
@@ -621,6 +648,11 @@ async fn finalize(
                 format!("finalize changed {n} rows of {} locked", rows.len()).into(),
             ));
         }
+        // The claims these ends closed, in the same transaction (`store::ledger`).
+        diesel::insert_into(super::schema::jobvisor_claims::table)
+            .values(&ledger)
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(applied)
 }

@@ -389,6 +389,17 @@ impl QueryFragment<Sqlite> for ErrorCode {
     }
 }
 
+/// Inserts a finalize batch's execution-ledger rows (`store::ledger`) in one statement, the
+/// rows as one JSON bind of arrays in the table's column order: diesel's multi-row insert
+/// sends one `INSERT` per row on SQLite (its values could be `DEFAULT`), 12 statements for a
+/// batch of ten instead of one.
+pub(crate) const INSERT_LEDGER: &str = "\
+INSERT INTO jobvisor_claims (job_id, claim_id, attempt, node, claimed_at, started_at, ended_at, \
+                             outcome, code, fence_margin_ms) \
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, \
+       value ->> 6, value ->> 7, value ->> 8, value ->> 9 \
+FROM json_each(?)";
+
 #[cfg(test)]
 mod tests {
     #[test]
