@@ -764,6 +764,14 @@ async fn metrics_listen_serves_the_gauges_over_http() {
         .job_finalize_many(FinalizeParams { items, now: None })
         .await
         .unwrap();
+    // `get` names the node that ran the succeeded job (its claim kept on the job's row).
+    let v = json_of(
+        jobvisor(&url).args(["get", &claimed[0].id.0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(v["claims"][0]["node"], json!("elsewhere"), "{v}");
+    assert_eq!(v["claims"][0]["outcome"], json!("succeeded"), "{v}");
+    assert_eq!(v["claims"].as_array().map(Vec::len), Some(1), "{v}");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

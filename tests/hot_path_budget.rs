@@ -106,7 +106,8 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(1, 0, 0),
             claim_limited: Cost::new(5, 0, 0),
             renew: Cost::new(1, 0, 0),
-            // The execution ledger's rows are written by the finalize statement itself.
+            // The execution ledger's rows (ends other than successes) are written by the
+            // finalize statement itself.
             finalize: Cost::new(1, 0, 0),
         },
         // No `UPDATE … RETURNING`: a locking read or a read-back beside each update, in a
@@ -117,9 +118,10 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(6, 1, 1),
             claim_limited: Cost::new(8, 1, 1),
             renew: Cost::new(5, 1, 1),
-            // Ping, `BEGIN`, locking `SELECT` (which also reads what the execution ledger
-            // records), `UPDATE … JOIN`, the ledger's `INSERT`, `COMMIT`.
-            finalize: Cost::new(6, 1, 1),
+            // Ping, `BEGIN`, locking `SELECT` (which also reads the claim the row keeps),
+            // `UPDATE … JOIN`, `COMMIT`: successes write no execution-ledger row (their
+            // claim stays on the job row), so the ledger's `INSERT` is not sent.
+            finalize: Cost::new(5, 1, 1),
         },
         // Writes in `BEGIN IMMEDIATE … COMMIT` (the writer lock is taken up front) — but one
         // job without a key: its insert alone, in autocommit (`sqlite/mod.rs`).
@@ -129,9 +131,10 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(3, 1, 1),
             claim_limited: Cost::new(7, 1, 1),
             renew: Cost::new(1, 0, 0),
-            // `BEGIN IMMEDIATE`, the read of what the execution ledger records, the update,
-            // the ledger's `INSERT`, `COMMIT`: in-process statements, no round trips.
-            finalize: Cost::new(5, 1, 1),
+            // `BEGIN IMMEDIATE`, the update, `COMMIT`: successes write no execution-ledger
+            // row (their claim stays on the job row), so neither the ledger's read nor its
+            // `INSERT` runs. In-process statements, no round trips.
+            finalize: Cost::new(3, 1, 1),
         },
     }
 }

@@ -18,7 +18,7 @@ use super::ledger::LedgerRow;
 use super::rows::{dur_us, from_us};
 use super::schema::{
     jobvisor_claims as ledger_rows, jobvisor_effects as effects, jobvisor_job_deps as deps,
-    jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+    jobvisor_jobs as jobs, jobvisor_jobs_archive as archive, jobvisor_jobs_last as last,
 };
 use super::timeout::Op;
 use super::wakes::{announce_cancel, announce_due};
@@ -94,6 +94,52 @@ impl Store {
             let ids: Vec<i64> = ids.into_iter().filter(|i| !blocked.contains(i)).collect();
             if ids.is_empty() {
                 return Ok(0);
+            }
+            // A success a finalize ended has its claim on its job row only (`last_*`): it
+            // joins the ledger as its job leaves the live table (`store::ledger`).
+            {
+                use diesel::dsl::{exists, not};
+                use diesel::sql_types::{BigInt, Nullable, Text};
+                let recorded = ledger_rows::table
+                    .filter(ledger_rows::job_id.eq(last::id))
+                    .filter(ledger_rows::claim_id.nullable().eq(last::last_claim));
+                diesel::insert_into(ledger_rows::table)
+                    .values(
+                        last::table
+                            .filter(last::id.eq_any(&ids))
+                            .filter(last::state.eq(JobState::Succeeded.as_str()))
+                            .filter(last::last_claim.is_not_null())
+                            .filter(last::last_node.is_not_null())
+                            .filter(last::last_claimed_at.is_not_null())
+                            .filter(last::finished_at.is_not_null())
+                            .filter(not(exists(recorded)))
+                            .select((
+                                last::id,
+                                last::last_claim.assume_not_null(),
+                                last::attempts,
+                                last::last_node.assume_not_null(),
+                                last::last_claimed_at.assume_not_null(),
+                                last::started_at,
+                                last::finished_at.assume_not_null(),
+                                ClaimOutcome::Succeeded.as_str().into_sql::<Text>(),
+                                None::<String>.into_sql::<Nullable<Text>>(),
+                                None::<i64>.into_sql::<Nullable<BigInt>>(),
+                            )),
+                    )
+                    .into_columns((
+                        ledger_rows::job_id,
+                        ledger_rows::claim_id,
+                        ledger_rows::attempt,
+                        ledger_rows::node,
+                        ledger_rows::claimed_at,
+                        ledger_rows::started_at,
+                        ledger_rows::ended_at,
+                        ledger_rows::outcome,
+                        ledger_rows::code,
+                        ledger_rows::fence_margin_ms,
+                    ))
+                    .execute(conn)
+                    .await?;
             }
             let copied = diesel::insert_into(archive::table)
                 .values(

@@ -10,12 +10,27 @@ use super::ledger::StoredClaim;
 use super::rows::{from_us, to_us, ArchiveRow, JobRow};
 use super::schema::{
     jobvisor_claims as ledger_rows, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+    jobvisor_jobs_last as last,
 };
 use super::{Browse, ListParams, QueueLag, StateCount, Store};
 use crate::claim::{Claim, ClaimOutcome};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::{ClaimId, NodeId};
+
+/// A live job's row as [`Store::job_claims`] reads it: its state and lease (the claim
+/// running now), then its end and the claim a finalize last ended (`last_*`).
+type LiveClaims = (
+    (
+        String,
+        Option<String>,
+        Option<String>,
+        i32,
+        i64,
+        Option<i64>,
+    ),
+    (Option<i64>, Option<String>, Option<String>, Option<i64>),
+);
 
 /// Page size when a list names none.
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
@@ -53,7 +68,8 @@ impl Store {
     }
 
     /// A job's claims, oldest first: each ended claim's ledger row (`store::ledger`), then
-    /// the claim running now, if any, read from the job's row (its lease).
+    /// the claim running now, if any, read from the job's row (its lease), or the success a
+    /// finalize ended, kept on the live job's row (`last_*`).
     ///
     /// # Errors
     /// [`Error::NotFound`] for a job that is neither live nor archived; [`Error::Database`].
@@ -66,24 +82,24 @@ impl Store {
                 .load(conn)
                 .await?
         });
-        type Live = (
-            String,
-            Option<String>,
-            Option<String>,
-            i32,
-            i64,
-            Option<i64>,
-        );
-        let live: Option<Live> = with_conn!(self, |conn| {
-            jobs::table
-                .filter(jobs::id.eq(id.0))
+        let live: Option<LiveClaims> = with_conn!(self, |conn| {
+            last::table
+                .filter(last::id.eq(id.0))
                 .select((
-                    jobs::state,
-                    jobs::lease_token,
-                    jobs::lease_owner,
-                    jobs::attempts,
-                    jobs::updated_at,
-                    jobs::started_at,
+                    (
+                        last::state,
+                        last::lease_token,
+                        last::lease_owner,
+                        last::attempts,
+                        last::updated_at,
+                        last::started_at,
+                    ),
+                    (
+                        last::finished_at,
+                        last::last_node,
+                        last::last_claim,
+                        last::last_claimed_at,
+                    ),
                 ))
                 .first(conn)
                 .await
@@ -91,7 +107,7 @@ impl Store {
         });
         let mut claims: Vec<Claim> = stored.into_iter().map(StoredClaim::into_claim).collect();
         match live {
-            Some((state, Some(token), Some(node), attempt, claimed_at, started_at))
+            Some(((state, Some(token), Some(node), attempt, claimed_at, started_at), _))
                 if state == JobState::Running.as_str() =>
             {
                 claims.push(Claim {
@@ -103,6 +119,27 @@ impl Store {
                     started_at: started_at.map(from_us),
                     ended_at: None,
                     outcome: ClaimOutcome::Running,
+                    code: None,
+                    fence_margin_ms: None,
+                });
+            }
+            // A success a finalize ended is on its job row until the job is archived
+            // (`store::ledger`), unless the ledger has it already.
+            Some((
+                (state, _, _, attempt, _, started_at),
+                (Some(ended_at), Some(node), Some(claim), Some(claimed_at)),
+            )) if state == JobState::Succeeded.as_str()
+                && !claims.iter().any(|c| c.claim.to_string() == claim) =>
+            {
+                claims.push(Claim {
+                    claim: claim.parse().unwrap_or(ClaimId::NONE),
+                    job: id,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    node: NodeId::from_stored(node),
+                    claimed_at: from_us(claimed_at),
+                    started_at: started_at.map(from_us),
+                    ended_at: Some(from_us(ended_at)),
+                    outcome: ClaimOutcome::Succeeded,
                     code: None,
                     fence_margin_ms: None,
                 });

@@ -1,8 +1,11 @@
--- The execution ledger: one row per ended claim of a job (a claim still running is read from
--- its job row: lease_owner, lease_token). Written by the statement, or the transaction, that
--- ends the claim (finalize, the handler's completion, the sweeper's reclaim), guarded by the
--- claim's lease token like the job row, so a late answer from an older claim writes nothing.
--- Rows stay while their job is live or archived and are deleted with it when it is pruned.
+-- The execution ledger: one row per ended claim of a job, but for a claim that a finalize
+-- batch ended in success while its job is live (the drain's hot path writes no row for it):
+-- that claim is read from its job row's last_* columns below, and written to the ledger when
+-- the job is archived. A claim still running is read from its job row (lease_owner,
+-- lease_token). Rows are written by the statement, or the transaction, that ends the claim
+-- (finalize, the handler's completion, the sweeper's reclaim), guarded by the claim's lease
+-- token like the job row, so a late answer from an older claim writes nothing. Rows stay
+-- while their job is live or archived and are deleted with it when it is pruned.
 --   claim_id         the claim id (16 hex digits: the lease token's public part)
 --   attempt          the job's attempt number of that claim
 --   node             the node that held the claim
@@ -25,3 +28,11 @@ CREATE TABLE jobvisor_claims (
     fence_margin_ms BIGINT  NULL,
     PRIMARY KEY (job_id, claim_id)
 ) WITHOUT ROWID;
+
+-- The claim a finalize last ended on the job (any outcome), as the claim left the row: its
+-- node (lease_owner), its claim id (the lease token's first 16 hex digits; NULL for an
+-- older build's token) and its instant (updated_at). Written by the finalize statement from
+-- the row's own columns, no read of its own.
+ALTER TABLE jobvisor_jobs ADD COLUMN last_node TEXT NULL;
+ALTER TABLE jobvisor_jobs ADD COLUMN last_claim TEXT NULL;
+ALTER TABLE jobvisor_jobs ADD COLUMN last_claimed_at BIGINT NULL;

@@ -9,9 +9,15 @@
 //! node), `attempts`, `updated_at` (the claim's instant: nothing else writes a running job's
 //! `updated_at`, a renewal and a cancel request included), `started_at`.
 //!
-//! PostgreSQL writes the rows in its finalize statement itself (a data-modifying `WITH`,
-//! `postgres/sql.rs`); MySQL and SQLite read the held rows in the finalize's transaction and
-//! insert these rows in one statement after its update (SQLite: as one JSON bind).
+//! The drain's hot path writes no ledger row: every finalize keeps the claim it ends on the
+//! job row (`last_node`, `last_claim`, `last_claimed_at`, from the row's own columns), and a
+//! success needs nothing more — its attempt, start and end are the row's, and the job's
+//! archiving writes its ledger row as the job leaves the live table. Only the ends that are
+//! not successes get a row at once: PostgreSQL's finalize statement writes them itself (a
+//! data-modifying `WITH` fed by the update's `RETURNING`, `postgres/sql.rs`); MySQL and
+//! SQLite read the held rows of those ends in the finalize's transaction and insert their
+//! rows in one statement after its update (SQLite: as one JSON bind). A success's fence
+//! margin is not kept (it ended before its fence point, or it would have been fenced).
 
 use diesel::prelude::*;
 use diesel::Insertable;

@@ -236,6 +236,15 @@ pub async fn archive_and_prune_keep_a_jobs_ledger_with_it(b: Backend) {
         t.finalize(Finalize::succeeded(j.id, j.token.clone(), json!(null)), 1)
             .await;
     }
+    // A success a finalize ended is kept on its job row until the job is archived: the
+    // drain's hot path writes no ledger row.
+    let before = [ledger(&t, done).await, ledger(&t, other).await];
+    assert_eq!(count_ledger(&t, done).await.unwrap(), 0);
+    assert_eq!(before[0].len(), 1);
+    assert_eq!(
+        (before[0][0].1.as_str(), before[0][0].3, before[0][0].7),
+        ("n", ClaimOutcome::Succeeded, Some(1))
+    );
     let archive = |now: i64| ArchiveParams {
         older_than: Duration::from_secs(10),
         dead_older_than: Duration::from_secs(10),
@@ -255,6 +264,10 @@ pub async fn archive_and_prune_keep_a_jobs_ledger_with_it(b: Backend) {
             .collect::<Vec<_>>()
     };
     assert_eq!(node_of(t.store.job_claims(archived).await.unwrap()), ["n"]);
+    // The archive wrote its ledger row, the same claim as the job row told.
+    assert_eq!(count_ledger(&t, archived).await.unwrap(), 1);
+    let i = usize::from(archived != done);
+    assert_eq!(ledger(&t, archived).await, before[i]);
     let prune = PruneParams {
         older_than: Duration::from_secs(10),
         limit: 10,

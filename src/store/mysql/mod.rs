@@ -611,20 +611,24 @@ async fn finalize(
             let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
             let state = row.state.parse().unwrap_or(JobState::Retrying);
             applied.insert(f.id.0, (state, *children));
-            ledger.push(LedgerRow::ended(Ending::of(f), claim.clone(), row.state));
-            rows.push((f, row, finished));
+            // A success's claim stays on its job row (`last_*`): no ledger row.
+            if !matches!(f.outcome, crate::store::Finalization::Succeeded { .. }) {
+                ledger.push(LedgerRow::ended(Ending::of(f), claim.clone(), row.state));
+            }
+            rows.push((f, row, finished, claim));
         }
         let mut q = BoundSql::default();
         q.push(sql::UPDATE_BY_ID_HEAD, []);
         for (k, i) in padded_rows(rows.len()).enumerate() {
-            let (f, row, finished) = &rows[i];
+            let (f, row, finished, claim) = &rows[i];
             q.push(
                 if k == 0 {
                     "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
                      ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
-                     CAST(? AS SIGNED) AS finished, CAST(? AS SIGNED) AS ago"
+                     CAST(? AS SIGNED) AS finished, CAST(? AS SIGNED) AS ago, ? AS node, \
+                     CAST(? AS SIGNED) AS claimed_at"
                 } else {
-                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
+                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
                 },
                 [
                     Bind::BigInt(f.id.0),
@@ -636,6 +640,8 @@ async fn finalize(
                     Bind::Int(row.refund),
                     Bind::Int(i32::from(*finished)),
                     Bind::NullBigInt(row.ago_us),
+                    Bind::Text(claim.node.clone()),
+                    Bind::BigInt(claim.claimed_at),
                 ],
             );
         }
@@ -648,11 +654,14 @@ async fn finalize(
                 format!("finalize changed {n} rows of {} locked", rows.len()).into(),
             ));
         }
-        // The claims these ends closed, in the same transaction (`store::ledger`).
-        diesel::insert_into(super::schema::jobvisor_claims::table)
-            .values(&ledger)
-            .execute(&mut *conn)
-            .await?;
+        // The claims these ends closed but for successes, in the same transaction
+        // (`store::ledger`); none for a batch of successes (the drain's case).
+        if !ledger.is_empty() {
+            diesel::insert_into(super::schema::jobvisor_claims::table)
+                .values(&ledger)
+                .execute(&mut *conn)
+                .await?;
+        }
     }
     Ok(applied)
 }

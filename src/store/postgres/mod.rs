@@ -628,14 +628,12 @@ async fn finalize(
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut refunds: Vec<i32> = Vec::with_capacity(n);
     let mut agos: Vec<Option<i64>> = Vec::with_capacity(n);
-    let mut claims: Vec<String> = Vec::with_capacity(n);
     let mut outcomes: Vec<&'static str> = Vec::with_capacity(n);
     let mut codes: Vec<Option<String>> = Vec::with_capacity(n);
     let mut margins: Vec<Option<i64>> = Vec::with_capacity(n);
     for f in items {
         let row = FinalRow::from(f);
         let (outcome, code) = super::ledger::ending(f);
-        claims.push(f.token.claim().to_string());
         outcomes.push(outcome);
         codes.push(code);
         margins.push(f.fence_margin_ms);
@@ -658,7 +656,6 @@ async fn finalize(
         refunds,
         agos,
         now,
-        claims,
         outcomes,
         codes,
         margins,

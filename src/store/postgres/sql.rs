@@ -123,20 +123,21 @@ WHERE j.id = ANY(ARRAY("
 /// `while_active` releases it (`unique_hold = NULL`) in the same statement that ends it; a
 /// start no renewal recorded (a job shorter than a heartbeat) is recorded here (`ago`).
 ///
-/// Each applied row's claim is written to the execution ledger by the same statement
-/// (`ledger`, no round trip of its own): `o`, the job row as the statement's snapshot holds
-/// it — before this update, every statement of a `WITH` seeing the same snapshot — gives the
-/// claim's node (`lease_owner`), attempt and instant (`updated_at`); only rows `upd` applied,
-/// under their token, are written.
+/// The claim each applied row ends is kept on the row (`last_node`, `last_claim`,
+/// `last_claimed_at`: the `SET` reads the row before this update), and a claim that did not
+/// succeed is written to the execution ledger by the same statement (`ledger`, fed by
+/// `upd`'s `RETURNING`, no read of the table of its own; the attempt is the returned one plus
+/// its refund). A success writes no ledger row here: its job row holds it until the job is
+/// archived (`store::ledger`). Only rows `upd` applied, under their token, are written.
 pub(crate) const FINALIZE: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
     SELECT *, 'running'::text AS expect
     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[],
-                $8::bigint[], $9::text[], $10::text[], $11::text[], $12::bigint[])
-        AS v(id, token, state, result, error, delay_us, refund, ago, claim, outcome, code, margin)
+                $8::bigint[], $9::text[], $10::text[], $11::bigint[])
+        AS v(id, token, state, result, error, delay_us, refund, ago, outcome, code, margin)
 ), n AS (
-    SELECT COALESCE($13::bigint, ", now_us!(), ") AS now
+    SELECT COALESCE($12::bigint, ", now_us!(), ") AS now
 ), upd AS (
     UPDATE jobvisor_jobs AS j SET
         state = CASE WHEN v.state = 'retrying' AND j.attempts >= j.max_attempts THEN 'dead' ELSE v.state END,
@@ -153,6 +154,9 @@ WITH v AS MATERIALIZED (
                            ELSE NULL END,
         started_at = COALESCE(j.started_at, n.now - v.ago),
         first_started_at = COALESCE(j.first_started_at, n.now - v.ago),
+        last_node = j.lease_owner,
+        last_claim = CASE WHEN length(j.lease_token) = 48 THEN left(j.lease_token, 16) END,
+        last_claimed_at = j.updated_at,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
         timeout_at = NULL,
         unique_hold = CASE WHEN j.unique_scope = 'while_active'
@@ -164,14 +168,17 @@ WITH v AS MATERIALIZED (
     FROM v, n
     WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
       AND j.state = v.expect
-    RETURNING j.id, j.state, j.has_children, j.started_at
+    RETURNING j.id, j.state, j.has_children, j.started_at, j.attempts, j.last_node, j.last_claim,
+              j.last_claimed_at
 ), ledger AS (
     INSERT INTO jobvisor_claims (job_id, claim_id, attempt, node, claimed_at, started_at, ended_at,
                                  outcome, code, fence_margin_ms)
-    SELECT u.id, v.claim, o.attempts, o.lease_owner, o.updated_at, u.started_at, n.now,
+    SELECT u.id, u.last_claim, u.attempts + v.refund, u.last_node, u.last_claimed_at, u.started_at,
+           n.now,
            CASE WHEN v.outcome = 'retried' AND u.state = 'dead' THEN 'failed' ELSE v.outcome END,
            v.code, v.margin
-    FROM upd AS u JOIN v ON v.id = u.id JOIN jobvisor_jobs AS o ON o.id = u.id, n
+    FROM upd AS u JOIN v ON v.id = u.id, n
+    WHERE v.outcome <> 'succeeded' AND u.last_claim IS NOT NULL AND u.last_node IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 SELECT id, state, has_children FROM upd"
@@ -188,7 +195,6 @@ prepared_statement!(
         delays: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
         refunds: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
         agos: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
-        claims: Vec<String> => diesel::sql_types::Array<Text>,
         outcomes: Vec<&'static str> => diesel::sql_types::Array<Text>,
         codes: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
         margins: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
@@ -730,7 +736,7 @@ mod tests {
     #[test]
     fn statements_split_at_their_placeholders_in_order() {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
-        assert_eq!(segments(FINALIZE).len(), 10);
+        assert_eq!(segments(FINALIZE).len(), 13);
         assert_eq!(segments(CLAIM).len(), 10);
         assert_eq!(segments(LOCK_QUEUE).len(), 2);
         assert_eq!(segments(CLAIM_CONTROLLED).len(), 13);

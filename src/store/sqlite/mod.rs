@@ -492,13 +492,16 @@ async fn finalize(
         )
     };
     let n = items.len();
-    // What the execution ledger records of each ending, with its token (`store::ledger`).
+    // What the execution ledger records of each ending other than a success, with its token
+    // (`store::ledger`): a success's claim stays on its job row (`last_*`), no row here.
     let endings: HashMap<i64, (String, Ending)> = items
         .iter()
+        .filter(|f| !matches!(f.outcome, crate::store::Finalization::Succeeded { .. }))
         .map(|f| (f.id.0, (f.token.as_str().to_owned(), Ending::of(f))))
         .collect();
     let rows: Vec<Finalized> = conn::immediate_in_place(conn, move |c| {
-        // The claims as the job rows hold them, read under the write lock before they end.
+        // The claims as the job rows hold them, read under the write lock before they end
+        // (none read for a batch of successes: the drain's case).
         let ids: Vec<i64> = endings.keys().copied().collect();
         type HeldRow = (
             i64,
@@ -509,21 +512,25 @@ async fn finalize(
             Option<i64>,
             i64,
         );
-        let held: Vec<HeldRow> = diesel::RunQueryDsl::load(
-            jobs::table
-                .select((
-                    jobs::id,
-                    jobs::lease_token,
-                    jobs::attempts,
-                    jobs::lease_owner,
-                    jobs::updated_at,
-                    jobs::started_at,
-                    super::expr::DbNow::new(now),
-                ))
-                .filter(jobs::id.eq_any(ids))
-                .filter(super::expr::RUNNING),
-            c,
-        )?;
+        let held: Vec<HeldRow> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            diesel::RunQueryDsl::load(
+                jobs::table
+                    .select((
+                        jobs::id,
+                        jobs::lease_token,
+                        jobs::attempts,
+                        jobs::lease_owner,
+                        jobs::updated_at,
+                        jobs::started_at,
+                        super::expr::DbNow::new(now),
+                    ))
+                    .filter(jobs::id.eq_any(ids))
+                    .filter(super::expr::RUNNING),
+                c,
+            )?
+        };
         let mut rows = Vec::with_capacity(n);
         for jobs in succeeded.chunks(sql::SUCCEEDED_MAX) {
             let q = FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::FinalizeSucceeded {
