@@ -30,6 +30,7 @@ use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, to_us, ClaimRow};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
+use crate::claim::ClaimOutcome;
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, RunAt};
 
@@ -613,7 +614,8 @@ async fn enqueue_batch(
     Ok(out)
 }
 
-/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token.
+/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token
+/// ([`sql::FINALIZE_SUCCESSES`] for a batch of successes, else [`sql::FINALIZE`]).
 async fn finalize(
     conn: &mut diesel_async::AsyncPgConnection,
     items: &[Finalize],
@@ -646,22 +648,43 @@ async fn finalize(
         refunds.push(row.refund);
         agos.push(row.ago_us);
     }
-    let rows: Vec<Finalized> = FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalize {
-        ids,
-        tokens,
-        states,
-        results,
-        errors,
-        delays,
-        refunds,
-        agos,
-        now,
-        outcomes,
-        codes,
-        margins,
-    })
-    .load(conn)
-    .await?;
+    // A batch of successes (the drain's) writes no ledger row: the statement without the
+    // ledger's step and columns.
+    let rows: Vec<Finalized> = if outcomes
+        .iter()
+        .all(|o| *o == ClaimOutcome::Succeeded.as_str())
+    {
+        FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalizeSuccesses {
+            ids,
+            tokens,
+            states,
+            results,
+            errors,
+            delays,
+            refunds,
+            agos,
+            now,
+        })
+        .load(conn)
+        .await?
+    } else {
+        FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalize {
+            ids,
+            tokens,
+            states,
+            results,
+            errors,
+            delays,
+            refunds,
+            agos,
+            now,
+            outcomes,
+            codes,
+            margins,
+        })
+        .load(conn)
+        .await?
+    };
     Ok(rows
         .into_iter()
         .map(|r| {
