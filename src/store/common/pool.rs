@@ -56,8 +56,9 @@ where
 /// connection (it can for PostgreSQL, and SQLite has no server): after a server restart every
 /// pooled connection would otherwise stay dead forever. Elsewhere a ping would double the cost
 /// of every short statement. `reuse`: which idle connection a checkout takes (see
-/// [`Reuse`]).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// [`Reuse`]). PostgreSQL's; MySQL's pools give their own check (`pool_with`): a plain ping, or
+/// with several Galera members one that a member outside the primary component fails.
+#[cfg(feature = "postgres")]
 pub(crate) fn pool<C>(
     opts: &StoreOptions,
     size: u32,
