@@ -65,6 +65,10 @@ const NOT_ON_GALERA: &[(&str, &str)] = &[
     ("partition_keys_round_trip_on_every_enqueue_path", CONFLICT),
     ("a_rate_limit_bounds_claims_in_every_window", CONFLICT),
     (
+        "leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term",
+        CONFLICT,
+    ),
+    (
         "a_concurrency_limit_is_never_exceeded_by_concurrent_claimers",
         LOCAL_LOCK,
     ),

@@ -164,7 +164,9 @@ pub async fn a_repeat_within_a_batch_replaces_the_first(b: Backend) {
     }
     let e = match b {
         Backend::Postgres => on!(&mut AsyncPgConnection::establish(&t.db.url).await.unwrap()),
-        Backend::Mysql => on!(&mut AsyncMysqlConnection::establish(&t.db.url).await.unwrap()),
+        Backend::Mysql => on!(&mut AsyncMysqlConnection::establish(&t.db.app_url())
+            .await
+            .unwrap()),
         Backend::Sqlite => {
             let path = t.db.url.trim_start_matches("sqlite://").to_string();
             on!(&mut SqliteConn::establish(&path).await.unwrap())
