@@ -31,6 +31,7 @@ use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, to_us, ClaimRow};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
+use crate::claim::ClaimOutcome;
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, OnDuplicate, RunAt};
 
@@ -633,7 +634,8 @@ async fn enqueue_batch(
     Ok(out)
 }
 
-/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token.
+/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token
+/// ([`sql::FINALIZE_SUCCESSES`] for a batch of successes, else [`sql::FINALIZE`]).
 async fn finalize(
     conn: &mut diesel_async::AsyncPgConnection,
     items: &[Finalize],
@@ -648,8 +650,15 @@ async fn finalize(
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut refunds: Vec<i32> = Vec::with_capacity(n);
     let mut agos: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut outcomes: Vec<&'static str> = Vec::with_capacity(n);
+    let mut codes: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut margins: Vec<Option<i64>> = Vec::with_capacity(n);
     for f in items {
         let row = FinalRow::from(f);
+        let (outcome, code) = super::ledger::ending(f);
+        outcomes.push(outcome);
+        codes.push(code);
+        margins.push(f.fence_margin_ms);
         ids.push(f.id.0);
         tokens.push(f.token.as_str());
         states.push(row.state);
@@ -659,19 +668,43 @@ async fn finalize(
         refunds.push(row.refund);
         agos.push(row.ago_us);
     }
-    let rows: Vec<Finalized> = FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalize {
-        ids,
-        tokens,
-        states,
-        results,
-        errors,
-        delays,
-        refunds,
-        agos,
-        now,
-    })
-    .load(conn)
-    .await?;
+    // A batch of successes (the drain's) writes no ledger row: the statement without the
+    // ledger's step and columns.
+    let rows: Vec<Finalized> = if outcomes
+        .iter()
+        .all(|o| *o == ClaimOutcome::Succeeded.as_str())
+    {
+        FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalizeSuccesses {
+            ids,
+            tokens,
+            states,
+            results,
+            errors,
+            delays,
+            refunds,
+            agos,
+            now,
+        })
+        .load(conn)
+        .await?
+    } else {
+        FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalize {
+            ids,
+            tokens,
+            states,
+            results,
+            errors,
+            delays,
+            refunds,
+            agos,
+            now,
+            outcomes,
+            codes,
+            margins,
+        })
+        .load(conn)
+        .await?
+    };
     Ok(rows
         .into_iter()
         .map(|r| {
