@@ -702,10 +702,7 @@ async fn finalize(
             ids: chunk.iter().map(|f| f.id.0).collect(),
             tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
         };
-        type HeldRow = (
-            (i64, i32, i32, bool),
-            (Option<String>, i64, Option<i64>, i64),
-        );
+        type HeldRow = ((i64, i32, i32, bool), (Option<String>, i64));
         let held: Vec<HeldRow> = jobs::table
             .filter(in_list(jobs::id, pairs.ids.clone()))
             .filter(pairs)
@@ -718,13 +715,8 @@ async fn finalize(
                     // Not in `jobs` (diesel's 32 columns): see `schema::jobvisor_jobs_links`.
                     diesel::dsl::sql::<diesel::sql_types::Bool>("jobvisor_jobs.has_children"),
                 ),
-                // What the execution ledger records of the claim (`store::ledger`).
-                (
-                    jobs::lease_owner,
-                    jobs::updated_at,
-                    jobs::started_at,
-                    DbNow::new(now),
-                ),
+                // The claim's node and instant, kept on the row (`last_*`, `store::ledger`).
+                (jobs::lease_owner, jobs::updated_at),
             ))
             .for_update()
             .load(&mut *conn)
@@ -732,25 +724,18 @@ async fn finalize(
         if held.is_empty() {
             continue;
         }
-        let held: HashMap<i64, (bool, bool, super::ledger::Held)> = held
+        let held: HashMap<i64, (bool, bool, String, i32, i64)> = held
             .into_iter()
-            .map(
-                |((id, attempts, max, children), (owner, claimed_at, started_at, now))| {
-                    let ledger = super::ledger::Held {
-                        node: owner.unwrap_or_default(),
-                        attempt: attempts,
-                        claimed_at,
-                        started_at,
-                        now,
-                    };
-                    (id, (attempts >= max, children, ledger))
-                },
-            )
+            .map(|((id, attempts, max, children), (owner, claimed_at))| {
+                let node = owner.unwrap_or_default();
+                (id, (attempts >= max, children, node, attempts, claimed_at))
+            })
             .collect();
         let mut rows = Vec::with_capacity(held.len());
-        let mut ledger = Vec::with_capacity(held.len());
+        // The ends other than successes, for their ledger rows after the update.
+        let mut others = Vec::new();
         for f in chunk {
-            let Some((exhausted, children, claim)) = held.get(&f.id.0) else {
+            let Some((exhausted, children, node, attempt, claimed_at)) = held.get(&f.id.0) else {
                 continue;
             };
             let mut row = FinalRow::from(f);
@@ -762,14 +747,14 @@ async fn finalize(
             applied.insert(f.id.0, (state, *children));
             // A success's claim stays on its job row (`last_*`): no ledger row.
             if !matches!(f.outcome, crate::store::Finalization::Succeeded { .. }) {
-                ledger.push(LedgerRow::ended(Ending::of(f), claim.clone(), row.state));
+                others.push((Ending::of(f), node, *attempt, *claimed_at, row.state));
             }
-            rows.push((f, row, finished, claim));
+            rows.push((f, row, finished, node, *claimed_at));
         }
         let mut q = BoundSql::default();
         q.push(sql::UPDATE_BY_ID_HEAD, []);
         for (k, i) in padded_rows(rows.len()).enumerate() {
-            let (f, row, finished, claim) = &rows[i];
+            let (f, row, finished, node, claimed_at) = &rows[i];
             q.push(
                 if k == 0 {
                     "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
@@ -789,8 +774,8 @@ async fn finalize(
                     Bind::Int(row.refund),
                     Bind::Int(i32::from(*finished)),
                     Bind::NullBigInt(row.ago_us),
-                    Bind::Text(claim.node.clone()),
-                    Bind::BigInt(claim.claimed_at),
+                    Bind::Text((*node).clone()),
+                    Bind::BigInt(*claimed_at),
                 ],
             );
         }
@@ -804,8 +789,31 @@ async fn finalize(
             ));
         }
         // The claims these ends closed but for successes, in the same transaction
-        // (`store::ledger`); none for a batch of successes (the drain's case).
-        if !ledger.is_empty() {
+        // (`store::ledger`), with the start and end the update recorded; nothing read or
+        // written for a batch of successes (the drain's case).
+        if !others.is_empty() {
+            let ids: Vec<i64> = others.iter().map(|(e, ..)| e.id).collect();
+            let ended: HashMap<i64, (Option<i64>, i64)> = jobs::table
+                .filter(jobs::id.eq_any(ids))
+                .select((jobs::id, (jobs::started_at, jobs::updated_at)))
+                .load::<(i64, (Option<i64>, i64))>(&mut *conn)
+                .await?
+                .into_iter()
+                .collect();
+            let ledger: Vec<LedgerRow> = others
+                .into_iter()
+                .filter_map(|(e, node, attempt, claimed_at, state)| {
+                    let &(started_at, now) = ended.get(&e.id)?;
+                    let held = super::ledger::Held {
+                        node: node.clone(),
+                        attempt,
+                        claimed_at,
+                        started_at,
+                        now,
+                    };
+                    Some(LedgerRow::ended(e, held, state))
+                })
+                .collect();
             diesel::insert_into(super::schema::jobvisor_claims::table)
                 .values(&ledger)
                 .execute(&mut *conn)

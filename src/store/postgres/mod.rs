@@ -31,7 +31,6 @@ use super::pool::{pool, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, to_us, ClaimRow};
 use super::timeout::PooledConn;
 use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE};
-use crate::claim::ClaimOutcome;
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, OnDuplicate, RunAt};
 
@@ -650,15 +649,23 @@ async fn finalize(
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut refunds: Vec<i32> = Vec::with_capacity(n);
     let mut agos: Vec<Option<i64>> = Vec::with_capacity(n);
-    let mut outcomes: Vec<&'static str> = Vec::with_capacity(n);
-    let mut codes: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut margins: Vec<Option<i64>> = Vec::with_capacity(n);
+    // A batch of successes (the drain's) writes no ledger row: the statement without the
+    // ledger's step and columns, and no vector allocated for them.
+    let successes = items
+        .iter()
+        .all(|f| matches!(f.outcome, super::Finalization::Succeeded { .. }));
+    let ledger_n = if successes { 0 } else { n };
+    let mut outcomes: Vec<&'static str> = Vec::with_capacity(ledger_n);
+    let mut codes: Vec<Option<String>> = Vec::with_capacity(ledger_n);
+    let mut margins: Vec<Option<i64>> = Vec::with_capacity(ledger_n);
     for f in items {
         let row = FinalRow::from(f);
-        let (outcome, code) = super::ledger::ending(f);
-        outcomes.push(outcome);
-        codes.push(code);
-        margins.push(f.fence_margin_ms);
+        if !successes {
+            let (outcome, code) = super::ledger::ending(f);
+            outcomes.push(outcome);
+            codes.push(code);
+            margins.push(f.fence_margin_ms);
+        }
         ids.push(f.id.0);
         tokens.push(f.token.as_str());
         states.push(row.state);
@@ -668,12 +675,7 @@ async fn finalize(
         refunds.push(row.refund);
         agos.push(row.ago_us);
     }
-    // A batch of successes (the drain's) writes no ledger row: the statement without the
-    // ledger's step and columns.
-    let rows: Vec<Finalized> = if outcomes
-        .iter()
-        .all(|o| *o == ClaimOutcome::Succeeded.as_str())
-    {
+    let rows: Vec<Finalized> = if successes {
         FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalizeSuccesses {
             ids,
             tokens,
