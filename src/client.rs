@@ -207,6 +207,25 @@ impl Client {
         self.store.job_get(id).await?.ok_or(Error::NotFound { id })
     }
 
+    /// Job `id`'s execution ledger: every claim of it, oldest first — the node that held
+    /// it, its attempt, when it was claimed, started and ended, how it ended
+    /// ([`ClaimOutcome`](crate::ClaimOutcome)) — with the claim running now, if any, last.
+    /// Kept while the job is live or archived, deleted with it when the archive is pruned.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: jobvisor::Client, id: jobvisor::JobId) -> jobvisor::Result<()> {
+    /// if let Some(last) = client.claims(id).await?.last() {
+    ///     println!("attempt {} ran on {}: {}", last.attempt, last.node, last.outcome);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::Database`].
+    pub async fn claims(&self, id: JobId) -> Result<Vec<crate::Claim>> {
+        self.store.job_claims(id).await
+    }
+
     /// The effects job `id`'s handlers recorded
     /// ([`JobTx::record_effect`](crate::JobTx::record_effect)), by key: kept while the job is
     /// live or archived, deleted with it when the archive is pruned.

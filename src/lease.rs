@@ -131,7 +131,7 @@ impl LeaseToken {
     /// The claim id of a token this build generated (every claim this node makes); an older
     /// build's token, which has none, reads as all zeros.
     pub(crate) fn claim(&self) -> ClaimId {
-        self.claim_id().unwrap_or(ClaimId(0))
+        self.claim_id().unwrap_or(ClaimId::NONE)
     }
 }
 
@@ -152,6 +152,9 @@ impl LeaseToken {
 pub struct ClaimId(u64);
 
 impl ClaimId {
+    /// The claim id of a token that has none (an older build's): all zeros.
+    pub(crate) const NONE: ClaimId = ClaimId(0);
+
     /// Its 64 bits.
     pub(crate) fn as_u64(self) -> u64 {
         self.0

@@ -28,6 +28,8 @@
 //!   [`Dependencies`] (a job's parents and children), [`Batch`].
 //! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
 //! * `queue` — a queue's shared settings: [`QueueLimits`], [`RateLimit`], [`QueueInfo`].
+//! * [`claim`] — [`Claim`], one row of a job's execution ledger: who ran which attempt, when,
+//!   and how it ended ([`ClaimOutcome`]).
 //! * [`schedule`] — [`Schedule`]: periodic jobs (cron in a time zone, or an interval) and
 //!   what happens to missed fires.
 //! * [`clock`] — where time comes from: the database's clock in production, a
@@ -72,6 +74,7 @@
 compile_error!("jobvisor needs at least one backend: enable the feature postgres, mysql or sqlite");
 
 pub mod backoff;
+pub mod claim;
 pub mod client;
 pub mod clock;
 pub mod config;
@@ -96,6 +99,7 @@ pub mod testing;
 pub mod web;
 
 pub use backoff::RetryPolicy;
+pub use claim::{Claim, ClaimOutcome};
 pub use client::Client;
 pub use config::{QueueConfig, SchedulerConfig};
 pub use dependency::{Batch, Dependencies, Link, Outcomes, ParentPolicy};

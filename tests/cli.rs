@@ -284,6 +284,27 @@ async fn commands_do_what_they_say(backend: Backend) {
     for id in &mail {
         assert_eq!(client.get(*id).await.unwrap().state, JobState::Dead);
     }
+    // `get` names who ran each claim and how it ended, as `Client::claims` does.
+    let v = json_of(
+        jobvisor(&url).args(["get", &mail[0].0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(v["claims"][0]["node"], json!("cli-test"), "{v}");
+    assert_eq!(v["claims"][0]["outcome"], json!("failed"), "{v}");
+    assert_eq!(v["claims"][0]["code"], json!("boom"), "{v}");
+    assert_eq!(
+        v["claims"],
+        serde_json::to_value(client.claims(mail[0]).await.unwrap()).unwrap()
+    );
+    let out = jobvisor(&url)
+        .args(["get", &mail[0].0.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("claims") && text.contains("cli-test") && text.contains("failed (boom)"),
+        "{text}"
+    );
     let v = json_of(
         jobvisor(&url).args(["retry", "--state", "dead", "--dry-run", "--json"]),
         0,
@@ -743,6 +764,14 @@ async fn metrics_listen_serves_the_gauges_over_http() {
         .job_finalize_many(FinalizeParams { items, now: None })
         .await
         .unwrap();
+    // `get` names the node that ran the succeeded job (its claim kept on the job's row).
+    let v = json_of(
+        jobvisor(&url).args(["get", &claimed[0].id.0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(v["claims"][0]["node"], json!("elsewhere"), "{v}");
+    assert_eq!(v["claims"][0]["outcome"], json!("succeeded"), "{v}");
+    assert_eq!(v["claims"].as_array().map(Vec::len), Some(1), "{v}");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

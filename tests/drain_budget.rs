@@ -61,9 +61,11 @@ fn price_per_job(backend: Backend) -> PerK {
         Backend::Postgres => (2.0, 2.0, 2.0),
         // No `UPDATE … RETURNING`: the claim is ping, `BEGIN`, locking `SELECT`, `UPDATE`,
         // read-back, `COMMIT` (6); the finalization ping, `BEGIN`, locking `SELECT`,
-        // `UPDATE … JOIN`, `COMMIT` (5). Nothing is pipelined.
+        // `UPDATE … JOIN`, `COMMIT` (5): a success's claim stays on its job row, so the
+        // execution ledger's `INSERT` is sent only for other ends. Nothing is pipelined.
         Backend::Mysql => (11.0, 11.0, 2.0),
-        // Each write in `BEGIN IMMEDIATE … COMMIT`: 3 for the claim, 3 for the finalization.
+        // Each write in `BEGIN IMMEDIATE … COMMIT`: 3 for the claim, 3 for the finalization
+        // (a batch of successes reads nothing for the execution ledger and inserts no row).
         Backend::Sqlite => (6.0, 6.0, 2.0),
     };
     PerK {

@@ -106,6 +106,8 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(1, 0, 0),
             claim_limited: Cost::new(5, 0, 0),
             renew: Cost::new(1, 0, 0),
+            // The execution ledger's rows (ends other than successes) are written by the
+            // finalize statement itself.
             finalize: Cost::new(1, 0, 0),
         },
         // No `UPDATE … RETURNING`: a locking read or a read-back beside each update, in a
@@ -116,6 +118,9 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(6, 1, 1),
             claim_limited: Cost::new(8, 1, 1),
             renew: Cost::new(5, 1, 1),
+            // Ping, `BEGIN`, locking `SELECT` (which also reads the claim the row keeps),
+            // `UPDATE … JOIN`, `COMMIT`: successes write no execution-ledger row (their
+            // claim stays on the job row), so the ledger's `INSERT` is not sent.
             finalize: Cost::new(5, 1, 1),
         },
         // Writes in `BEGIN IMMEDIATE … COMMIT` (the writer lock is taken up front) — but one
@@ -126,6 +131,9 @@ fn budget(backend: Backend) -> Budget {
             claim: Cost::new(3, 1, 1),
             claim_limited: Cost::new(7, 1, 1),
             renew: Cost::new(1, 0, 0),
+            // `BEGIN IMMEDIATE`, the update, `COMMIT`: successes write no execution-ledger
+            // row (their claim stays on the job row), so neither the ledger's read nor its
+            // `INSERT` runs. In-process statements, no round trips.
             finalize: Cost::new(3, 1, 1),
         },
     }
@@ -242,6 +250,7 @@ fn finalize<'a>(jobs: impl Iterator<Item = (JobId, &'a LeaseToken)>) -> Finalize
                 },
                 // A job shorter than a heartbeat: its start is written by the same statement.
                 started_ago: Some(Duration::from_millis(5)),
+                fence_margin_ms: None,
             })
             .collect(),
         now: None,

@@ -14,10 +14,11 @@ use super::driver::{with_tx, with_write};
 use super::expr::{
     DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,
 };
+use super::ledger::LedgerRow;
 use super::rows::{dur_us, from_us};
 use super::schema::{
-    jobvisor_effects as effects, jobvisor_job_deps as deps, jobvisor_jobs as jobs,
-    jobvisor_jobs_archive as archive,
+    jobvisor_claims as ledger_rows, jobvisor_effects as effects, jobvisor_job_deps as deps,
+    jobvisor_jobs as jobs, jobvisor_jobs_archive as archive, jobvisor_jobs_last as last,
 };
 use super::timeout::Op;
 use super::wakes::{announce_cancel, announce_due};
@@ -25,6 +26,7 @@ use super::{
     ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
     Reclaimed, RetryParams, Store,
 };
+use crate::claim::ClaimOutcome;
 use crate::error::{Error, Result, StoreError};
 use crate::job::{Job, JobFailure, JobId, JobState, UniqueScope};
 use crate::lease::ClaimId;
@@ -92,6 +94,52 @@ impl Store {
             let ids: Vec<i64> = ids.into_iter().filter(|i| !blocked.contains(i)).collect();
             if ids.is_empty() {
                 return Ok(0);
+            }
+            // A success a finalize ended has its claim on its job row only (`last_*`): it
+            // joins the ledger as its job leaves the live table (`store::ledger`).
+            {
+                use diesel::dsl::{exists, not};
+                use diesel::sql_types::{BigInt, Nullable, Text};
+                let recorded = ledger_rows::table
+                    .filter(ledger_rows::job_id.eq(last::id))
+                    .filter(ledger_rows::claim_id.nullable().eq(last::last_claim));
+                diesel::insert_into(ledger_rows::table)
+                    .values(
+                        last::table
+                            .filter(last::id.eq_any(&ids))
+                            .filter(last::state.eq(JobState::Succeeded.as_str()))
+                            .filter(last::last_claim.is_not_null())
+                            .filter(last::last_node.is_not_null())
+                            .filter(last::last_claimed_at.is_not_null())
+                            .filter(last::finished_at.is_not_null())
+                            .filter(not(exists(recorded)))
+                            .select((
+                                last::id,
+                                last::last_claim.assume_not_null(),
+                                last::attempts,
+                                last::last_node.assume_not_null(),
+                                last::last_claimed_at.assume_not_null(),
+                                last::started_at,
+                                last::finished_at.assume_not_null(),
+                                ClaimOutcome::Succeeded.as_str().into_sql::<Text>(),
+                                None::<String>.into_sql::<Nullable<Text>>(),
+                                None::<i64>.into_sql::<Nullable<BigInt>>(),
+                            )),
+                    )
+                    .into_columns((
+                        ledger_rows::job_id,
+                        ledger_rows::claim_id,
+                        ledger_rows::attempt,
+                        ledger_rows::node,
+                        ledger_rows::claimed_at,
+                        ledger_rows::started_at,
+                        ledger_rows::ended_at,
+                        ledger_rows::outcome,
+                        ledger_rows::code,
+                        ledger_rows::fence_margin_ms,
+                    ))
+                    .execute(conn)
+                    .await?;
             }
             let copied = diesel::insert_into(archive::table)
                 .values(
@@ -204,7 +252,8 @@ impl Store {
     }
 
     /// Deletes archived jobs archived more than `older_than` ago, at most `limit`, with their
-    /// effect records (`jobvisor_effects`), in one transaction. Returns how many jobs.
+    /// effect records (`jobvisor_effects`) and execution ledger (`jobvisor_claims`), in one
+    /// transaction. Returns how many jobs.
     ///
     /// # Errors
     /// [`Error::Database`].
@@ -227,6 +276,9 @@ impl Store {
                 Ok(0)
             } else {
                 diesel::delete(effects::table.filter(effects::job_id.eq_any(&ids)))
+                    .execute(conn)
+                    .await?;
+                diesel::delete(ledger_rows::table.filter(ledger_rows::job_id.eq_any(&ids)))
                     .execute(conn)
                     .await?;
                 // Dependency rows go with their child; a parent's with it once pruned.
@@ -305,10 +357,9 @@ impl Store {
                             .filter(jobs::version.eq(version))
                             .filter(jobs::cancel_requested_at.is_null()),
                     )
-                    .set((
-                        jobs::cancel_requested_at.eq(now.nullable()),
-                        jobs::updated_at.eq(now),
-                    ))
+                    // `updated_at` is left as the claim wrote it: the claim's instant, which
+                    // the execution ledger records when the claim ends (`store::ledger`).
+                    .set(jobs::cancel_requested_at.eq(now.nullable()))
                     .execute(conn)
                     .await?;
                     if n == 1 {
@@ -364,7 +415,7 @@ impl Store {
     }
 
     /// Deletes a finished job (succeeded, dead or cancelled) from the live table, with its
-    /// effect records, in one transaction — guarded by `expected_version`: a job that changed
+    /// effect records and execution ledger, in one transaction — guarded by `expected_version`: a job that changed
     /// since the operator looked (retried, say) is not deleted ([`Guarded::Stale`]).
     ///
     /// # Errors
@@ -409,6 +460,9 @@ impl Store {
             .await?;
             if n == 1 {
                 diesel::delete(effects::table.filter(effects::job_id.eq(id.0)))
+                    .execute(conn)
+                    .await?;
+                diesel::delete(ledger_rows::table.filter(ledger_rows::job_id.eq(id.0)))
                     .execute(conn)
                     .await?;
             }
@@ -619,6 +673,7 @@ impl Store {
                 Option<String>,
                 i64,
                 Option<String>,
+                i64,
             ),
         );
         let done: Vec<Reclaimed> = with_tx!(self, |conn| {
@@ -643,6 +698,8 @@ impl Store {
                             jobs::lease_owner,
                             now,
                             jobs::lease_token,
+                            // The claim's instant, for the execution ledger.
+                            jobs::updated_at,
                         ),
                     ))
                     .filter(RUNNING)
@@ -665,7 +722,7 @@ impl Store {
             let mut done = Vec::with_capacity(cands.len());
             for (
                 (id, version, attempts, max_attempts, kind, queue),
-                (timeout_at, started_at, refunds, owner, db_now, token),
+                (timeout_at, started_at, refunds, owner, db_now, token, claimed_at),
             ) in cands
             {
                 let reason = if timeout_at.is_some_and(|t| t < db_now) {
@@ -698,11 +755,30 @@ impl Store {
                         refunds + 1
                     ),
                 };
+                let claim = token.as_deref().and_then(ClaimId::of_token);
+                // The lost claim's row in the execution ledger (none for a claim of an older
+                // build's token, which has no claim id).
+                let ledger = claim.zip(owner.clone()).map(|(c, node)| LedgerRow {
+                    job_id: id,
+                    claim_id: c.to_string(),
+                    attempt: attempts,
+                    node,
+                    claimed_at,
+                    started_at,
+                    ended_at: db_now,
+                    outcome: if reason == ReclaimReason::Timeout {
+                        ClaimOutcome::TimedOut.as_str()
+                    } else {
+                        ClaimOutcome::Lost.as_str()
+                    },
+                    code: Some(reason.code().to_string()),
+                    fence_margin_ms: None,
+                });
                 let mut failure = JobFailure::new(reason.code(), message, attempt)
                     .with_detail(serde_json::json!({ "owner": owner }))
                     .at(from_us(db_now));
                 // The claim that lost its lease (its id is the token's public part).
-                failure.claim = token.as_deref().and_then(ClaimId::of_token);
+                failure.claim = claim;
                 let err = serde_json::to_value(failure).unwrap_or(Value::Null);
                 let run_at_us = if dead || refund {
                     db_now
@@ -738,6 +814,12 @@ impl Store {
                 .execute(conn)
                 .await?;
                 if n == 1 {
+                    if let Some(row) = &ledger {
+                        diesel::insert_into(ledger_rows::table)
+                            .values(row)
+                            .execute(conn)
+                            .await?;
+                    }
                     if !dead && run_at_us <= db_now {
                         due.push(queue.clone());
                     }

@@ -34,7 +34,8 @@
 //!    (custom SQL expressions), `errors` (classification), `options`, `pool` (the two-lane
 //!    pool, connection attempts), `timeout` (bounded operations, poisoned connections), `tls`,
 //!    `embedded` (migration helpers), `keyed` (the keyed-enqueue loop), `retry`, `wakes`,
-//!    `dedicated_conn` (a connection outside the pools), `statement_count` and `faults` (test
+//!    `ledger` (the execution ledger's rows), `dedicated_conn` (a connection outside the pools),
+//!    `statement_count` and `faults` (test
 //!    builds only). This file names them by their short path (`super::rows`).
 //!
 //! A module imports its own layer or those below it, never one above, and no modules import
@@ -102,6 +103,7 @@ mod watch;
 use common::dedicated_conn;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use common::errors;
+pub(crate) use common::ledger;
 pub(crate) use common::params;
 use common::{
     columns, embedded, expr, keyed, options, pool, retry, rows, schema, timeout, tls, wakes,

@@ -1,16 +1,36 @@
-//! Reads: one job by id (live or archived), filtered lists with keyset paging, and counts by
-//! queue and state. Reads take no `now`: they change nothing.
+//! Reads: one job by id (live or archived), its claims (the execution ledger), filtered lists
+//! with keyset paging, and counts by queue and state. Reads take no `now`: they change nothing.
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::driver::with_conn;
 use super::expr::{state_in, DbNow, TERMINAL};
+use super::ledger::StoredClaim;
 use super::rows::{from_us, to_us, ArchiveRow, JobRow};
-use super::schema::{jobvisor_jobs as jobs, jobvisor_jobs_archive as archive};
+use super::schema::{
+    jobvisor_claims as ledger_rows, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
+    jobvisor_jobs_last as last,
+};
 use super::{Browse, ListParams, QueueLag, StateCount, Store};
+use crate::claim::{Claim, ClaimOutcome};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
+use crate::lease::{ClaimId, NodeId};
+
+/// A live job's row as [`Store::job_claims`] reads it: its state and lease (the claim
+/// running now), then its end and the claim a finalize last ended (`last_*`).
+type LiveClaims = (
+    (
+        String,
+        Option<String>,
+        Option<String>,
+        i32,
+        i64,
+        Option<i64>,
+    ),
+    (Option<i64>, Option<String>, Option<String>, Option<i64>),
+);
 
 /// Page size when a list names none.
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
@@ -45,6 +65,92 @@ impl Store {
         archived
             .map(|a| JobRow::from(a.job).into_job(Some(a.archived_at)))
             .transpose()
+    }
+
+    /// A job's claims, oldest first: each ended claim's ledger row (`store::ledger`), then
+    /// the claim running now, if any, read from the job's row (its lease), or the success a
+    /// finalize ended, kept on the live job's row (`last_*`).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a job that is neither live nor archived; [`Error::Database`].
+    pub(crate) async fn job_claims(&self, id: JobId) -> Result<Vec<Claim>> {
+        let stored: Vec<StoredClaim> = with_conn!(self, |conn| {
+            ledger_rows::table
+                .filter(ledger_rows::job_id.eq(id.0))
+                .order((ledger_rows::claimed_at.asc(), ledger_rows::claim_id.asc()))
+                .select(StoredClaim::as_select())
+                .load(conn)
+                .await?
+        });
+        let live: Option<LiveClaims> = with_conn!(self, |conn| {
+            last::table
+                .filter(last::id.eq(id.0))
+                .select((
+                    (
+                        last::state,
+                        last::lease_token,
+                        last::lease_owner,
+                        last::attempts,
+                        last::updated_at,
+                        last::started_at,
+                    ),
+                    (
+                        last::finished_at,
+                        last::last_node,
+                        last::last_claim,
+                        last::last_claimed_at,
+                    ),
+                ))
+                .first(conn)
+                .await
+                .optional()?
+        });
+        let mut claims: Vec<Claim> = stored.into_iter().map(StoredClaim::into_claim).collect();
+        match live {
+            Some(((state, Some(token), Some(node), attempt, claimed_at, started_at), _))
+                if state == JobState::Running.as_str() =>
+            {
+                claims.push(Claim {
+                    claim: ClaimId::of_token(&token).unwrap_or(ClaimId::NONE),
+                    job: id,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    node: NodeId::from_stored(node),
+                    claimed_at: from_us(claimed_at),
+                    started_at: started_at.map(from_us),
+                    ended_at: None,
+                    outcome: ClaimOutcome::Running,
+                    code: None,
+                    fence_margin_ms: None,
+                });
+            }
+            // A success a finalize ended is on its job row until the job is archived
+            // (`store::ledger`), unless the ledger has it already.
+            Some((
+                (state, _, _, attempt, _, started_at),
+                (Some(ended_at), Some(node), Some(claim), Some(claimed_at)),
+            )) if state == JobState::Succeeded.as_str()
+                && !claims.iter().any(|c| c.claim.to_string() == claim) =>
+            {
+                claims.push(Claim {
+                    claim: claim.parse().unwrap_or(ClaimId::NONE),
+                    job: id,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    node: NodeId::from_stored(node),
+                    claimed_at: from_us(claimed_at),
+                    started_at: started_at.map(from_us),
+                    ended_at: Some(from_us(ended_at)),
+                    outcome: ClaimOutcome::Succeeded,
+                    code: None,
+                    fence_margin_ms: None,
+                });
+            }
+            Some(_) => {}
+            None if claims.is_empty() && self.job_get(id).await?.is_none() => {
+                return Err(Error::NotFound { id });
+            }
+            None => {}
+        }
+        Ok(claims)
     }
 
     /// Jobs matching the filters, by ascending id, one page at a time.

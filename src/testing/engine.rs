@@ -78,6 +78,8 @@ pub trait StoreEngine {
     fn job_get(&self, id: JobId) -> impl Future<Output = Result<Option<Job>>> + Send;
     /// A page of jobs.
     fn job_list(&self, p: ListParams) -> impl Future<Output = Result<Vec<Job>>> + Send;
+    /// A job's execution ledger (what `Client::claims` returns).
+    fn job_claims(&self, id: JobId) -> impl Future<Output = Result<Vec<crate::Claim>>> + Send;
     /// Live jobs per queue and state.
     fn job_counts(&self) -> impl Future<Output = Result<Vec<StateCount>>> + Send;
     /// Installs a fault plan asked by each hot-path operation of this store and its clones
@@ -150,6 +152,9 @@ impl StoreEngine for Store {
     }
     fn job_list(&self, p: ListParams) -> impl Future<Output = Result<Vec<Job>>> + Send {
         Store::job_list(self, p)
+    }
+    fn job_claims(&self, id: JobId) -> impl Future<Output = Result<Vec<crate::Claim>>> + Send {
+        Store::job_claims(self, id)
     }
     fn job_counts(&self) -> impl Future<Output = Result<Vec<StateCount>>> + Send {
         Store::job_counts(self)

@@ -63,6 +63,8 @@ pub(crate) struct Verdict {
     pub(crate) stats: Stats,
     /// The dependency rules' counts (`deps.rs`).
     pub(crate) deps: DepStats,
+    /// The execution ledger's cross-check counts (`harness::ledger`).
+    pub(crate) ledger: LedgerStats,
 }
 
 /// `(job, attempt, node)` → when the node received each of its claims of that attempt

@@ -94,6 +94,7 @@ use jobvisor::{Backend, Job, JobFailure, JobId, JobState, NewJob, Store};
 use serde_json::json;
 
 use harness::journal::{self, at_us, owner, same_claim, taken_by_sweeper, JobFacts, NodeJournal};
+use harness::ledger::{self, LedgerStats};
 use harness::server::TestDatabase;
 use harness::side::{now_us, Execution, FreezeRow, JournalLine, NodeRow, SideDb};
 use harness::{
@@ -434,6 +435,8 @@ struct Collected {
     facts: Vec<JobFacts>,
     /// `crash_effects`: `(job_id, claim)`, one per committed completion in a transaction.
     effects: Vec<(i64, String)>,
+    /// Every job's execution ledger (`Client::claims`).
+    ledgers: HashMap<JobId, Vec<jobvisor::Claim>>,
     stop_lag_max_us: i64,
     starts_in_stop_lag: usize,
 }
@@ -703,6 +706,7 @@ async fn collect(run: &mut Run) -> Collected {
             ..JobFacts::from(j)
         })
         .collect();
+    let ledgers = ledger::read_ledgers(&run.store, &facts).await;
     let (stop_lag_max_us, starts_in_stop_lag) = stop_lags(&freezes, &execs);
     Collected {
         run_took,
@@ -718,6 +722,7 @@ async fn collect(run: &mut Run) -> Collected {
         freezes,
         facts,
         effects,
+        ledgers,
         stop_lag_max_us,
         starts_in_stop_lag,
     }
@@ -735,9 +740,13 @@ fn judge(run: &mut Run, c: &Collected) -> Verdict {
         facts,
         journals,
         effects,
+        ledgers,
         ..
     } = c;
     let mut verdict = check(facts, execs, nodes, freezes, &journals.claims);
+    let (ledger_faults, ledger_stats) = ledger::cross_check(facts, ledgers, execs);
+    verdict.violations.extend(ledger_faults);
+    verdict.ledger = ledger_stats;
     let (dep_faults, dep_stats) = check_deps(&run.deps, facts, execs, effects);
     verdict.violations.extend(dep_faults);
     verdict.deps = dep_stats;
@@ -807,7 +816,8 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
          superseded_completions={} give_backs={} executions={} unrecorded_claims={} \
          ends_bounded_by_death={} paused_tails={} overlaps={} late_ends={} duplicates={} \
          failed_without_execution={} refunds_exhausted={} early_timeouts={} \
-         started_without_lease={} stop_lag_max_us={} starts_in_stop_lag={} violations={} \
+         started_without_lease={} stop_lag_max_us={} starts_in_stop_lag={} ledger_claims={} \
+         ledger_matched={} ledger_unjournaled={} violations={} \
          server_down={:.1}s run={:.1}s total={:.1}s seed={}",
         jobs.len(),
         mix_jobs,
@@ -841,6 +851,9 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         v.started_without_lease,
         stop_lag_max_us,
         starts_in_stop_lag,
+        verdict.ledger.claims,
+        verdict.ledger.matched,
+        verdict.ledger.unjournaled,
         verdict.violations.len(),
         server_down.as_secs_f64(),
         run_took.as_secs_f64(),

@@ -14,6 +14,7 @@
 pub(crate) mod galera;
 pub(crate) mod invariants;
 pub(crate) mod journal;
+pub(crate) mod ledger;
 pub(crate) mod server;
 pub(crate) mod side;
 

@@ -82,6 +82,7 @@ use jobvisor::{Backend, JobFailure, JobId, JobState, NewJob, Store, StoreOptions
 use serde_json::json;
 
 use harness::journal::{self, same_claim, JobFacts, NodeJournal};
+use harness::ledger;
 use harness::server::{is_root, stop_leftover, PrivateServer};
 use harness::side::{now_us, Execution, NodeRow, SideDb};
 use harness::{all_jobs, block_on, node_binary, retry, run_cmd, NodeProc, RunDir};
@@ -624,6 +625,9 @@ async fn drive(backend: Backend, bin: &Path, net: &Net, server: &PrivateServer, 
     let facts: Vec<JobFacts> = jobs.iter().map(JobFacts::from).collect();
     let mut a = analyze(&facts, &execs, &nodes, &timelines, &cuts);
     a.violations.splice(0..0, problems);
+    let ledgers = ledger::read_ledgers(&d.store, &facts).await;
+    let (ledger_faults, ledger_stats) = ledger::cross_check(&facts, &ledgers, &execs);
+    a.violations.extend(ledger_faults);
     if jobs.len() != d.next {
         a.violations.push(format!(
             "{} jobs enqueued but {} in the live table",
@@ -637,7 +641,11 @@ async fn drive(backend: Backend, bin: &Path, net: &Net, server: &PrivateServer, 
     }
     let report = a.report(backend);
     println!(
-        "{report}\npartition test [{backend:?}]: run {:.1} s, total {:.1} s",
+        "{report}\npartition test [{backend:?}]: ledger claims={} matched={} unjournaled={}; \
+         run {:.1} s, total {:.1} s",
+        ledger_stats.claims,
+        ledger_stats.matched,
+        ledger_stats.unjournaled,
         run_took.as_secs_f64(),
         began.elapsed().as_secs_f64()
     );

@@ -694,7 +694,7 @@ async fn job_fields_are_escaped(b: Backend) {
         &app,
         TestRequest::get()
             .uri(&format!("/d/jobs/{}", e.dead.0))
-            .insert_header(("cookie", cookie)),
+            .insert_header(("cookie", cookie.clone())),
     )
     .await;
     assert!(
@@ -709,6 +709,33 @@ async fn job_fields_are_escaped(b: Backend) {
     assert!(
         r.body.contains("&lt;script&gt;alert('payload')"),
         "payload shown, escaped"
+    );
+    // The execution ledger: who ran the claim and how it ended, its error escaped too.
+    let claims = &r.body[r
+        .body
+        .find("<table id=\"claims\">")
+        .expect("a Claims table")..];
+    let claims = &claims[..claims.find("</table>").unwrap()];
+    assert!(
+        claims.contains("<td class=\"claim-node\">web-test</td>"),
+        "{claims}"
+    );
+    assert!(
+        claims.contains("<td class=\"claim-outcome\">failed</td>"),
+        "{claims}"
+    );
+    assert!(claims.contains("&lt;img src=x"), "{claims}");
+    let r = call(
+        &app,
+        TestRequest::get()
+            .uri(&format!("/d/jobs/{}", e.running.0))
+            .insert_header(("cookie", cookie)),
+    )
+    .await;
+    assert!(
+        r.body.contains("<td class=\"claim-outcome\">running</td>"),
+        "{}",
+        r.body
     );
 }
 

@@ -283,9 +283,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Get { id } => {
             let job = client.get(JobId(id)).await?;
             let deps = client.dependencies(JobId(id)).await?;
-            show(json, render::job_with_links_json(&job, &deps), || {
-                render::job_text(&job) + &render::links_text(&deps)
-            });
+            let claims = client.claims(JobId(id)).await?;
+            show(
+                json,
+                render::with_claims_json(render::job_with_links_json(&job, &deps), &claims),
+                || {
+                    render::job_text(&job)
+                        + &render::links_text(&deps)
+                        + &render::claims_text(&claims)
+                },
+            );
         }
         Command::Retry(b) => {
             if b.cascade {

@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use jobvisor::{
-    Dependencies, Job, Leader, Link, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved,
+    Claim, Dependencies, Job, Leader, Link, NodeInfo, QueueInfo, QueueLag, StateCount, Unserved,
     UnservedReason,
 };
 use serde_json::{json, Value};
@@ -41,6 +41,42 @@ pub(crate) fn job_with_links_json(j: &Job, d: &Dependencies) -> Value {
         }
     }
     v
+}
+
+/// A job's JSON with its execution ledger, when it has one: `claims`, each [`Claim`]'s serde
+/// form (a job never claimed prints as before).
+pub(crate) fn with_claims_json(mut v: Value, claims: &[Claim]) -> Value {
+    if let (Value::Object(m), false) = (&mut v, claims.is_empty()) {
+        m.insert("claims".into(), json!(claims));
+    }
+    v
+}
+
+/// A job's claims, one line each, for people (nothing when it has none): claim id, attempt,
+/// node, claimed, how long it ran, outcome and code.
+pub(crate) fn claims_text(claims: &[Claim]) -> String {
+    if claims.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("{:<14}\n", "claims");
+    for c in claims {
+        let ran = c
+            .duration()
+            .map_or_else(|| "-".to_string(), |d| format!("{:.3}s", d.as_secs_f64()));
+        out.push_str(&format!(
+            "  {} #{} {} {} {} {}{}\n",
+            c.claim,
+            c.attempt,
+            c.node,
+            ts(c.claimed_at),
+            ran,
+            c.outcome,
+            c.code
+                .as_ref()
+                .map_or_else(String::new, |code| format!(" ({code})"))
+        ));
+    }
+    out
 }
 
 /// A job's parents and children, for people (nothing when it has none).

@@ -265,8 +265,12 @@ impl Handler<JobFinished> for LeaseManager {
         let key = Key(m.id, m.token);
         // One look-up.
         let (mut created_at, mut started_us, mut metrics) = (None, None, None);
+        // How far from its fence point the attempt ended (the execution ledger's margin).
+        let mut fence_margin_ms = None;
+        let now_us = self.mono();
         if let Some(l) = self.leases.get_mut(&key) {
             created_at = Some(l.created_at);
+            fence_margin_ms = Some((l.attempt.fence_at_us() - now_us) / 1_000);
             metrics = Some(l.metrics.clone());
             started_us = l
                 .attempt
@@ -304,6 +308,7 @@ impl Handler<JobFinished> for LeaseManager {
                 token,
                 outcome: m.outcome,
                 started_ago: None,
+                fence_margin_ms,
             },
             released,
             queue: m.queue,

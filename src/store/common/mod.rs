@@ -11,6 +11,7 @@ pub(super) mod expr;
 #[cfg(feature = "test-util")]
 pub(crate) mod faults;
 pub(super) mod keyed;
+pub(crate) mod ledger;
 pub(super) mod options;
 // Public types in a crate-private module: the lease holder's part is reachable from outside
 // only through `crate::testing` (feature `test-util`).

@@ -268,6 +268,9 @@ pub struct Finalize {
     /// `started_at = now - started_ago` and `first_started_at` if unset. `None` leaves both
     /// as they are.
     pub started_ago: Option<Duration>,
+    /// How long before the attempt's fence point its holder ended it (ms; negative: after
+    /// it), for the execution ledger; `None`: not known.
+    pub fence_margin_ms: Option<i64>,
 }
 
 // Some constructors are used only by the engine's tests (feature `test-util`).
@@ -280,6 +283,7 @@ impl Finalize {
             token,
             outcome: Finalization::Succeeded { result },
             started_ago: None,
+            fence_margin_ms: None,
         }
     }
 
@@ -290,6 +294,7 @@ impl Finalize {
             token,
             outcome: Finalization::Retry { error, delay },
             started_ago: None,
+            fence_margin_ms: None,
         }
     }
 
@@ -300,6 +305,7 @@ impl Finalize {
             token,
             outcome: Finalization::Dead { error },
             started_ago: None,
+            fence_margin_ms: None,
         }
     }
 
@@ -310,6 +316,7 @@ impl Finalize {
             token,
             outcome: Finalization::Cancelled { error },
             started_ago: None,
+            fence_margin_ms: None,
         }
     }
 
@@ -327,6 +334,7 @@ impl Finalize {
             token,
             outcome: Finalization::Requeue { delay },
             started_ago: None,
+            fence_margin_ms: None,
         }
     }
 }

@@ -190,6 +190,46 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// The execution ledger (see `store::ledger`): one row per ended claim of a job.
+    jobvisor_claims (job_id, claim_id) {
+        job_id -> BigInt,
+        claim_id -> Text,
+        attempt -> Integer,
+        node -> Text,
+        claimed_at -> BigInt,
+        started_at -> Nullable<BigInt>,
+        ended_at -> BigInt,
+        outcome -> Text,
+        code -> Nullable<Text>,
+        fence_margin_ms -> Nullable<BigInt>,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_claims);
+
+diesel::table! {
+    /// The live jobs' columns the execution ledger reads, with the claim a finalize last
+    /// ended on the job (`last_*`, see `store::ledger`): `jobvisor_jobs` itself is at
+    /// diesel's 32-column limit.
+    #[sql_name = "jobvisor_jobs"]
+    jobvisor_jobs_last (id) {
+        id -> BigInt,
+        state -> Text,
+        attempts -> Integer,
+        started_at -> Nullable<BigInt>,
+        finished_at -> Nullable<BigInt>,
+        updated_at -> BigInt,
+        lease_owner -> Nullable<Text>,
+        lease_token -> Nullable<Text>,
+        last_node -> Nullable<Text>,
+        last_claim -> Nullable<Text>,
+        last_claimed_at -> Nullable<BigInt>,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs_last, jobvisor_claims);
+
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_effects);
 
 diesel::table! {

@@ -16,7 +16,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::handler_tx::{JobTx, TxError};
 use crate::store::effects::{Effect, Recorded};
 use crate::store::handler_tx::{JobConnection, SqliteJobConnection};
-use crate::{Client, JobContext, JobError, JobOutcome};
+use crate::{ClaimOutcome, Client, JobContext, JobError, JobOutcome};
 
 /// The business table the cases write to, as an application's would be.
 const BIZ: &str = "CREATE TABLE jobvisor_test_payments (order_id BIGINT NOT NULL PRIMARY KEY)";
@@ -161,6 +161,23 @@ async fn zombie_case<C: Biz>(b: Backend) {
     assert_eq!(effects.len(), 1);
     assert_eq!(effects[0].detail, Some(json!({"by": "holder"})));
     assert_eq!(effects[0].claim, holder.token.claim().to_string());
+    // The ledger: the zombie's claim lost, the holder's succeeded on its node; the zombie's
+    // late completion wrote no row.
+    let claims: Vec<_> = t
+        .store
+        .job_claims(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.claim, c.node.to_string(), c.outcome))
+        .collect();
+    assert_eq!(
+        claims,
+        [
+            (zombie.token.claim(), "a".into(), ClaimOutcome::Lost),
+            (holder.token.claim(), "b".into(), ClaimOutcome::Succeeded),
+        ]
+    );
     // Follow-up jobs enqueued in the transactions: the holder's only.
     let receipts: Vec<_> = t
         .store

@@ -12,7 +12,7 @@
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
 //! concurrent migrations), `migrations` (jobvisor's migration records beside an application's), `partition` (partition keys), `unique` (unique-key scopes), `replace` (replace or skip on a duplicate key), `gauges` (the database-wide
 //! gauges' turns and counts), `handler_tx` (a handler's own transaction: lease-fenced
-//! completion, effect records), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
+//! completion, effect records), `ledger` (the execution ledger), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
 //! Databases come from [`crate::testing::TestDb`].
 //!
@@ -47,6 +47,7 @@ mod gauges;
 mod handler_tx;
 mod leader;
 mod lease;
+mod ledger;
 mod maintenance;
 mod migrations;
 mod partition;
@@ -78,6 +79,7 @@ pub use gauges::*;
 pub use handler_tx::*;
 pub use leader::*;
 pub use lease::*;
+pub use ledger::*;
 pub use maintenance::*;
 pub use migrations::*;
 pub use partition::*;
@@ -330,6 +332,10 @@ macro_rules! conformance_tests {
             no_trigger_fires_per_row_on_an_update_of_the_jobs,
             a_cancel_of_a_running_job_is_announced_to_its_holder,
             the_change_signal_counts_the_jobs_above_its_floor,
+            a_job_given_back_reclaimed_elsewhere_and_finished_shows_each_claim,
+            each_ending_is_recorded_with_its_outcome_and_code,
+            a_late_answer_from_an_old_claim_never_edits_a_newer_claims_row,
+            archive_and_prune_keep_a_jobs_ledger_with_it,
         );
     };
     (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {

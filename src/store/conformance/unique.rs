@@ -457,6 +457,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!("../../../migrations/postgres/2026-12-14-000027_claims/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-12-000025_audit/down.sql"),
             include_str!(
@@ -487,6 +488,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Mysql => vec![
+            include_str!("../../../migrations/mysql/2026-12-14-000027_claims/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-12-000025_audit/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-09-000022_wakes/down.sql"),
@@ -504,6 +506,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Sqlite => vec![
+            include_str!("../../../migrations/sqlite/2026-12-14-000027_claims/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-12-000025_audit/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-09-000022_wakes/down.sql"),
@@ -523,10 +526,10 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    // Every backend's latest is the throughput history (000026). PostgreSQL alone has the
+    // Every backend's latest is the execution ledger (000027). PostgreSQL alone has the
     // drop of the release trigger (000023); MariaDB has no partial indexes, so the
     // dashboard's dead-jobs index (000021) is not among its own.
-    let expected = "20261213000026";
+    let expected = "20261214000027";
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"
@@ -543,8 +546,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261130000013', '20261201000014', '20261202000015', \
                            '20261203000016', '20261204000017', '20261205000018', \
                            '20261206000019', '20261207000020', '20261208000021', \
-                           '20261209000022', '20261210000023', \
-                           '20261212000025', '20261213000026')",
+                           '20261209000022', '20261210000023', '20261212000025', \
+                           '20261213000026', '20261214000027')",
     )
     .await
     .unwrap();

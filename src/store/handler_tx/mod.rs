@@ -156,6 +156,22 @@ macro_rules! complete_job {
             column: "first_started_at",
             ..started
         };
+        // The claim as the row holds it (locked by the lease guard), for the execution
+        // ledger's row of this end (`store::ledger`).
+        let held: Option<(i32, Option<String>, i64, Option<i64>, i64)> = jobs::table
+            .select((
+                jobs::attempts,
+                jobs::lease_owner,
+                jobs::updated_at,
+                jobs::started_at,
+                now,
+            ))
+            .filter(jobs::id.eq(c.id))
+            .filter(jobs::lease_token.eq(&c.token))
+            .filter(RUNNING)
+            .get_result($conn)
+            .await
+            .optional()?;
         let n = diesel::update(
             jobs::table
                 .filter(jobs::id.eq(c.id))
@@ -180,6 +196,28 @@ macro_rules! complete_job {
         ))
         .execute($conn)
         .await?;
+        let claim = $crate::lease::ClaimId::of_token(&c.token);
+        if let (1, Some((attempt, Some(node), claimed_at, started_at, at)), Some(claim)) =
+            (n, held, claim)
+        {
+            let row = $crate::store::ledger::LedgerRow {
+                job_id: c.id,
+                claim_id: claim.to_string(),
+                attempt,
+                node,
+                claimed_at,
+                started_at: started_at
+                    .or_else(|| c.started_ago_us.map(|ago| at.saturating_sub(ago))),
+                ended_at: at,
+                outcome: $crate::claim::ClaimOutcome::Succeeded.as_str(),
+                code: None,
+                fence_margin_ms: None,
+            };
+            diesel::insert_into($crate::store::schema::jobvisor_claims::table)
+                .values(&row)
+                .execute($conn)
+                .await?;
+        }
         Ok(n == 1)
     }};
 }

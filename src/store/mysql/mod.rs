@@ -32,6 +32,7 @@ use super::columns::{
 use super::dedicated_conn::{Held, OwnConn};
 use super::expr::{in_list, DbNow, RUNNING};
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps, Release};
+use super::ledger::{Ending, LedgerRow};
 use super::params::{ClaimArgs, OpenError, RenewArgs};
 use super::pool::{pool_with, Lanes, Reuse};
 use super::rows::{dur_ms, dur_us, ClaimRow};
@@ -701,16 +702,21 @@ async fn finalize(
             ids: chunk.iter().map(|f| f.id.0).collect(),
             tokens: chunk.iter().map(|f| f.token.as_str().to_string()).collect(),
         };
-        let held: Vec<(i64, i32, i32, bool)> = jobs::table
+        type HeldRow = ((i64, i32, i32, bool), (Option<String>, i64));
+        let held: Vec<HeldRow> = jobs::table
             .filter(in_list(jobs::id, pairs.ids.clone()))
             .filter(pairs)
             .filter(RUNNING)
             .select((
-                jobs::id,
-                jobs::attempts,
-                jobs::max_attempts,
-                // Not in `jobs` (diesel's 32 columns): see `schema::jobvisor_jobs_links`.
-                diesel::dsl::sql::<diesel::sql_types::Bool>("jobvisor_jobs.has_children"),
+                (
+                    jobs::id,
+                    jobs::attempts,
+                    jobs::max_attempts,
+                    // Not in `jobs` (diesel's 32 columns): see `schema::jobvisor_jobs_links`.
+                    diesel::dsl::sql::<diesel::sql_types::Bool>("jobvisor_jobs.has_children"),
+                ),
+                // The claim's node and instant, kept on the row (`last_*`, `store::ledger`).
+                (jobs::lease_owner, jobs::updated_at),
             ))
             .for_update()
             .load(&mut *conn)
@@ -718,35 +724,45 @@ async fn finalize(
         if held.is_empty() {
             continue;
         }
-        let held: HashMap<i64, (bool, bool)> = held
+        let held: HashMap<i64, (bool, bool, String, i32, i64)> = held
             .into_iter()
-            .map(|(id, attempts, max, children)| (id, (attempts >= max, children)))
+            .map(|((id, attempts, max, children), (owner, claimed_at))| {
+                let node = owner.unwrap_or_default();
+                (id, (attempts >= max, children, node, attempts, claimed_at))
+            })
             .collect();
         let mut rows = Vec::with_capacity(held.len());
+        // The ends other than successes, for their ledger rows after the update.
+        let mut others = Vec::new();
         for f in chunk {
-            let Some(&(exhausted, children)) = held.get(&f.id.0) else {
+            let Some((exhausted, children, node, attempt, claimed_at)) = held.get(&f.id.0) else {
                 continue;
             };
             let mut row = FinalRow::from(f);
-            if row.state == "retrying" && exhausted {
+            if row.state == "retrying" && *exhausted {
                 row.state = "dead";
             }
             let finished = matches!(row.state, "succeeded" | "dead" | "cancelled");
             let state = row.state.parse().unwrap_or(JobState::Retrying);
-            applied.insert(f.id.0, (state, children));
-            rows.push((f, row, finished));
+            applied.insert(f.id.0, (state, *children));
+            // A success's claim stays on its job row (`last_*`): no ledger row.
+            if !matches!(f.outcome, crate::store::Finalization::Succeeded { .. }) {
+                others.push((Ending::of(f), node, *attempt, *claimed_at, row.state));
+            }
+            rows.push((f, row, finished, node, *claimed_at));
         }
         let mut q = BoundSql::default();
         q.push(sql::UPDATE_BY_ID_HEAD, []);
         for (k, i) in padded_rows(rows.len()).enumerate() {
-            let (f, row, finished) = &rows[i];
+            let (f, row, finished, node, claimed_at) = &rows[i];
             q.push(
                 if k == 0 {
                     "SELECT CAST(? AS SIGNED) AS id, ? AS token, ? AS state, ? AS result, \
                      ? AS error, CAST(? AS SIGNED) AS delay_us, CAST(? AS SIGNED) AS refund, \
-                     CAST(? AS SIGNED) AS finished, CAST(? AS SIGNED) AS ago"
+                     CAST(? AS SIGNED) AS finished, CAST(? AS SIGNED) AS ago, ? AS node, \
+                     CAST(? AS SIGNED) AS claimed_at"
                 } else {
-                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
+                    " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
                 },
                 [
                     Bind::BigInt(f.id.0),
@@ -758,6 +774,8 @@ async fn finalize(
                     Bind::Int(row.refund),
                     Bind::Int(i32::from(*finished)),
                     Bind::NullBigInt(row.ago_us),
+                    Bind::Text((*node).clone()),
+                    Bind::BigInt(*claimed_at),
                 ],
             );
         }
@@ -769,6 +787,37 @@ async fn finalize(
             return Err(diesel::result::Error::QueryBuilderError(
                 format!("finalize changed {n} rows of {} locked", rows.len()).into(),
             ));
+        }
+        // The claims these ends closed but for successes, in the same transaction
+        // (`store::ledger`), with the start and end the update recorded; nothing read or
+        // written for a batch of successes (the drain's case).
+        if !others.is_empty() {
+            let ids: Vec<i64> = others.iter().map(|(e, ..)| e.id).collect();
+            let ended: HashMap<i64, (Option<i64>, i64)> = jobs::table
+                .filter(jobs::id.eq_any(ids))
+                .select((jobs::id, (jobs::started_at, jobs::updated_at)))
+                .load::<(i64, (Option<i64>, i64))>(&mut *conn)
+                .await?
+                .into_iter()
+                .collect();
+            let ledger: Vec<LedgerRow> = others
+                .into_iter()
+                .filter_map(|(e, node, attempt, claimed_at, state)| {
+                    let &(started_at, now) = ended.get(&e.id)?;
+                    let held = super::ledger::Held {
+                        node: node.clone(),
+                        attempt,
+                        claimed_at,
+                        started_at,
+                        now,
+                    };
+                    Some(LedgerRow::ended(e, held, state))
+                })
+                .collect();
+            diesel::insert_into(super::schema::jobvisor_claims::table)
+                .values(&ledger)
+                .execute(&mut *conn)
+                .await?;
         }
     }
     Ok(applied)

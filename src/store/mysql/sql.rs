@@ -347,7 +347,9 @@ pub(crate) const RENEW_TAIL: &str = concat!(
 /// The tail of the finalize statement after its `UNION ALL` batch (see
 /// [`finalize`](super::finalize)). A job whose key is held `while_active` releases it in the
 /// same statement that ends it; a start no renewal recorded (`ago`: a job shorter than a
-/// heartbeat) is recorded.
+/// heartbeat) is recorded. The claim it ends is kept on the row (`last_*`): its node and
+/// instant as the finalize's locking read returned them (`v`: MariaDB does not promise to
+/// read a column of a multi-table `UPDATE` before assigning it), its id from the token.
 pub(crate) const FINALIZE_TAIL: &str = concat!(
     by_id_join!(),
     "SET j.state = v.state, \
@@ -363,6 +365,9 @@ pub(crate) const FINALIZE_TAIL: &str = concat!(
     j.finished_at = CASE WHEN v.finished = 1 THEN n.now ELSE NULL END, \
     j.started_at = COALESCE(j.started_at, n.now - v.ago), \
     j.first_started_at = COALESCE(j.first_started_at, n.now - v.ago), \
+    j.last_node = v.node, \
+    j.last_claim = CASE WHEN LENGTH(v.token) = 48 THEN LEFT(v.token, 16) END, \
+    j.last_claimed_at = v.claimed_at, \
     j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_at = NULL, \
     j.heartbeat_at = NULL, j.timeout_at = NULL, j.version = j.version + 1, \
     j.unique_hold = CASE WHEN v.finished = 1 AND j.unique_scope = 'while_active' THEN NULL \

@@ -633,7 +633,8 @@ async fn enqueue_batch(
     Ok(out)
 }
 
-/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token.
+/// PostgreSQL: the whole batch in one statement, each row still guarded by its own token
+/// ([`sql::FINALIZE_SUCCESSES`] for a batch of successes, else [`sql::FINALIZE`]).
 async fn finalize(
     conn: &mut diesel_async::AsyncPgConnection,
     items: &[Finalize],
@@ -648,8 +649,23 @@ async fn finalize(
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut refunds: Vec<i32> = Vec::with_capacity(n);
     let mut agos: Vec<Option<i64>> = Vec::with_capacity(n);
+    // A batch of successes (the drain's) writes no ledger row: the statement without the
+    // ledger's step and columns, and no vector allocated for them.
+    let successes = items
+        .iter()
+        .all(|f| matches!(f.outcome, super::Finalization::Succeeded { .. }));
+    let ledger_n = if successes { 0 } else { n };
+    let mut outcomes: Vec<&'static str> = Vec::with_capacity(ledger_n);
+    let mut codes: Vec<Option<String>> = Vec::with_capacity(ledger_n);
+    let mut margins: Vec<Option<i64>> = Vec::with_capacity(ledger_n);
     for f in items {
         let row = FinalRow::from(f);
+        if !successes {
+            let (outcome, code) = super::ledger::ending(f);
+            outcomes.push(outcome);
+            codes.push(code);
+            margins.push(f.fence_margin_ms);
+        }
         ids.push(f.id.0);
         tokens.push(f.token.as_str());
         states.push(row.state);
@@ -659,19 +675,38 @@ async fn finalize(
         refunds.push(row.refund);
         agos.push(row.ago_us);
     }
-    let rows: Vec<Finalized> = FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalize {
-        ids,
-        tokens,
-        states,
-        results,
-        errors,
-        delays,
-        refunds,
-        agos,
-        now,
-    })
-    .load(conn)
-    .await?;
+    let rows: Vec<Finalized> = if successes {
+        FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalizeSuccesses {
+            ids,
+            tokens,
+            states,
+            results,
+            errors,
+            delays,
+            refunds,
+            agos,
+            now,
+        })
+        .load(conn)
+        .await?
+    } else {
+        FinalizedRows::<_, diesel::pg::Pg>::new(sql::PgFinalize {
+            ids,
+            tokens,
+            states,
+            results,
+            errors,
+            delays,
+            refunds,
+            agos,
+            now,
+            outcomes,
+            codes,
+            margins,
+        })
+        .load(conn)
+        .await?
+    };
     Ok(rows
         .into_iter()
         .map(|r| {

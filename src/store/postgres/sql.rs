@@ -114,24 +114,10 @@ WHERE j.id = ANY(ARRAY("
     };
 }
 
-/// Finalizes a batch. Its shape keeps the plan linear whatever the statistics say: the rows
-/// are found through the primary key (`id = ANY(ARRAY(…))`), and the `running` guard is a
-/// join condition against the materialized batch rather than a filter on the table. With
-/// `state = 'running'` as a filter, statistics taken when few jobs ran made the planner scan
-/// the table for "the one running row" and loop over the batch for each row found: 80 ms
-/// instead of 4 ms for 500 jobs (measured, 20,000-row table). A job whose key is held
-/// `while_active` releases it (`unique_hold = NULL`) in the same statement that ends it; a
-/// start no renewal recorded (a job shorter than a heartbeat) is recorded here (`ago`).
-pub(crate) const FINALIZE: &str = concat!(
-    "\
-WITH v AS MATERIALIZED (
-    SELECT *, 'running'::text AS expect
-    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[],
-                $8::bigint[])
-        AS v(id, token, state, result, error, delay_us, refund, ago)
-), n AS (
-    SELECT COALESCE($9::bigint, ", now_us!(), ") AS now
-), upd AS (
+/// The update every finalize makes (see [`FINALIZE`]), over the batch `v` and `n`.
+macro_rules! finalize_update {
+    () => {
+        "\
     UPDATE jobvisor_jobs AS j SET
         state = CASE WHEN v.state = 'retrying' AND j.attempts >= j.max_attempts THEN 'dead' ELSE v.state END,
         result = v.result::json,
@@ -147,6 +133,9 @@ WITH v AS MATERIALIZED (
                            ELSE NULL END,
         started_at = COALESCE(j.started_at, n.now - v.ago),
         first_started_at = COALESCE(j.first_started_at, n.now - v.ago),
+        last_node = j.lease_owner,
+        last_claim = CASE WHEN length(j.lease_token) = 48 THEN left(j.lease_token, 16) END,
+        last_claimed_at = j.updated_at,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
         timeout_at = NULL,
         unique_hold = CASE WHEN j.unique_scope = 'while_active'
@@ -158,9 +147,82 @@ WITH v AS MATERIALIZED (
     FROM v, n
     WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
       AND j.state = v.expect
-    RETURNING j.id, j.state, j.has_children
+"
+    };
+}
+
+/// Finalizes a batch. Its shape keeps the plan linear whatever the statistics say: the rows
+/// are found through the primary key (`id = ANY(ARRAY(…))`), and the `running` guard is a
+/// join condition against the materialized batch rather than a filter on the table. With
+/// `state = 'running'` as a filter, statistics taken when few jobs ran made the planner scan
+/// the table for "the one running row" and loop over the batch for each row found: 80 ms
+/// instead of 4 ms for 500 jobs (measured, 20,000-row table). A job whose key is held
+/// `while_active` releases it (`unique_hold = NULL`) in the same statement that ends it; a
+/// start no renewal recorded (a job shorter than a heartbeat) is recorded here (`ago`).
+///
+/// The claim each applied row ends is kept on the row (`last_node`, `last_claim`,
+/// `last_claimed_at`: the `SET` reads the row before this update), and a claim that did not
+/// succeed is written to the execution ledger by the same statement (`ledger`, fed by
+/// `upd`'s `RETURNING`, no read of the table of its own; the attempt is the returned one plus
+/// its refund). A success writes no ledger row here: its job row holds it until the job is
+/// archived (`store::ledger`). Only rows `upd` applied, under their token, are written.
+pub(crate) const FINALIZE: &str = concat!(
+    "\
+WITH v AS MATERIALIZED (
+    SELECT *, 'running'::text AS expect
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[],
+                $8::bigint[], $9::text[], $10::text[], $11::bigint[])
+        AS v(id, token, state, result, error, delay_us, refund, ago, outcome, code, margin)
+), n AS (
+    SELECT COALESCE($12::bigint, ", now_us!(), ") AS now
+), upd AS (
+", finalize_update!(), "    RETURNING j.id, j.state, j.has_children, j.started_at, j.attempts, j.last_node, j.last_claim,
+              j.last_claimed_at
+), ledger AS (
+    INSERT INTO jobvisor_claims (job_id, claim_id, attempt, node, claimed_at, started_at, ended_at,
+                                 outcome, code, fence_margin_ms)
+    SELECT u.id, u.last_claim, u.attempts + v.refund, u.last_node, u.last_claimed_at, u.started_at,
+           n.now,
+           CASE WHEN v.outcome = 'retried' AND u.state = 'dead' THEN 'failed' ELSE v.outcome END,
+           v.code, v.margin
+    FROM upd AS u JOIN v ON v.id = u.id, n
+    WHERE v.outcome <> 'succeeded' AND u.last_claim IS NOT NULL AND u.last_node IS NOT NULL
+    ON CONFLICT DO NOTHING
 )
 SELECT id, state, has_children FROM upd"
+);
+
+/// [`FINALIZE`] for a batch of successes only (the drain's): the same update, without the
+/// execution ledger's step or its columns (a success writes no ledger row), so a drain sends
+/// the statement it sent before the ledger, plus the three `last_*` assignments.
+pub(crate) const FINALIZE_SUCCESSES: &str = concat!(
+    "\
+WITH v AS MATERIALIZED (
+    SELECT *, 'running'::text AS expect
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::int[],
+                $8::bigint[])
+        AS v(id, token, state, result, error, delay_us, refund, ago)
+), n AS (
+    SELECT COALESCE($9::bigint, ", now_us!(), ") AS now
+), upd AS (
+", finalize_update!(), "    RETURNING j.id, j.state, j.has_children
+)
+SELECT id, state, has_children FROM upd"
+);
+
+prepared_statement!(
+    /// Finalizes a batch of successes in one statement (see [`FINALIZE_SUCCESSES`]).
+    PgFinalizeSuccesses<'a>, FINALIZE_SUCCESSES, {
+        ids: Vec<i64> => diesel::sql_types::Array<BigInt>,
+        tokens: Vec<&'a str> => diesel::sql_types::Array<Text>,
+        states: Vec<&'static str> => diesel::sql_types::Array<Text>,
+        results: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        errors: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        delays: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        refunds: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
+        agos: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        now: Option<i64> => Nullable<BigInt>,
+    }
 );
 
 prepared_statement!(
@@ -174,6 +236,9 @@ prepared_statement!(
         delays: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
         refunds: Vec<i32> => diesel::sql_types::Array<diesel::sql_types::Integer>,
         agos: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
+        outcomes: Vec<&'static str> => diesel::sql_types::Array<Text>,
+        codes: Vec<Option<String>> => diesel::sql_types::Array<Nullable<Text>>,
+        margins: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
         now: Option<i64> => Nullable<BigInt>,
     }
 );
@@ -712,7 +777,8 @@ mod tests {
     #[test]
     fn statements_split_at_their_placeholders_in_order() {
         assert_eq!(segments("a $1 b $2::int c"), vec!["a ", " b ", "::int c"]);
-        assert_eq!(segments(FINALIZE).len(), 10);
+        assert_eq!(segments(FINALIZE).len(), 13);
+        assert_eq!(segments(FINALIZE_SUCCESSES).len(), 10);
         assert_eq!(segments(CLAIM).len(), 10);
         assert_eq!(segments(LOCK_QUEUE).len(), 2);
         assert_eq!(segments(CLAIM_CONTROLLED).len(), 13);

@@ -37,6 +37,7 @@ use super::columns::{
     Finalized, FinalizedRows, LastId, RenewedRow,
 };
 use super::keyed::{enqueue_keyed, Holder, KeyedSteps, Release};
+use super::ledger::{Ending, Held, LedgerRow};
 use super::params::{ClaimArgs, RenewArgs};
 use super::pool::Lanes;
 use super::rows::{dur_us, ClaimRow};
@@ -504,7 +505,45 @@ async fn finalize(
         )
     };
     let n = items.len();
+    // What the execution ledger records of each ending other than a success, with its token
+    // (`store::ledger`): a success's claim stays on its job row (`last_*`), no row here.
+    let endings: HashMap<i64, (String, Ending)> = items
+        .iter()
+        .filter(|f| !matches!(f.outcome, crate::store::Finalization::Succeeded { .. }))
+        .map(|f| (f.id.0, (f.token.as_str().to_owned(), Ending::of(f))))
+        .collect();
     let rows: Vec<Finalized> = conn::immediate_in_place(conn, move |c| {
+        // The claims as the job rows hold them, read under the write lock before they end
+        // (none read for a batch of successes: the drain's case).
+        let ids: Vec<i64> = endings.keys().copied().collect();
+        type HeldRow = (
+            i64,
+            Option<String>,
+            i32,
+            Option<String>,
+            i64,
+            Option<i64>,
+            i64,
+        );
+        let held: Vec<HeldRow> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            diesel::RunQueryDsl::load(
+                jobs::table
+                    .select((
+                        jobs::id,
+                        jobs::lease_token,
+                        jobs::attempts,
+                        jobs::lease_owner,
+                        jobs::updated_at,
+                        jobs::started_at,
+                        super::expr::DbNow::new(now),
+                    ))
+                    .filter(jobs::id.eq_any(ids))
+                    .filter(super::expr::RUNNING),
+                c,
+            )?
+        };
         let mut rows = Vec::with_capacity(n);
         for jobs in succeeded.chunks(sql::SUCCEEDED_MAX) {
             let q = FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::FinalizeSucceeded {
@@ -517,6 +556,58 @@ async fn finalize(
             let q =
                 FinalizedRows::<_, diesel::sqlite::Sqlite>::new(sql::SqliteFinalize { now, batch });
             rows.extend(diesel::RunQueryDsl::load::<Finalized>(q, c)?);
+        }
+        let mut held: HashMap<i64, Held> = held
+            .into_iter()
+            .filter(|(id, token, ..)| {
+                endings
+                    .get(id)
+                    .is_some_and(|(t, _)| token.as_deref() == Some(t.as_str()))
+            })
+            .map(|(id, _, attempt, node, claimed_at, started_at, now)| {
+                let node = node.unwrap_or_default();
+                let h = Held {
+                    node,
+                    attempt,
+                    claimed_at,
+                    started_at,
+                    now,
+                };
+                (id, h)
+            })
+            .collect();
+        let mut endings = endings;
+        let ledger: Vec<LedgerRow> = rows
+            .iter()
+            .filter_map(|r| {
+                let h = held.remove(&r.id)?;
+                let (_, e) = endings.remove(&r.id)?;
+                Some(LedgerRow::ended(e, h, &r.state))
+            })
+            .collect();
+        if !ledger.is_empty() {
+            let rows: Vec<serde_json::Value> = ledger
+                .iter()
+                .map(|r| {
+                    serde_json::json!([
+                        r.job_id,
+                        r.claim_id,
+                        r.attempt,
+                        r.node,
+                        r.claimed_at,
+                        r.started_at,
+                        r.ended_at,
+                        r.outcome,
+                        r.code,
+                        r.fence_margin_ms
+                    ])
+                })
+                .collect();
+            let rows = serde_json::Value::Array(rows).to_string();
+            diesel::RunQueryDsl::execute(
+                diesel::sql_query(sql::INSERT_LEDGER).bind::<diesel::sql_types::Text, _>(rows),
+                c,
+            )?;
         }
         Ok(rows)
     })

@@ -1,7 +1,8 @@
-//! One job: its fields, payload, result and progress (pretty JSON), the timeline of its
-//! attempts with each error, its lease (owner, expiry, heartbeat — never the token), every
-//! timestamp; live while it runs; and the actions its state allows, each carrying the
-//! version shown so that a stale page cannot act on a job that moved on.
+//! One job: its fields, payload, result and progress (pretty JSON), its claims (who ran each
+//! attempt, when, how it ended), the timeline of its attempts with each error, its lease
+//! (owner, expiry, heartbeat — never the token), every timestamp; live while it runs; and the
+//! actions its state allows, each carrying the version shown so that a stale page cannot act
+//! on a job that moved on.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -39,6 +40,7 @@ pub(crate) async fn page(state: Data, req: HttpRequest, path: web::Path<String>)
         let story = Story {
             deps: state.client.dependencies(id).await?,
             effects: state.client.effects(id).await?,
+            claims: state.client.claims(id).await?,
         };
         Ok::<_, Error>(render(&state, &req, &ctx, &job, &story))
     }
@@ -77,11 +79,52 @@ pub(crate) fn actions(state: &Data, ctx: &Ctx, job: &Job) -> maud::Markup {
 
 /// What happened around a job besides its own row: the jobs it waits for and that wait for
 /// it (a batch's members are its callback's parents), and the effects its transactions
-/// recorded. (Each claim of the job — claim id, node, start, end, outcome — goes here too
-/// once the store keeps an execution ledger.)
+/// recorded, and its execution ledger: each claim of it — claim id, node, start, end,
+/// outcome.
 struct Story {
     deps: crate::Dependencies,
     effects: Vec<crate::Effect>,
+    claims: Vec<crate::Claim>,
+}
+
+/// The execution ledger: one row per claim, oldest first, with the error its end recorded
+/// (the job's error entry of that claim, or of its attempt and code when the entry names no
+/// claim).
+fn claims(job: &Job, claims: &[crate::Claim]) -> maud::Markup {
+    html! {
+        h2 { "Claims" }
+        @if claims.is_empty() { p.muted #no-claims { "Never claimed." } }
+        @else {
+            table #claims {
+                thead { tr { th { "claim" } th { "attempt" } th { "node" } th { "claimed" } th { "started" }
+                    th { "ended" } th { "duration" } th { "outcome" } th { "error" } } }
+                tbody {
+                    @for c in claims {
+                        @let error = job.errors.iter().rev().find(|e| match e.claim {
+                            Some(claim) => claim == c.claim,
+                            // An entry that names no claim: the one of this attempt and code.
+                            None => e.attempt == c.attempt && c.code.as_deref() == Some(e.code.as_str()),
+                        });
+                        tr {
+                            td { code { (c.claim) } }
+                            td { (c.attempt) }
+                            td.claim-node { (c.node) }
+                            td { (ts(c.claimed_at)) }
+                            td { (ts_opt(c.started_at)) }
+                            td { (ts_opt(c.ended_at)) }
+                            td { @if let Some(d) = c.duration() { (super::super::layout::duration_text(d)) } @else { "—" } }
+                            td.claim-outcome { (c.outcome) }
+                            td { @match (error, &c.code) {
+                                (Some(e), _) => { code.error-code { (e.code) } ": " (e.message) },
+                                (None, Some(code)) => code.error-code { (code) },
+                                (None, None) => "—",
+                            } }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A list of linked jobs: id, state, the child's policy for a failed parent, settled.
@@ -177,6 +220,7 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) 
                 }
             }
         }
+        (claims(job, &story.claims))
         h2 { "Attempts and errors" }
         @if job.errors.is_empty() { p.muted { "No errors recorded." } }
         ol.timeline #errors {
