@@ -342,3 +342,64 @@ pub(crate) async fn steady_raw(s: Steady) -> Vec<Value> {
     workers.stop().await;
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(seed: u64) -> Steady {
+        Steady {
+            rate: 800.0,
+            duration: Duration::from_secs(60),
+            every: Duration::from_secs(60),
+            job_ms: (1, 50),
+            seed,
+            concurrency: 50,
+        }
+    }
+
+    #[test]
+    fn job_times_are_the_seeds_and_cover_the_range_evenly() {
+        let (a, b) = (run(56), run(57));
+        let times: Vec<u64> = (0..100_000).map(|i| a.job_ms(i)).collect();
+        assert!(times.iter().all(|&t| (1..=50).contains(&t)));
+        assert_eq!(
+            times,
+            (0..100_000).map(|i| run(56).job_ms(i)).collect::<Vec<_>>()
+        );
+        let differ = (0..1_000).filter(|&i| a.job_ms(i) != b.job_ms(i)).count();
+        assert!(
+            differ > 900,
+            "another seed, other jobs: {differ} of 1000 differ"
+        );
+        // Uniform: each of the 50 values about 2,000 times, the mean about 25.5 ms.
+        let mut seen = [0u32; 51];
+        for &t in &times {
+            seen[t as usize] += 1;
+        }
+        assert!(
+            seen[1..].iter().all(|&n| (1_700..2_300).contains(&n)),
+            "{seen:?}"
+        );
+        let mean = times.iter().sum::<u64>() as f64 / times.len() as f64;
+        assert!((mean - 25.5).abs() < 0.3, "mean {mean}");
+    }
+
+    #[test]
+    fn cpu_seconds_count_this_process() {
+        // Spinning uses CPU time however loaded the machine: it shows within 30 s (a field
+        // misread, say a constant one, never moves).
+        let before = cpu_seconds();
+        let t0 = Instant::now();
+        let mut x = 0u64;
+        while cpu_seconds() - before < 0.2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no CPU time counted"
+            );
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+    }
+}
