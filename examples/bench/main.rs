@@ -73,6 +73,14 @@
 //! `after` the previous against the same chain built by hand; the overhead per dependency
 //! edge, same run (`dependencies.rs`).
 //!
+//! Steady modes (only when named; `steady.rs`): `steady` — jobs arrive at `--rate` per second
+//! (default 800, an open loop) for `--minutes` (default 2), each sleeping a seeded random
+//! `--job-ms A-B` (default 1–50 ms), run by one node with default settings; every `--every`
+//! seconds (default 60) a row: arrivals, finishes, pickup p50/p99, the jobs table's size and
+//! bloat (`bloat.rs`) and this process's CPU. `steady-raw` (PostgreSQL): the same arrivals run by
+//! raw SQL's workers (`steady_raw.rs`). Their queue concurrency / workers: `--concurrency`,
+//! default 50 in these modes.
+//!
 //! Every result prints as a table row and as one JSON line (`{"bench":…}`); ratios are to the
 //! raw-SQL figures of the same run, since absolute numbers drift on shared machines.
 //! Each mode gets a fresh isolated database (schema / database / temp file).
@@ -81,6 +89,7 @@
 //! the arguments, runs the modes and prints the table; `modes.rs` holds the ordinary modes,
 //! `scale.rs` the scale modes and `raw.rs` the raw-SQL baselines.
 
+mod bloat;
 mod cost;
 mod dependencies;
 mod limits;
@@ -90,6 +99,8 @@ mod observability;
 mod raw;
 mod scale;
 mod stages;
+mod steady;
+mod steady_raw;
 
 use jobvisor::Backend;
 use serde_json::{json, Value};
@@ -120,6 +131,18 @@ struct Args {
     rounds: usize,
     /// How long each job of the `limits` mode takes (a sleep; default none).
     job_ms: u64,
+    /// The steady modes' jobs' shortest and longest time, ms (`--job-ms A-B`).
+    job_range: Option<(u64, u64)>,
+    /// Whether `--concurrency` was given (the steady modes' default differs).
+    concurrency_given: bool,
+    /// Arrivals per second of the steady modes.
+    rate: f64,
+    /// Minutes the steady modes' jobs arrive.
+    minutes: f64,
+    /// Seconds between the steady modes' rows.
+    every: u64,
+    /// Seed of the steady modes' job times.
+    seed: u64,
     /// Nodes the `limits` mode drains with, each with its own store and `--concurrency`
     /// (default 1); a global limit is their total concurrency.
     nodes: usize,
@@ -135,14 +158,20 @@ const USAGE: &str = "\
 usage: bench [flags]
   --backend postgres|mysql|sqlite|all   (default all)
   --jobs N          jobs per drain (default 20000)
-  --concurrency C   queue concurrency per node (default 10)
+  --concurrency C   queue concurrency per node (default 10; steady: 50)
   --prefetch P      the queue's prefetch (default: jobvisor's)
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
                     latency-remote, latency-raw (default: these);
                     cost, metrics, gauges, maintenance, limits-burst, nodes, deps,
+                    steady, steady-raw,
                     drain-backlog, drain-archive, archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
-  --job-ms M        each job of the limits mode sleeps M ms (default 0)
+  --job-ms M        each job of the limits mode sleeps M ms (default 0); steady: A-B
+                    for a random time in [A, B] ms (default 1-50)
+  --rate R          steady: arrivals per second (default 800)
+  --minutes M       steady: how long jobs arrive (default 2)
+  --every S         steady: seconds between rows (default 60)
+  --seed S          steady: seed of the job times (default 56)
   --nodes K         nodes the limits mode drains with (default 1); node processes of
                     the nodes mode (default 3)
   --backlog N       jobs waiting / archived beforehand (default 1000000)
@@ -163,6 +192,12 @@ fn parse_args() -> Args {
         in_flight: 10_000,
         rounds: 3,
         job_ms: 0,
+        job_range: None,
+        concurrency_given: false,
+        rate: 800.0,
+        minutes: 2.0,
+        every: 60,
+        seed: 56,
         nodes: 1,
         fan: 10_000,
         chain: 1_000,
@@ -185,14 +220,29 @@ fn parse_args() -> Args {
             }
             "--jobs" => args.jobs = val().parse().expect("--jobs takes a number"),
             "--concurrency" => {
-                args.concurrency = val().parse().expect("--concurrency takes a number")
+                args.concurrency = val().parse().expect("--concurrency takes a number");
+                args.concurrency_given = true;
             }
             "--prefetch" => args.prefetch = Some(val().parse().expect("--prefetch takes a number")),
             "--backlog" => args.backlog = val().parse().expect("--backlog takes a number"),
             "--through" => args.through = val().parse().expect("--through takes a number"),
             "--in-flight" => args.in_flight = val().parse().expect("--in-flight takes a number"),
             "--rounds" => args.rounds = val().parse().expect("--rounds takes a number"),
-            "--job-ms" => args.job_ms = val().parse().expect("--job-ms takes a number"),
+            "--job-ms" => {
+                let v = val();
+                let ms = |x: &str| x.parse::<u64>().expect("--job-ms takes M or A-B (ms)");
+                match v.split_once('-') {
+                    Some((a, b)) => args.job_range = Some((ms(a), ms(b))),
+                    None => {
+                        args.job_ms = ms(&v);
+                        args.job_range = Some((args.job_ms, args.job_ms));
+                    }
+                }
+            }
+            "--rate" => args.rate = val().parse().expect("--rate takes a number"),
+            "--minutes" => args.minutes = val().parse().expect("--minutes takes a number"),
+            "--every" => args.every = val().parse().expect("--every takes a number"),
+            "--seed" => args.seed = val().parse().expect("--seed takes a number"),
             "--nodes" => args.nodes = val().parse().expect("--nodes takes a number"),
             "--fan" => args.fan = val().parse().expect("--fan takes a number"),
             "--chain" => args.chain = val().parse().expect("--chain takes a number"),
@@ -270,7 +320,7 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 7] = [
+    const NAMED: [&str; 9] = [
         "cost",
         "metrics",
         "gauges",
@@ -278,6 +328,8 @@ async fn main() {
         "limits-burst",
         "nodes",
         "deps",
+        "steady",
+        "steady-raw",
     ];
     let want = |m: &str| match &args.only {
         // The scale modes take minutes: only when asked for (by name or as `scale`); the
@@ -290,6 +342,14 @@ async fn main() {
     let (n, c) = (args.jobs, args.concurrency);
     let mut rows = Vec::new();
     let mut costs = Vec::new();
+    let steady_args = steady::Steady {
+        rate: args.rate,
+        duration: std::time::Duration::from_secs_f64(args.minutes * 60.0),
+        every: std::time::Duration::from_secs(args.every.max(1)),
+        job_ms: args.job_range.unwrap_or((1, 50)),
+        seed: args.seed,
+        concurrency: if args.concurrency_given { c } else { 50 },
+    };
     for &b in &args.backends {
         let bn = name(b);
         eprintln!("== {bn}: {n} jobs, concurrency {c} ==");
@@ -367,6 +427,21 @@ async fn main() {
                     extra,
                 },
             );
+        }
+        // Their per-interval tables print as they run; their rows are JSON lines only.
+        if want("steady") {
+            for row in steady::steady(b, steady_args).await {
+                println!("{row}");
+            }
+        }
+        if want("steady-raw") {
+            if b == Backend::Postgres {
+                for row in steady::steady_raw(steady_args).await {
+                    println!("{row}");
+                }
+            } else {
+                eprintln!("steady-raw: PostgreSQL only; skipped on {bn}");
+            }
         }
         if want("cost") {
             let (jv, raw) = cost::cost(b, n, c, args.prefetch, args.rounds).await;

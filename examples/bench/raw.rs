@@ -21,7 +21,8 @@ pub(crate) const PG_CLAIM: &str =
      AND state IN ('pending', 'retrying') AND run_at <= $1 \
      ORDER BY priority, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING id";
 /// The raw pickup's claim: one job, its payload returned.
-const PG_CLAIM_ONE: &str = "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', \
+pub(crate) const PG_CLAIM_ONE: &str =
+    "UPDATE jobvisor_jobs SET state = 'running', lease_owner = 'raw', \
      lease_token = md5(random()::text), attempts = attempts + 1 \
      WHERE id IN (SELECT id FROM jobvisor_jobs WHERE queue = 'default' \
      AND state IN ('pending', 'retrying') AND run_at <= $1 \
