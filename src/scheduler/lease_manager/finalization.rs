@@ -254,6 +254,16 @@ pub struct JobFinished {
     pub written: bool,
 }
 
+/// How long before its fence point `fence_at_us` an attempt ended at `now_us`, in ms
+/// (negative: after it); none for a revoked attempt (`i64::MIN`: its lease was lost, and
+/// a lost claim has no margin).
+fn fence_margin_ms_at(fence_at_us: i64, now_us: i64) -> Option<i64> {
+    if fence_at_us == i64::MIN {
+        return None;
+    }
+    Some(fence_at_us.saturating_sub(now_us) / 1_000)
+}
+
 impl Handler<JobFinished> for LeaseManager {
     type Result = ();
 
@@ -270,7 +280,7 @@ impl Handler<JobFinished> for LeaseManager {
         let now_us = self.mono();
         if let Some(l) = self.leases.get_mut(&key) {
             created_at = Some(l.created_at);
-            fence_margin_ms = Some((l.attempt.fence_at_us() - now_us) / 1_000);
+            fence_margin_ms = fence_margin_ms_at(l.attempt.fence_at_us(), now_us);
             metrics = Some(l.metrics.clone());
             started_us = l
                 .attempt
@@ -376,6 +386,19 @@ impl Handler<FlushFinalizations> for LeaseManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_margin_is_signed_and_a_revoked_attempt_has_none() {
+        assert_eq!(fence_margin_ms_at(5_000_000, 2_000_000), Some(3_000));
+        assert_eq!(fence_margin_ms_at(2_000_000, 5_000_000), Some(-3_000));
+        // A revoked attempt (its lease lost) ending: the subtraction overflowed here and
+        // panicked the lease manager of a node cut off from its database.
+        assert_eq!(fence_margin_ms_at(i64::MIN, 5_000_000), None);
+        assert_eq!(
+            fence_margin_ms_at(i64::MIN + 1, i64::MAX),
+            Some(i64::MIN / 1_000)
+        );
+    }
 
     fn pending(id: i64, token: &LeaseToken) -> Pending {
         Pending {
