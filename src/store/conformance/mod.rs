@@ -41,6 +41,7 @@ mod control;
 mod cut;
 mod dependencies;
 mod deploy;
+mod done;
 mod enqueue;
 mod finalize;
 mod gauges;
@@ -72,6 +73,7 @@ pub use control::*;
 pub use cut::*;
 pub use dependencies::*;
 pub use deploy::*;
+pub use done::*;
 pub use enqueue::*;
 pub use finalize::*;
 pub use gauges::*;
@@ -330,6 +332,7 @@ macro_rules! conformance_tests {
             no_trigger_fires_per_row_on_an_update_of_the_jobs,
             a_cancel_of_a_running_job_is_announced_to_its_holder,
             the_change_signal_counts_the_jobs_above_its_floor,
+            a_jobs_end_is_announced_to_its_waits_alone,
         );
     };
     (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {

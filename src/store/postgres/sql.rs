@@ -122,6 +122,11 @@ WHERE j.id = ANY(ARRAY("
 /// instead of 4 ms for 500 jobs (measured, 20,000-row table). A job whose key is held
 /// `while_active` releases it (`unique_hold = NULL`) in the same statement that ends it; a
 /// start no renewal recorded (a job shorter than a heartbeat) is recorded here (`ago`).
+///
+/// The ids of the rows it ended go to `jobvisor_announce_done` (`done`, one row whatever it
+/// sends, joined by the answer so that it runs; not called when the batch ended none), which
+/// notifies `jobvisor_done` with those somebody waits on (`store/waits.rs`), delivered at
+/// commit: nothing is notified, and no commit queues for the notify lock, while nobody waits.
 pub(crate) const FINALIZE: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
@@ -159,9 +164,48 @@ WITH v AS MATERIALIZED (
     WHERE j.id = ANY(ARRAY(SELECT v.id FROM v)) AND j.id = v.id AND j.lease_token = v.token
       AND j.state = v.expect
     RETURNING j.id, j.state, j.has_children
+), done AS MATERIALIZED (
+    SELECT jobvisor_announce_done(array_agg(id)) AS sent FROM upd
+    WHERE state IN ('succeeded', 'dead', 'cancelled')
 )
-SELECT id, state, has_children FROM upd"
+SELECT id, state, has_children FROM upd, done"
 );
+
+/// Registers a wait (`PgDriver::wait_register`; the order that makes it safe is explained in
+/// `store/waits.rs`). `j` locks the job's row `FOR SHARE`: a transaction that updated the row
+/// and has not committed is waited for, and its version read (READ COMMITTED). The wait is
+/// counted only for a job that exists and has not ended; the answer says whether it was.
+/// Rows past their `expires_at` (waiters that died) are deleted here, the only place that
+/// writes the table while somebody waits; nobody waiting, nothing reads or writes it.
+pub(crate) const WAIT_REGISTER: &str = concat!(
+    "\
+WITH n AS (
+    SELECT ",
+    now_us!(),
+    " AS now
+), j AS (
+    SELECT state FROM jobvisor_jobs WHERE id = $1 FOR SHARE
+), stale AS (
+    DELETE FROM jobvisor_waits AS w USING n WHERE w.expires_at < n.now AND w.job_id <> $1
+), reg AS (
+    INSERT INTO jobvisor_waits (job_id, waiters, expires_at)
+    SELECT $1, 1, n.now + $2 FROM j, n WHERE j.state NOT IN ('succeeded', 'dead', 'cancelled')
+    ON CONFLICT (job_id) DO UPDATE SET waiters = jobvisor_waits.waiters + 1,
+        expires_at = GREATEST(jobvisor_waits.expires_at, EXCLUDED.expires_at)
+    RETURNING job_id
+)
+SELECT count(*) AS registered FROM reg"
+);
+
+/// Removes one wait on a job (`PgDriver::wait_unregister`): the row with its last waiter,
+/// else one waiter less. Two waits ending at once may both decrement and leave a row of 0
+/// waiters: it costs one notification at the job's end, and expires.
+pub(crate) const WAIT_UNREGISTER: &str = "\
+WITH d AS (
+    DELETE FROM jobvisor_waits WHERE job_id = $1 AND waiters <= 1 RETURNING job_id
+)
+UPDATE jobvisor_waits SET waiters = waiters - 1
+WHERE job_id = $1 AND waiters > 1 AND NOT EXISTS (SELECT 1 FROM d)";
 
 prepared_statement!(
     /// Finalizes a batch in one statement, each row guarded by its own token.
