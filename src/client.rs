@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
+use crate::done_watch::{DoneWatch, Registration};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, NewJob, RunAt};
 use crate::schedule::ScheduleInfo;
@@ -44,6 +45,9 @@ pub(crate) type Wake = Arc<dyn Fn(&str) + Send + Sync>;
 pub(crate) const WAIT_POLL_MIN: Duration = Duration::from_millis(5);
 /// Longest pause of [`Client::wait`]'s polling: **250 ms**.
 pub(crate) const WAIT_POLL_MAX: Duration = Duration::from_millis(250);
+/// How long a wait's registration outlives its timeout before it counts as stale (a waiter
+/// that died leaves its row that long at most).
+const WAIT_ROW_MARGIN: Duration = Duration::from_secs(60);
 
 /// How long a node's client ([`SchedulerHandle::client`](crate::SchedulerHandle::client))
 /// waits, in its schedule calls, for the node to store the schedules it declares: they are
@@ -73,6 +77,8 @@ pub struct Client {
     /// A node's client: turns true once the node has stored the schedules it declares, so
     /// the schedule calls made right after `start()` see them.
     declared: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Hears that waited jobs ended, for [`Client::wait`] (PostgreSQL); shared by the clones.
+    done: Arc<DoneWatch>,
 }
 
 impl std::fmt::Debug for Client {
@@ -93,6 +99,7 @@ impl Client {
     /// A client whose statements bind `clock` (a manual clock in simulation).
     pub fn with_clock(store: Store, clock: Arc<dyn Clock>) -> Self {
         Client {
+            done: DoneWatch::new(store.clone()),
             store,
             clock,
             wake: None,
@@ -672,7 +679,10 @@ impl Client {
     }
 
     /// Waits until the job is succeeded, dead or cancelled and returns it — the "future"
-    /// pattern. It polls the store, so it works whichever process runs the job.
+    /// pattern. It polls the store, so it works whichever process runs the job. On
+    /// PostgreSQL it is also told at once: its client listens (one connection shared by its
+    /// waits, closed after 30 s unused) and the wait registers its job, whose end is then
+    /// notified to it; the poll stays as the backstop.
     ///
     /// # Errors
     /// [`Error::WaitTimeout`] (with the job's state then) after `timeout`;
@@ -680,7 +690,21 @@ impl Client {
     pub async fn wait(&self, id: JobId, timeout: Duration) -> Result<Job> {
         let start = std::time::Instant::now();
         let mut pause = WAIT_POLL_MIN;
+        let mut sub = self.done.subscribe();
+        // Removed (by a task of its own) when the wait returns or is dropped.
+        let mut registered: Option<Registration> = None;
         loop {
+            // The order `store/waits.rs` proves safe: the `LISTEN` holds, then the
+            // registration (which reads the job's row `FOR SHARE`), then the read below.
+            if registered.is_none() && sub.as_ref().is_some_and(|s| s.listening()) {
+                let left = timeout.saturating_sub(start.elapsed());
+                let ttl = timeout.saturating_add(WAIT_ROW_MARGIN);
+                match tokio::time::timeout(left, Registration::new(&self.store, id, ttl)).await {
+                    Ok(Ok(r)) => registered = r,
+                    // The poll alone, as on the other backends.
+                    Ok(Err(_)) | Err(_) => sub = None,
+                }
+            }
             let job = self.get(id).await?;
             if job.state.is_terminal() {
                 return Ok(job);
@@ -693,7 +717,13 @@ impl Client {
                     state: job.state,
                 });
             }
-            tokio::time::sleep(pause.min(timeout - waited)).await;
+            let nap = pause.min(timeout - waited);
+            match sub.as_mut() {
+                Some(s) => {
+                    let _ = tokio::time::timeout(nap, s.woken(id)).await;
+                }
+                None => tokio::time::sleep(nap).await,
+            }
             pause = (pause * 2).min(WAIT_POLL_MAX);
         }
     }

@@ -11,6 +11,8 @@
 //! * [`client`] — [`Client`], the application's door: enqueue (also inside the caller's
 //!   transaction), get, list, counts, cancel, retry, wait; queue lags, the node registry,
 //!   unserved jobs, archive and prune.
+//! * `done_watch` — how [`Client::wait`] hears at once that its job ended (PostgreSQL's
+//!   `jobvisor_done`; the poll elsewhere, and as the backstop).
 //! * [`scheduler`] — the runtime: [`Scheduler`], [`SchedulerBuilder`], [`SchedulerHandle`],
 //!   [`Event`]s; its actors (fetcher, lease manager, job supervisor, sweeper, archiver,
 //!   registrar) are crate-private.
@@ -79,6 +81,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod dependency;
+mod done_watch;
 pub mod error;
 pub mod handler;
 mod handler_tx;

@@ -58,6 +58,8 @@ pub(crate) async fn listen_loop(
                         Ok(Notice::Cancel(id)) => {
                             cancels.do_send(CancelAsked(Some(crate::job::JobId(id))));
                         }
+                        // Not among a node's channels.
+                        Ok(Notice::Done(_)) => {}
                         Err(e) => {
                             report_store_error(
                                 &shared.events,

@@ -59,6 +59,10 @@
 //!   lease.
 //! * [`vacuum_live`](Driver::vacuum_live) and [`listen`](Driver::listen) — PostgreSQL only;
 //!   nothing (or no listener) elsewhere.
+//! * [`wait_register`](Driver::wait_register) / [`wait_unregister`](Driver::wait_unregister)
+//!   — PostgreSQL only (`store/waits.rs`): the job's row read `FOR SHARE` (an uncommitted end
+//!   is waited for), and one more waiter in `jobvisor_waits` for a job that has not ended;
+//!   one less. Elsewhere nothing is written and nothing is registered.
 //! * On a connection the layer above holds itself — a caller's (the outbox, `outbox.rs`) or a
 //!   handler's transaction's (`handler_tx/`) — what differs per backend is a method of
 //!   [`BackendConnection`] and [`HandlerConnection`], implemented here for each backend's
@@ -325,14 +329,41 @@ impl Driver {
         }
     }
 
-    /// A wake-up listener (PostgreSQL's `LISTEN`); `None` elsewhere.
-    #[allow(unused_variables)] // `limit` is unused without PostgreSQL
-    pub(crate) async fn listen(&self, limit: Duration) -> Result<Option<Listener>> {
+    /// Registers a wait on job `id` for `ttl_us` µs (see the module docs); whether it did.
+    #[allow(unused_variables)] // unused without PostgreSQL
+    pub(crate) async fn wait_register(&self, id: i64, ttl_us: i64) -> Result<bool> {
         match self {
             #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => Ok(Some(Listener {
-                pg: d.listen(limit).await?,
-            })),
+            Driver::Postgres(d) => d.wait_register(id, ttl_us).await,
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => Ok(false),
+        }
+    }
+
+    /// Removes one wait on job `id` that [`Driver::wait_register`] counted.
+    #[allow(unused_variables)] // unused without PostgreSQL
+    pub(crate) async fn wait_unregister(&self, id: i64) -> Result<()> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => d.wait_unregister(id).await,
+            #[allow(unreachable_patterns)] // reachable when another backend is compiled in
+            _ => Ok(()),
+        }
+    }
+
+    /// A wake-up listener (PostgreSQL's `LISTEN`), for a node or (`done`) for the waited
+    /// jobs that ended; `None` elsewhere.
+    #[allow(unused_variables)] // `limit` and `done` are unused without PostgreSQL
+    pub(crate) async fn listen(&self, limit: Duration, done: bool) -> Result<Option<Listener>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(d) => {
+                use super::postgres::listen::{DONE_CHANNEL, NODE_CHANNELS};
+                let channels = if done { &[DONE_CHANNEL] } else { NODE_CHANNELS };
+                Ok(Some(Listener {
+                    pg: d.listen(limit, channels).await?,
+                }))
+            }
             #[allow(unreachable_patterns)] // reachable when another backend is compiled in
             _ => Ok(None),
         }

@@ -21,7 +21,7 @@ use super::schema::{
     jobvisor_jobs as jobs, jobvisor_jobs_archive as archive, jobvisor_jobs_last as last,
 };
 use super::timeout::Op;
-use super::wakes::{announce_cancel, announce_due};
+use super::wakes::{announce_cancel, announce_done, announce_due};
 use super::{
     ArchiveParams, CancelOutcome, CancelParams, Guarded, PruneParams, ReclaimParams, ReclaimReason,
     Reclaimed, RetryParams, Store,
@@ -369,7 +369,7 @@ impl Store {
                 })?
             } else {
                 with_write!(self, |conn| {
-                    diesel::update(
+                    let n = diesel::update(
                         jobs::table
                             .filter(jobs::id.eq(id))
                             .filter(jobs::version.eq(version)),
@@ -382,7 +382,13 @@ impl Store {
                         jobs::unique_hold.eq(ReleaseHold(true)),
                     ))
                     .execute(conn)
-                    .await?
+                    .await?;
+                    if n == 1 {
+                        // To whoever waits on it, after the update (`store::waits`); no
+                        // statement where waits poll.
+                        announce_done(conn, &[id]).await?;
+                    }
+                    n
                 })
             };
             if job.state == JobState::Running && job.cancel_requested_at.is_some() {
@@ -834,6 +840,13 @@ impl Store {
                 }
             }
             announce_due(conn, &due).await?;
+            // The jobs it ended (dead), to whoever waits on them (`store::waits`).
+            let dead: Vec<i64> = done
+                .iter()
+                .filter(|r| r.new_state == JobState::Dead)
+                .map(|r| r.id.0)
+                .collect();
+            announce_done(conn, &dead).await?;
             Ok::<_, diesel::result::Error>(done)
         })?;
         Ok(done)

@@ -18,7 +18,8 @@
 //!    records), `migrate`, `connect` (URL → backend, open), `browse` (the dashboard's reads),
 //!    `dependencies`, `nodes`, `leader`, `schedules`, `queues`, `audit` (operator actions),
 //!    `watch` (the versions the dashboard's live pages show), `throughput` (the history's
-//!    rollup); `conformance/` is the suite that runs each case on every backend.
+//!    rollup), `waits` (the waits a job's end is announced to); `conformance/` is the suite
+//!    that runs each case on every backend.
 //! 2. **The seam, `driver.rs`**: `Driver`, one variant per backend, the contract of each
 //!    operation whose SQL differs (columns written, guard, result), one `dispatch!` per
 //!    operation, and what differs per connection type (`BackendConnection`,
@@ -93,6 +94,7 @@ mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod throughput;
+mod waits;
 // The dashboard's live stream's read.
 #[cfg(feature = "web")]
 mod watch;
@@ -184,7 +186,22 @@ impl Store {
     /// [`Error::Database`](crate::Error::Database) (transient) when the connection or
     /// `LISTEN` fails.
     pub(crate) async fn listen(&self) -> crate::error::Result<Option<Listener>> {
-        self.inner.driver.listen(self.inner.statement_bound()).await
+        self.inner
+            .driver
+            .listen(self.inner.statement_bound(), false)
+            .await
+    }
+
+    /// A listener of the waited jobs that reached a terminal state ([`Notice::Done`],
+    /// PostgreSQL, for [`Client::wait`](crate::Client::wait)); `None` on the other backends.
+    ///
+    /// # Errors
+    /// As [`Store::listen`].
+    pub(crate) async fn listen_done(&self) -> crate::error::Result<Option<Listener>> {
+        self.inner
+            .driver
+            .listen(self.inner.statement_bound(), true)
+            .await
     }
 
     /// Whether [`Store::listen`] offers a listener (PostgreSQL); nodes of the other

@@ -589,4 +589,6 @@ pub(crate) enum Notice {
     Settings(String),
     /// A cancel was asked of this running job (its id).
     Cancel(i64),
+    /// These waited jobs reached a terminal state; empty: some may have (re-check).
+    Done(Vec<i64>),
 }

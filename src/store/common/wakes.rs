@@ -28,6 +28,9 @@
 //! and the renewal's answer signals the handler, where the heartbeat would have taken up to
 //! its interval.
 //!
+//! A job's end is announced to whoever waits on it ([`announce_done`]; PostgreSQL only, on
+//! `jobvisor_done`, and only for jobs with a registered wait: `store/waits.rs`).
+//!
 //! The counter is written last in its transaction (its row lock is held only until the
 //! commit), and never by an ordinary enqueue, claim or finalize: the hot path is unchanged.
 
@@ -48,6 +51,27 @@ pub(crate) trait AnnounceDue: diesel::backend::Backend + Sized {
     async fn announce_cancel<C>(conn: &mut C, job: i64) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self> + Send;
+
+    /// Announces, on `conn` (delivered at commit), that `jobs` (not empty) ended, to whoever
+    /// waits on them: PostgreSQL only, where waits listen; nothing elsewhere, where they poll.
+    async fn announce_done<C>(conn: &mut C, jobs: &[i64]) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self> + Send;
+}
+
+/// Announces, on `conn`, after the statement that ended `jobs` (nothing for an empty list),
+/// that they ended (see [`AnnounceDue::announce_done`] and `store/waits.rs`): a cancel of a
+/// job that was not running, a completion in the handler's transaction, a lease reclaimed
+/// past its attempts. A finalize batch announces its own in its statement.
+pub(crate) async fn announce_done<C>(conn: &mut C, jobs: &[i64]) -> QueryResult<()>
+where
+    C: AsyncConnection + Send,
+    C::Backend: AnnounceDue,
+{
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    <C::Backend as AnnounceDue>::announce_done(conn, jobs).await
 }
 
 /// Announces, inside the transaction open on `conn`, that running job `job` was asked to
@@ -101,6 +125,14 @@ macro_rules! announce_by_counter {
                 C: diesel_async::AsyncConnection<Backend = Self> + Send,
             {
                 Self::announce_due(conn, &[]).await
+            }
+
+            /// Nothing: waits poll on this backend.
+            async fn announce_done<C>(_: &mut C, _: &[i64]) -> diesel::QueryResult<()>
+            where
+                C: diesel_async::AsyncConnection<Backend = Self> + Send,
+            {
+                Ok(())
             }
         }
     };

@@ -246,7 +246,7 @@ pub async fn listeners_hear_due_inserts_of_every_kind(b: Backend) {
             .unwrap();
         if let Some(name) = match &got {
             super::Notice::Due(q) => q.strip_prefix(&prefix),
-            super::Notice::Settings(_) | super::Notice::Cancel(_) => None,
+            super::Notice::Settings(_) | super::Notice::Cancel(_) | super::Notice::Done(_) => None,
         } {
             return name.to_string();
         }

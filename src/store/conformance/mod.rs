@@ -41,6 +41,7 @@ mod control;
 mod cut;
 mod dependencies;
 mod deploy;
+mod done;
 mod enqueue;
 mod finalize;
 mod gauges;
@@ -73,6 +74,7 @@ pub use control::*;
 pub use cut::*;
 pub use dependencies::*;
 pub use deploy::*;
+pub use done::*;
 pub use enqueue::*;
 pub use finalize::*;
 pub use gauges::*;
@@ -336,6 +338,7 @@ macro_rules! conformance_tests {
             each_ending_is_recorded_with_its_outcome_and_code,
             a_late_answer_from_an_old_claim_never_edits_a_newer_claims_row,
             archive_and_prune_keep_a_jobs_ledger_with_it,
+            a_jobs_end_is_announced_to_its_waits_alone,
         );
     };
     (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {

@@ -218,6 +218,11 @@ macro_rules! complete_job {
                 .execute($conn)
                 .await?;
         }
+        if n == 1 {
+            // To whoever waits on it, at the transaction's commit (`store::waits`); no
+            // statement on the backends whose waits poll.
+            $crate::store::wakes::announce_done($conn, &[c.id]).await?;
+        }
         Ok(n == 1)
     }};
 }

@@ -2,7 +2,9 @@
 //! `jobvisor_jobs`, which an insert trigger notifies with the queue of newly due jobs, and
 //! on `jobvisor_queues`, which a trigger on the settings table notifies with the queue whose
 //! settings changed, and on `jobvisor_cancel`, which a cancel of a running job notifies with
-//! its id.
+//! its id. A [`Client`](crate::Client) that waits listens on `jobvisor_done` alone, which
+//! the transitions that end a job notify with the ids of the ended jobs somebody waits on
+//! (`jobvisor_announce_done`, migration 000027; see `store/waits.rs`).
 //! Other backends have no such channel; their nodes rely on polling and in-process wake-ups.
 //! Opened by [`PgDriver::listen`](super::PgDriver::listen).
 
@@ -18,6 +20,11 @@ pub(crate) const CHANNEL: &str = "jobvisor_jobs";
 pub(crate) const SETTINGS_CHANNEL: &str = "jobvisor_queues";
 /// The channel of cancels asked of running jobs (the job's id).
 pub(crate) const CANCEL_CHANNEL: &str = "jobvisor_cancel";
+/// The channel of waited jobs that reached a terminal state (their ids, comma-separated).
+pub(crate) const DONE_CHANNEL: &str = "jobvisor_done";
+
+/// The channels a node listens on: due jobs, settings and cancels.
+pub(crate) const NODE_CHANNELS: &[&str] = &[CHANNEL, SETTINGS_CHANNEL, CANCEL_CHANNEL];
 
 /// A listening connection. Notifications that arrive while no one awaits
 /// [`PgListener::next`] are buffered by the driver and returned later.
@@ -41,6 +48,7 @@ impl PgListener {
                 SETTINGS_CHANNEL => Notice::Settings(n.payload),
                 // Ours carry an id; anything else is no job this node can hold.
                 CANCEL_CHANNEL => Notice::Cancel(n.payload.parse().unwrap_or(0)),
+                DONE_CHANNEL => Notice::Done(done_ids(&n.payload)),
                 _ => Notice::Due(n.payload),
             })
             .map_err(|e| Error::Database(StoreError::Transient(e.to_string())))
@@ -48,13 +56,23 @@ impl PgListener {
     }
 }
 
+/// The ids a `jobvisor_done` payload names; none (re-check every wait) when any is not an id.
+fn done_ids(payload: &str) -> Vec<i64> {
+    payload
+        .split(',')
+        .map(str::parse)
+        .collect::<std::result::Result<_, _>>()
+        .unwrap_or_default()
+}
+
 impl PgListener {
-    /// `LISTEN`s on `conn`, waiting at most `limit` for the server's answer.
+    /// `LISTEN`s on `conn` to `channels`, waiting at most `limit` for the server's answer.
     pub(crate) async fn start(
         mut conn: AsyncPgConnection,
         limit: std::time::Duration,
+        channels: &[&str],
     ) -> Result<PgListener> {
-        let sql = format!("LISTEN {CHANNEL}; LISTEN {SETTINGS_CHANNEL}; LISTEN {CANCEL_CHANNEL}");
+        let sql: String = channels.iter().map(|c| format!("LISTEN {c};")).collect();
         let listen = conn.batch_execute(&sql);
         tokio::time::timeout(limit, listen).await.map_err(|_| {
             Error::Database(StoreError::Transient(format!(
@@ -62,5 +80,18 @@ impl PgListener {
             )))
         })??;
         Ok(PgListener { conn })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::done_ids;
+
+    #[test]
+    fn a_done_payload_names_its_ids_or_none() {
+        assert_eq!(done_ids("7"), vec![7]);
+        assert_eq!(done_ids("1,22,333"), vec![1, 22, 333]);
+        assert!(done_ids("").is_empty());
+        assert!(done_ids("1,x").is_empty());
     }
 }

@@ -304,12 +304,46 @@ impl PgDriver {
         Ok(())
     }
 
-    /// A listening connection, opened like the pool's, `LISTEN` bounded by `limit`.
-    pub(crate) async fn listen(&self, limit: std::time::Duration) -> Result<PgListener> {
+    /// Registers a wait on job `id` for `ttl_us` (see `store/waits.rs`): locks the job's row
+    /// `FOR SHARE` — so an uncommitted end is waited for and read — and counts the wait in
+    /// `jobvisor_waits` unless the job has ended or is gone; whether it counted it. Stale
+    /// rows of other jobs are deleted on the way.
+    pub(crate) async fn wait_register(&self, id: i64, ttl_us: i64) -> Result<bool> {
+        #[derive(QueryableByName)]
+        struct Registered {
+            #[diesel(sql_type = BigInt)]
+            registered: i64,
+        }
+        let mut c = self.conn(false).await?;
+        let r: Registered = diesel::sql_query(sql::WAIT_REGISTER)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(ttl_us)
+            .get_result(&mut *c)
+            .await?;
+        Ok(r.registered > 0)
+    }
+
+    /// Removes one wait on job `id` from `jobvisor_waits` (the row, with its last).
+    pub(crate) async fn wait_unregister(&self, id: i64) -> Result<()> {
+        let mut c = self.conn(false).await?;
+        diesel::sql_query(sql::WAIT_UNREGISTER)
+            .bind::<BigInt, _>(id)
+            .execute(&mut *c)
+            .await?;
+        Ok(())
+    }
+
+    /// A listening connection to `channels`, opened like the pool's, `LISTEN` bounded by
+    /// `limit`.
+    pub(crate) async fn listen(
+        &self,
+        limit: std::time::Duration,
+        channels: &[&str],
+    ) -> Result<PgListener> {
         let conn = self.connector.diesel().await.map_err(|e| {
             Error::Database(StoreError::Transient(format!("listener connection: {e}")))
         })?;
-        PgListener::start(conn, limit).await
+        PgListener::start(conn, limit, channels).await
     }
 }
 
@@ -417,6 +451,19 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
     {
         diesel::sql_query("SELECT pg_notify('jobvisor_cancel', $1)")
             .bind::<Text, _>(job.to_string())
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    /// `jobvisor_announce_done` (migration 000027): a notification on `jobvisor_done` only
+    /// for the jobs of `jobs` somebody waits on, delivered at commit.
+    async fn announce_done<C>(conn: &mut C, jobs: &[i64]) -> QueryResult<()>
+    where
+        C: diesel_async::AsyncConnection<Backend = Self> + Send,
+    {
+        diesel::sql_query("SELECT jobvisor_announce_done($1)")
+            .bind::<diesel::sql_types::Array<BigInt>, _>(jobs)
             .execute(conn)
             .await
             .map(drop)

@@ -166,6 +166,11 @@ macro_rules! finalize_update {
 /// `upd`'s `RETURNING`, no read of the table of its own; the attempt is the returned one plus
 /// its refund). A success writes no ledger row here: its job row holds it until the job is
 /// archived (`store::ledger`). Only rows `upd` applied, under their token, are written.
+///
+/// The ids of the rows it ended go to `jobvisor_announce_done` (`done`, one row whatever it
+/// sends, joined by the answer so that it runs), which notifies `jobvisor_done` with those
+/// somebody waits on (`store/waits.rs`), delivered at commit: nothing is notified, and no
+/// commit queues for the notify lock, while nobody waits.
 pub(crate) const FINALIZE: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
@@ -188,13 +193,17 @@ WITH v AS MATERIALIZED (
     FROM upd AS u JOIN v ON v.id = u.id, n
     WHERE v.outcome <> 'succeeded' AND u.last_claim IS NOT NULL AND u.last_node IS NOT NULL
     ON CONFLICT DO NOTHING
+), done AS MATERIALIZED (
+    SELECT jobvisor_announce_done(array_agg(id)) AS sent FROM upd
+    WHERE state IN ('succeeded', 'dead', 'cancelled')
 )
-SELECT id, state, has_children FROM upd"
+SELECT id, state, has_children FROM upd, done"
 );
 
 /// [`FINALIZE`] for a batch of successes only (the drain's): the same update, without the
 /// execution ledger's step or its columns (a success writes no ledger row), so a drain sends
-/// the statement it sent before the ledger, plus the three `last_*` assignments.
+/// the statement it sent before the ledger, plus the three `last_*` assignments and the
+/// announcement to waits.
 pub(crate) const FINALIZE_SUCCESSES: &str = concat!(
     "\
 WITH v AS MATERIALIZED (
@@ -206,8 +215,11 @@ WITH v AS MATERIALIZED (
     SELECT COALESCE($9::bigint, ", now_us!(), ") AS now
 ), upd AS (
 ", finalize_update!(), "    RETURNING j.id, j.state, j.has_children
+), done AS MATERIALIZED (
+    SELECT jobvisor_announce_done(array_agg(id)) AS sent FROM upd
+    WHERE state IN ('succeeded', 'dead', 'cancelled')
 )
-SELECT id, state, has_children FROM upd"
+SELECT id, state, has_children FROM upd, done"
 );
 
 prepared_statement!(
@@ -224,6 +236,42 @@ prepared_statement!(
         now: Option<i64> => Nullable<BigInt>,
     }
 );
+
+/// Registers a wait (`PgDriver::wait_register`; the order that makes it safe is explained in
+/// `store/waits.rs`). `j` locks the job's row `FOR SHARE`: a transaction that updated the row
+/// and has not committed is waited for, and its version read (READ COMMITTED). The wait is
+/// counted only for a job that exists and has not ended; the answer says whether it was.
+/// Rows past their `expires_at` (waiters that died) are deleted here, the only place that
+/// writes the table while somebody waits; nobody waiting, nothing reads or writes it.
+pub(crate) const WAIT_REGISTER: &str = concat!(
+    "\
+WITH n AS (
+    SELECT ",
+    now_us!(),
+    " AS now
+), j AS (
+    SELECT state FROM jobvisor_jobs WHERE id = $1 FOR SHARE
+), stale AS (
+    DELETE FROM jobvisor_waits AS w USING n WHERE w.expires_at < n.now AND w.job_id <> $1
+), reg AS (
+    INSERT INTO jobvisor_waits (job_id, waiters, expires_at)
+    SELECT $1, 1, n.now + $2 FROM j, n WHERE j.state NOT IN ('succeeded', 'dead', 'cancelled')
+    ON CONFLICT (job_id) DO UPDATE SET waiters = jobvisor_waits.waiters + 1,
+        expires_at = GREATEST(jobvisor_waits.expires_at, EXCLUDED.expires_at)
+    RETURNING job_id
+)
+SELECT count(*) AS registered FROM reg"
+);
+
+/// Removes one wait on a job (`PgDriver::wait_unregister`): the row with its last waiter,
+/// else one waiter less. Two waits ending at once may both decrement and leave a row of 0
+/// waiters: it costs one notification at the job's end, and expires.
+pub(crate) const WAIT_UNREGISTER: &str = "\
+WITH d AS (
+    DELETE FROM jobvisor_waits WHERE job_id = $1 AND waiters <= 1 RETURNING job_id
+)
+UPDATE jobvisor_waits SET waiters = waiters - 1
+WHERE job_id = $1 AND waiters > 1 AND NOT EXISTS (SELECT 1 FROM d)";
 
 prepared_statement!(
     /// Finalizes a batch in one statement, each row guarded by its own token.

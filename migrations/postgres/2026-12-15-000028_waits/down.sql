@@ -1,0 +1,2 @@
+DROP FUNCTION jobvisor_announce_done(BIGINT[]);
+DROP TABLE jobvisor_waits;
