@@ -24,6 +24,13 @@ CREATE FUNCTION jobvisor_announce_done(ids BIGINT[]) RETURNS INTEGER
 DECLARE
     sent INTEGER;
 BEGIN
+    -- Nobody waits on these (the usual case): one probe of the key, nothing else. Its cost
+    -- (pgbench, 8 clients, 1-row transactions) is within noise of none; the notifying query
+    -- alone, run every time, cost 15-30 %.
+    PERFORM FROM jobvisor_waits WHERE job_id = ANY(ids) LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
     PERFORM pg_notify('jobvisor_done', string_agg(w.job_id::text, ','))
     FROM (SELECT job_id, (row_number() OVER () - 1) / 300 AS chunk
           FROM jobvisor_waits WHERE job_id = ANY(ids)) AS w
