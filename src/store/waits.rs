@@ -1,7 +1,7 @@
 //! Waits: the registry that lets [`Client::wait`](crate::Client::wait) be told at once that its
 //! job ended (PostgreSQL), without a notification in every finalize.
 //!
-//! A wait registers its job in `jobvisor_waits` (migration 000027, PostgreSQL only); each
+//! A wait registers its job in `jobvisor_waits` (migration 000028, PostgreSQL only); each
 //! transition that ends jobs passes their ids to `jobvisor_announce_done`, which notifies
 //! `jobvisor_done` with those that have a row — and nothing when nobody waits, so no commit
 //! queues for PostgreSQL's notify lock (`pg_notify` in every finalize cut pgbench's 8 clients

@@ -164,7 +164,7 @@ macro_rules! release {
             Release::Expired => $crate::store::columns::take_over!($conn, id, $now),
             Release::Cancel { version } => {
                 let now = DbNow::new($now);
-                diesel::update(
+                let n = diesel::update(
                     jobs::table
                         .filter(jobs::id.eq(id))
                         .filter(jobs::version.eq(version))
@@ -182,7 +182,12 @@ macro_rules! release {
                     jobs::unique_hold.eq(None::<String>),
                 ))
                 .execute(&mut *$conn)
-                .await?
+                .await?;
+                if n == 1 {
+                    // The cancelled holder's end, to whoever waits on it.
+                    $crate::store::wakes::announce_done(&mut *$conn, &[id]).await?;
+                }
+                n
             }
         }
     }};

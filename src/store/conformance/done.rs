@@ -154,3 +154,50 @@ pub async fn a_jobs_end_is_announced_to_its_waits_alone(b: Backend) {
         "the stale row deleted"
     );
 }
+
+/// The drain's statement — a batch of successes alone — names the waited job it ended and
+/// no other, and a replacing enqueue that cancels the pending holder of its key names the
+/// holder.
+pub async fn successes_alone_and_a_cancelled_holder_are_announced(b: Backend) {
+    use crate::job::OnDuplicate;
+    let t = Bundle::new(b).await;
+    let waited = t.enqueue(NewJob::new("k", json!(1)), 0).await;
+    let other = t.enqueue(NewJob::new("k", json!(2)), 0).await;
+    let keyed = |tag: i64| {
+        NewJob::new("r", json!(tag))
+            .queue("keyed")
+            .unique_key("digest")
+            .on_duplicate(OnDuplicate::CancelAndInsert)
+    };
+    let holder = t.enqueue(keyed(3), 0).await;
+    let ttl = Duration::from_secs(60);
+    let Some(mut l) = t.store.listen_done().await.unwrap() else {
+        assert_ne!(b, Backend::Postgres, "PostgreSQL listens");
+        return;
+    };
+    assert!(t.store.wait_register(waited, ttl).await.unwrap());
+    assert!(t.store.wait_register(holder, ttl).await.unwrap());
+
+    let c = t.claim("default", "n", 2, 0).await;
+    assert_eq!(c.len(), 2);
+    t.finalize_many(
+        c.iter()
+            .map(|c| Finalize::succeeded(c.id, c.token.clone(), json!("ok")))
+            .collect(),
+        1,
+    )
+    .await;
+    assert_eq!(
+        next_done(&mut l, "the successes").await,
+        vec![waited.0],
+        "the waited success, not {other:?}"
+    );
+
+    let e = t.store.job_enqueue(keyed(4), t.at(2)).await.unwrap();
+    assert!(!e.duplicate && e.id != holder, "{e:?}");
+    assert_eq!(
+        next_done(&mut l, "the replacing enqueue").await,
+        vec![holder.0],
+        "the cancelled holder"
+    );
+}

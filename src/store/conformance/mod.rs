@@ -339,6 +339,7 @@ macro_rules! conformance_tests {
             a_late_answer_from_an_old_claim_never_edits_a_newer_claims_row,
             archive_and_prune_keep_a_jobs_ledger_with_it,
             a_jobs_end_is_announced_to_its_waits_alone,
+            successes_alone_and_a_cancelled_holder_are_announced,
         );
     };
     (@cases threaded $backend:expr; $($case:ident),+ $(,)?) => {

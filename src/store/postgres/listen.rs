@@ -4,7 +4,7 @@
 //! settings changed, and on `jobvisor_cancel`, which a cancel of a running job notifies with
 //! its id. A [`Client`](crate::Client) that waits listens on `jobvisor_done` alone, which
 //! the transitions that end a job notify with the ids of the ended jobs somebody waits on
-//! (`jobvisor_announce_done`, migration 000027; see `store/waits.rs`).
+//! (`jobvisor_announce_done`, migration 000028; see `store/waits.rs`).
 //! Other backends have no such channel; their nodes rely on polling and in-process wake-ups.
 //! Opened by [`PgDriver::listen`](super::PgDriver::listen).
 

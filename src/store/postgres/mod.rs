@@ -456,7 +456,7 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
             .map(drop)
     }
 
-    /// `jobvisor_announce_done` (migration 000027): a notification on `jobvisor_done` only
+    /// `jobvisor_announce_done` (migration 000028): a notification on `jobvisor_done` only
     /// for the jobs of `jobs` somebody waits on, delivered at commit.
     async fn announce_done<C>(conn: &mut C, jobs: &[i64]) -> QueryResult<()>
     where
