@@ -116,7 +116,9 @@ fn budget(backend: Backend) -> Budget {
             enqueue: Cost::new(2, 0, 0),
             enqueue_many: Cost::new(4, 1, 1),
             claim: Cost::new(6, 1, 1),
-            claim_limited: Cost::new(8, 1, 1),
+            // The queue row is locked by a write of its `claims` counter before it is read:
+            // on a Galera cluster only a write is certified across members.
+            claim_limited: Cost::new(9, 1, 1),
             renew: Cost::new(5, 1, 1),
             // Ping, `BEGIN`, locking `SELECT` (which also reads the claim the row keeps),
             // `UPDATE … JOIN`, `COMMIT`: successes write no execution-ledger row (their

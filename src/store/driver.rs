@@ -682,18 +682,21 @@ macro_rules! with_write {
 
 /// Like `with_write!`, but runs `$body` inside a transaction (`BEGIN IMMEDIATE` on SQLite,
 /// so a read-then-write never fails on a lock upgrade). `$body` returns `QueryResult<T>`.
+/// A transaction the server rolled back whole (a deadlock victim, a serialization failure,
+/// a Galera certification conflict: `retry.rs`) applied nothing and runs again, after a
+/// pause, on the same connection.
 macro_rules! with_tx {
     ($store:expr, |$conn:ident| $body:expr) => {
         match &$store.inner.driver {
             #[cfg(feature = "postgres")]
             $crate::store::driver::Driver::Postgres(d) => {
                 let mut c = d.conn(false).await?;
-                diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
+                $crate::store::driver::tx_retried!(c, |$conn| $body)
             }
             #[cfg(feature = "mysql")]
             $crate::store::driver::Driver::Mysql(d) => {
                 let mut c = d.conn(false).await?;
-                diesel_async::AsyncConnection::transaction(&mut *c, async |$conn| $body).await
+                $crate::store::driver::tx_retried!(c, |$conn| $body)
             }
             #[cfg(feature = "sqlite")]
             $crate::store::driver::Driver::Sqlite(d) => {
@@ -702,6 +705,27 @@ macro_rules! with_tx {
             }
         }
     };
+}
+
+/// `$body` in a transaction on connection `$c`, again while the server rolls it back whole
+/// (`with_tx!`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! tx_retried {
+    ($c:ident, |$conn:ident| $body:expr) => {{
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match diesel_async::AsyncConnection::transaction(&mut *$c, async |$conn| $body).await {
+                Err(e)
+                    if tries < $crate::store::retry::TRANSIENT_TRIES
+                        && $crate::store::retry::RolledBack::rolled_back(&e) =>
+                {
+                    $crate::store::retry::pause_before_retry(tries).await;
+                }
+                res => break res,
+            }
+        }
+    }};
 }
 
 /// Like `with_conn!`, for the change signal, on a connection of its own where the backend
@@ -739,4 +763,6 @@ macro_rules! with_signal_conn {
     };
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use tx_retried;
 pub(crate) use {dispatch, with_conn, with_signal_conn, with_tx, with_write};

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::columns::bound;
 use super::params::RenewArgs;
-use super::retry::{pause_before_retry, TRANSIENT_TRIES};
+use super::retry::{pause_before_retry, retry_rolled_back, TRANSIENT_TRIES};
 use super::rows::{dur_us, from_us};
 use super::timeout::{enqueue_bound, Op};
 use super::{EnqueueParams, Enqueued, FinalizeParams, Guarded, RenewParams, Renewed, Store};
@@ -182,17 +182,15 @@ impl Store {
         if p.leases.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = self
-            .inner
-            .driver
-            .renew(&RenewArgs {
-                leases: &p.leases,
-                lease_us: dur_us(p.lease),
-                grace_us: dur_us(p.timeout_grace),
-                now: bound(p.now),
-                fresh,
-            })
-            .await?;
+        let args = RenewArgs {
+            leases: &p.leases,
+            lease_us: dur_us(p.lease),
+            grace_us: dur_us(p.timeout_grace),
+            now: bound(p.now),
+            fresh,
+        };
+        // A renewal the server rolled back whole renewed nothing: send it again.
+        let rows = retry_rolled_back(|| self.inner.driver.renew(&args)).await?;
         let rows = rows.into_iter().map(|r| {
             (
                 r.id,
@@ -285,7 +283,10 @@ impl Store {
         if p.items.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        let applied = self.inner.driver.finalize(&p.items, bound(p.now)).await?;
+        // A batch the server rolled back whole ended nothing: send it again (each row is
+        // still guarded by its token).
+        let now = bound(p.now);
+        let applied = retry_rolled_back(|| self.inner.driver.finalize(&p.items, now)).await?;
         let parents = applied
             .iter()
             .filter(|(_, (state, children))| *children && state.is_terminal())

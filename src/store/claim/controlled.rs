@@ -4,8 +4,9 @@
 //! A controlled claim is one transaction: it locks the queue's row until commit and reads
 //! its settings in one statement (`SELECT … FOR UPDATE`, a locking read of the latest
 //! committed row; PostgreSQL's own claim takes the lock with an `UPDATE` of the `claims`
-//! counter, see its `sql.rs`; on SQLite `BEGIN IMMEDIATE` already makes it the only
-//! writer), then — in statements that start after the lock was taken, so under READ
+//! counter, see its `sql.rs`, and so does MariaDB's before its read, because a Galera
+//! member's row locks are its own and only writes are certified across members; on SQLite
+//! `BEGIN IMMEDIATE` already makes it the only writer), then — in statements that start after the lock was taken, so under READ
 //! COMMITTED they see every claim committed before — counts what it must: the queue's
 //! `running` jobs, per partition those of the candidates' partitions, and the jobs claimed
 //! inside the rate window. Claims are the only way a job becomes `running`, and every

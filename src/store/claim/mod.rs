@@ -41,6 +41,7 @@ pub(crate) use route::Routes;
 use super::columns::bound;
 use super::params::ClaimArgs;
 use super::params::{Claimed, Route};
+use super::retry::retry_rolled_back;
 use super::rows::{dur_us, ClaimRow};
 use super::timeout::Op;
 use super::{ClaimParams, ClaimedJob, FinalizeParams, Store};
@@ -86,7 +87,9 @@ impl Store {
             kinds: p.kinds.clone(),
             now: bound(p.now),
         };
-        let rows = self.claim_rows(&args).await?;
+        // A claim the server rolled back (a Galera certification conflict with another
+        // member's claim of the same row) claimed nothing: claim again.
+        let rows = retry_rolled_back(|| self.claim_rows(&args)).await?;
         self.finish(rows, &token, p.now).await
     }
 

@@ -54,7 +54,9 @@ pub(crate) trait ClaimSteps: Send {
     fn scan_sql(&self) -> ScanSql;
 
     /// Locks `queue`'s settings row until commit and reads it with the database's "now", in
-    /// one statement (`SELECT … FOR UPDATE`); `None` if it has none.
+    /// one statement (`SELECT … FOR UPDATE`; on MariaDB after a write of the row, its
+    /// `claims` counter, so the lock holds across a Galera cluster's members); `None` if it
+    /// has none.
     fn lock_settings(
         &mut self,
         queue: &str,
@@ -151,7 +153,7 @@ pub(crate) trait ClaimSteps: Send {
 
 /// [`ClaimSteps`] for one backend's connection type: the same bodies, type-checked for it.
 macro_rules! claim_steps {
-    ($conn:ty, $backend:ty) => {
+    ($conn:ty, $backend:ty, bump: $bump:expr) => {
         impl ClaimSteps for $conn {
             fn scan_sql(&self) -> ScanSql {
                 <$backend as PartitionScanSql>::SCAN
@@ -162,6 +164,16 @@ macro_rules! claim_steps {
                 queue: &str,
                 bound: Option<i64>,
             ) -> QueryResult<Option<(QueueRow, i64)>> {
+                if $bump {
+                    // A write, not only a locking read: on a Galera cluster a row lock is the
+                    // member's own, and only a write is certified against the others', so
+                    // two members' claims of one queue cannot both commit (the loser is
+                    // rolled back whole and claims again: `with_tx!`).
+                    diesel::update(queues::table.filter(queues::name.eq(queue)))
+                        .set(queues::claims.eq(queues::claims + 1))
+                        .execute(self)
+                        .await?;
+                }
                 let found: Vec<(QueueRow, i64)> = ForUpdate(
                     queues::table
                         .filter(queues::name.eq(queue))
@@ -395,14 +407,18 @@ macro_rules! claim_steps {
 }
 
 #[cfg(feature = "postgres")]
-claim_steps!(diesel_async::AsyncPgConnection, diesel::pg::Pg);
+// PostgreSQL and SQLite have one writer of a row (one primary; one writer at all): their
+// locking read serializes the controlled claims.
+claim_steps!(diesel_async::AsyncPgConnection, diesel::pg::Pg, bump: false);
 #[cfg(feature = "mysql")]
-claim_steps!(diesel_async::AsyncMysqlConnection, diesel::mysql::Mysql);
+// MariaDB may be a Galera cluster, whose row locks are member-local: the lock is a write.
+claim_steps!(diesel_async::AsyncMysqlConnection, diesel::mysql::Mysql, bump: true);
 #[cfg(feature = "sqlite")]
 claim_steps!(
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
         diesel::sqlite::SqliteConnection,
         super::super::SqliteRunner,
     >,
-    diesel::sqlite::Sqlite
+    diesel::sqlite::Sqlite,
+    bump: false
 );

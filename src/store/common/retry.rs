@@ -7,9 +7,19 @@
 //! victim at a time, and a victim that retried at once met the same crowd again — on a
 //! loaded CI machine one lost five times in a row and its enqueue failed. A pause of a
 //! spread-out length, growing with each try, lets the crowd thin out first.
+//!
+//! A transaction the database rolled back whole — a deadlock victim, a serialization
+//! failure, or on MariaDB Galera a certification conflict with another member's commit
+//! (reported as the same error 1213, at `COMMIT`) — applied nothing, so any write may be
+//! tried again ([`RolledBack`], [`retry_rolled_back`]); every transaction `with_tx!` runs
+//! is. A lost connection is not among these: the commit may have been applied, and only
+//! the callers that know their write is idempotent retry it.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::error::{Error, StoreError};
 
 /// Tries of a write while it fails transiently: **8**. With the pauses below, at most
 /// about 0.1 s of waiting in all, inside the operation's statement bound.
@@ -36,6 +46,69 @@ pub(crate) fn pause_after(tries: usize) -> Duration {
 /// Pauses before another try (see [`pause_after`]).
 pub(crate) async fn pause_before_retry(tries: usize) {
     tokio::time::sleep(pause_after(tries)).await;
+}
+
+/// How the databases report a transaction they rolled back whole: PostgreSQL's deadlock
+/// victim (40P01) and serialization failure (40001); MySQL's and MariaDB's deadlock victim
+/// (1213), which is also how Galera reports a certification conflict; and a Galera member
+/// that refuses statements while outside the primary component (1047), which applied
+/// nothing.
+const ROLLED_BACK: &[&str] = &[
+    "deadlock detected",
+    "could not serialize access",
+    "Deadlock found",
+    "WSREP detected deadlock",
+    "WSREP has not yet prepared node",
+];
+
+/// True when an error's message says the database rolled the transaction back whole.
+pub(crate) fn rolled_back_text(msg: &str) -> bool {
+    ROLLED_BACK.iter().any(|s| msg.contains(s))
+}
+
+/// An error that can say whether the database rolled its transaction back whole.
+pub(crate) trait RolledBack {
+    /// True when nothing of the failed transaction was applied (see [`ROLLED_BACK`]).
+    fn rolled_back(&self) -> bool;
+}
+
+impl RolledBack for Error {
+    fn rolled_back(&self) -> bool {
+        matches!(self, Error::Database(StoreError::Transient(m)) if rolled_back_text(m))
+    }
+}
+
+impl RolledBack for diesel::result::Error {
+    fn rolled_back(&self) -> bool {
+        match self {
+            diesel::result::Error::DatabaseError(_, info) => rolled_back_text(info.message()),
+            _ => false,
+        }
+    }
+}
+
+/// Runs `op` again, after a pause, while the database rolls it back whole (at most
+/// [`TRANSIENT_TRIES`] tries): a write that applied nothing is safe to send again.
+pub(crate) async fn retry_rolled_back<T, E, F, Fut>(mut op: F) -> std::result::Result<T, E>
+where
+    E: RolledBack,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, E>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match op().await {
+            Err(e) if tries < TRANSIENT_TRIES && e.rolled_back() => {
+                tracing::debug!(
+                    tries,
+                    "transaction rolled back by the database; trying again"
+                );
+                pause_before_retry(tries).await;
+            }
+            res => return res,
+        }
+    }
 }
 
 /// SplitMix64's finalizer: consecutive counter values map to well-spread numbers.
@@ -73,6 +146,81 @@ mod tests {
             pauses.len() > 8,
             "16 pauses, {} distinct: {pauses:?}",
             pauses.len()
+        );
+    }
+
+    #[test]
+    fn only_a_transaction_rolled_back_whole_is_tried_again() {
+        for msg in [
+            "deadlock detected",
+            "could not serialize access due to concurrent update",
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "WSREP detected deadlock/conflict and aborted the transaction. Try restarting the transaction",
+            "WSREP has not yet prepared node for application use",
+        ] {
+            assert!(rolled_back_text(msg), "{msg}");
+            let e = Error::Database(StoreError::Transient(msg.into()));
+            assert!(e.rolled_back(), "{msg}");
+        }
+        // The commit of these may have been applied: not tried again here.
+        for msg in [
+            "Lost connection to MySQL server during query",
+            "connection closed",
+            "server has gone away",
+            "Lock wait timeout exceeded; try restarting transaction",
+            "database is locked",
+        ] {
+            assert!(!rolled_back_text(msg), "{msg}");
+        }
+        let other = Error::Database(StoreError::Other("Deadlock found".into()));
+        assert!(!other.rolled_back(), "only a transient error");
+    }
+
+    #[tokio::test]
+    async fn a_rolled_back_try_runs_again_and_another_error_does_not() {
+        let tries = std::cell::Cell::new(0usize);
+        let out: std::result::Result<usize, Error> = retry_rolled_back(|| {
+            tries.set(tries.get() + 1);
+            let n = tries.get();
+            async move {
+                if n < 3 {
+                    Err(Error::Database(StoreError::Transient(
+                        "Deadlock found".into(),
+                    )))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(out.unwrap(), 3);
+        tries.set(0);
+        let out: std::result::Result<usize, Error> = retry_rolled_back(|| {
+            tries.set(tries.get() + 1);
+            async {
+                Err(Error::Database(StoreError::Transient(
+                    "connection closed".into(),
+                )))
+            }
+        })
+        .await;
+        assert!(out.is_err());
+        assert_eq!(tries.get(), 1, "a lost connection is not tried again");
+        tries.set(0);
+        let out: std::result::Result<usize, Error> = retry_rolled_back(|| {
+            tries.set(tries.get() + 1);
+            async {
+                Err(Error::Database(StoreError::Transient(
+                    "Deadlock found".into(),
+                )))
+            }
+        })
+        .await;
+        assert!(out.is_err());
+        assert_eq!(
+            tries.get(),
+            TRANSIENT_TRIES,
+            "at most TRANSIENT_TRIES tries"
         );
     }
 
