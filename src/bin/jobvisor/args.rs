@@ -61,8 +61,8 @@ pub(crate) enum Command {
     },
     /// Retry dead or cancelled jobs now: one by id, or every job matching filters.
     Retry(Bulk),
-    /// Cancel jobs: one by id, or every job matching filters (running ones stop at their
-    /// node's next heartbeat).
+    /// Cancel jobs: one by id, or every job matching filters (a running one's handler is
+    /// told at once, its node's next heartbeat as the backstop).
     Cancel(Bulk),
     /// The nodes registered on this database: queues, kinds, last heartbeat.
     Nodes {

@@ -249,7 +249,7 @@ async fn apply(
         Change::Cancel => Ok(match client.cancel(id).await? {
             CancelOutcome::Cancelled(_) => Some("cancelled".to_string()),
             CancelOutcome::Requested(_) => {
-                Some("cancel requested (it stops at its node's next heartbeat)".to_string())
+                Some("cancel requested (its handler is told at once)".to_string())
             }
             CancelOutcome::AlreadyFinished(_) => None,
         }),
