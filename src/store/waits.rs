@@ -13,9 +13,9 @@
 //! # Why a registered waiter cannot miss the end
 //!
 //! The waiter, in this order: (1) its client's `LISTEN jobvisor_done` has taken hold;
-//! (2) [`Store::wait_register`]: one statement that locks the job's row `FOR SHARE`, reads its
-//! state and, if it has not ended, counts the wait, committed when it returns; (3) it reads
-//! the job. The ending transaction `E`, in this order: updates the row (a row lock), then
+//! (2) [`Store::wait_register`]: one statement that locks a running job's row `FOR SHARE`,
+//! reads its state and, if it has not ended, counts the wait, committed when it returns; (3)
+//! it reads the job. The ending transaction `E`, in this order: updates the row (a row lock), then
 //! calls `jobvisor_announce_done`, whose query — a volatile function under READ COMMITTED —
 //! takes its snapshot then, after the lock, and commits, the notification delivered at commit.
 //! Two cases, by who has the row first:
@@ -24,6 +24,12 @@
 //! * (2) locked it first: `E`'s update waits for (2)'s commit, so `E`'s announcing snapshot,
 //!   taken later, sees the row (2) wrote, and notifies; the `LISTEN` of (1) took hold before,
 //!   so the notification reaches the waiter.
+//!
+//! A job that is not running is not locked: a claim's `SKIP LOCKED` would pass over a pending
+//! job while (2) held it, and an idle node would leave it to its poll (seen: `wake_up`'s
+//! retried jobs waited 5 s). So the end of a job not running whose transaction commits
+//! between (2)'s read and (2)'s commit (a cancel in flight) can go unannounced; the poll
+//! catches it.
 //!
 //! A snapshot taken at `E`'s start instead (a plain join in the finalize) can miss it: `E`
 //! begins, the waiter registers, reads "running" and listens, `E` commits — without the lock

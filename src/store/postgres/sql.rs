@@ -238,9 +238,12 @@ prepared_statement!(
 );
 
 /// Registers a wait (`PgDriver::wait_register`; the order that makes it safe is explained in
-/// `store/waits.rs`). `j` locks the job's row `FOR SHARE`: a transaction that updated the row
-/// and has not committed is waited for, and its version read (READ COMMITTED). The wait is
-/// counted only for a job that exists and has not ended; the answer says whether it was.
+/// `store/waits.rs`). `j` locks the job's row `FOR SHARE` while it runs: a transaction that
+/// ended it and has not committed is waited for, and then the row no longer matches
+/// (READ COMMITTED re-checks it), so `k` finds no live state. A row that is not running is
+/// not locked: a claim's `SKIP LOCKED` would pass a pending job over while it was, and an
+/// idle node would then wait for its poll. The wait is counted only for a job that exists
+/// and has not ended; the answer says whether it was.
 /// Rows past their `expires_at` (waiters that died) are deleted here, the only place that
 /// writes the table while somebody waits; nobody waiting, nothing reads or writes it.
 pub(crate) const WAIT_REGISTER: &str = concat!(
@@ -250,12 +253,15 @@ WITH n AS (
     now_us!(),
     " AS now
 ), j AS (
-    SELECT state FROM jobvisor_jobs WHERE id = $1 FOR SHARE
+    SELECT state FROM jobvisor_jobs WHERE id = $1 AND state = 'running' FOR SHARE
+), k AS (
+    SELECT COALESCE((SELECT state FROM j),
+                    (SELECT state FROM jobvisor_jobs WHERE id = $1 AND state <> 'running')) AS state
 ), stale AS (
     DELETE FROM jobvisor_waits AS w USING n WHERE w.expires_at < n.now AND w.job_id <> $1
 ), reg AS (
     INSERT INTO jobvisor_waits (job_id, waiters, expires_at)
-    SELECT $1, 1, n.now + $2 FROM j, n WHERE j.state NOT IN ('succeeded', 'dead', 'cancelled')
+    SELECT $1, 1, n.now + $2 FROM k, n WHERE k.state NOT IN ('succeeded', 'dead', 'cancelled')
     ON CONFLICT (job_id) DO UPDATE SET waiters = jobvisor_waits.waiters + 1,
         expires_at = GREATEST(jobvisor_waits.expires_at, EXCLUDED.expires_at)
     RETURNING job_id
