@@ -82,6 +82,7 @@ pub mod dependency;
 pub mod error;
 pub mod handler;
 mod handler_tx;
+pub mod hooks;
 pub mod job;
 mod job_args;
 pub mod lease;
