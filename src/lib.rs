@@ -88,6 +88,7 @@ mod job_args;
 pub mod lease;
 pub mod metrics;
 mod new_job;
+mod parent_results;
 mod queue;
 pub mod schedule;
 pub mod scheduler;
@@ -114,6 +115,7 @@ pub use job::{
 };
 pub use job_args::JobArgs;
 pub use lease::{ClaimId, NodeId};
+pub use parent_results::ParentResults;
 pub use queue::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};
 pub use schedule::{MissedFires, Schedule, ScheduleInfo};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
