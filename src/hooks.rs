@@ -6,10 +6,11 @@
 //! * [`JobHooks::on_enqueue`] sees each job before it is written, once per job and per call,
 //!   by every enqueue of [`Client`](crate::Client) (`enqueue`, `enqueue_many`, `enqueue_in`,
 //!   `enqueue_batch` — its members and its callback —, `trigger_schedule`) and of a handler's
-//!   transaction ([`JobTx::enqueue`](crate::JobTx::enqueue)). It may rewrite the job, or
-//!   refuse it: then nothing of the call is written and the call answers
-//!   [`Error::Refused`](crate::Error::Refused). Hooks run on every job of a call before any is
-//!   written.
+//!   transaction ([`JobTx::enqueue`](crate::JobTx::enqueue)) — so also a node's reconcilers,
+//!   which enqueue through its client; not the jobs a schedule fires, which the leader inserts
+//!   itself. It may rewrite the job, or refuse it: then nothing of the call is written and
+//!   the call answers [`Error::Refused`](crate::Error::Refused). Hooks run on every job of a
+//!   call before any is written.
 //! * [`JobHooks::around_run`] wraps each attempt whose handler starts, once: it gets the
 //!   attempt as a [`Run`] (read its [`context`](Run::context), await it to run the handler,
 //!   at most once since awaiting consumes it) and answers the attempt's result. Code before
@@ -45,6 +46,7 @@ use crate::scheduler::panic_error;
 ///
 /// # Examples
 /// ```
+/// use std::future::IntoFuture as _;
 /// use std::time::Instant;
 /// use jobvisor::hooks::{JobHooks, Run};
 /// use jobvisor::{JobResult, NewJob};
