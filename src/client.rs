@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::done_watch::{DoneWatch, Registration};
 use crate::error::{Error, Result};
+use crate::hooks::{on_enqueue, Hooks};
 use crate::job::{Job, JobId, NewJob, RunAt};
 use crate::schedule::ScheduleInfo;
 use crate::store::{
@@ -79,6 +80,8 @@ pub struct Client {
     declared: Option<tokio::sync::watch::Receiver<bool>>,
     /// Hears that waited jobs ended, for [`Client::wait`] (PostgreSQL); shared by the clones.
     done: Arc<DoneWatch>,
+    /// The application's hooks: each enqueue runs their `on_enqueue` (`hooks.rs`).
+    hooks: Option<Hooks>,
 }
 
 impl std::fmt::Debug for Client {
@@ -86,6 +89,7 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("store", &self.store)
             .field("wakes_local_fetchers", &self.wake.is_some())
+            .field("hooks", &self.hooks.as_ref().map(|h| h.name()))
             .finish()
     }
 }
@@ -104,7 +108,27 @@ impl Client {
             clock,
             wake: None,
             declared: None,
+            hooks: None,
         }
+    }
+
+    /// Registers the application's [`JobHooks`](crate::hooks::JobHooks) on this client
+    /// (replacing any): its `on_enqueue` sees every job this client enqueues, before it is
+    /// written. A node's client has its node's hooks already
+    /// ([`SchedulerBuilder::hooks`](crate::SchedulerBuilder::hooks)). Example on
+    /// [`JobHooks`](crate::hooks::JobHooks).
+    pub fn with_hooks<H: crate::hooks::JobHooks>(mut self, hooks: H) -> Self {
+        self.hooks = Some(crate::hooks::erase(hooks));
+        self
+    }
+
+    pub(crate) fn set_hooks(&mut self, hooks: Option<Hooks>) {
+        self.hooks = hooks;
+    }
+
+    /// The hooks this client runs, if any.
+    pub(crate) fn hooks(&self) -> Option<&Hooks> {
+        self.hooks.as_ref()
     }
 
     pub(crate) fn with_wake(mut self, wake: Wake) -> Self {
@@ -158,7 +182,8 @@ impl Client {
     /// type (its kind and defaults come with it).
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] naming the bad field; [`Error::Database`].
+    /// [`Error::InvalidInput`] naming the bad field; [`Error::Refused`] by a hook;
+    /// [`Error::Database`].
     pub async fn enqueue(&self, job: impl Into<NewJob>) -> Result<Enqueued> {
         let mut v = self.enqueue_many(vec![job.into()]).await?;
         v.pop()
@@ -168,8 +193,10 @@ impl Client {
     /// Enqueues many jobs in one round trip where the backend allows.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] naming the first bad job; nothing is written.
-    pub async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+    /// [`Error::InvalidInput`] naming the first bad job, [`Error::Refused`] for the first job
+    /// a hook refused; nothing is written.
+    pub async fn enqueue_many(&self, mut jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        on_enqueue(self.hooks.as_ref(), &mut jobs)?;
         let now = self.clock.bound_now();
         let out = self.store.enqueue_jobs(&jobs, now).await?;
         self.wake_for(&jobs, &out);
@@ -197,8 +224,9 @@ impl Client {
     pub async fn enqueue_in<C: OutboxConnection>(
         &self,
         conn: &mut C,
-        jobs: Vec<NewJob>,
+        mut jobs: Vec<NewJob>,
     ) -> Result<Vec<Enqueued>> {
+        on_enqueue(self.hooks.as_ref(), &mut jobs)?;
         let params = EnqueueParams {
             jobs,
             now: self.clock.bound_now(),
@@ -625,9 +653,13 @@ impl Client {
     /// [`MAX_PARENTS`](crate::dependency::MAX_PARENTS)); [`Error::Database`].
     pub async fn enqueue_batch(
         &self,
-        members: Vec<NewJob>,
-        callback: NewJob,
+        mut members: Vec<NewJob>,
+        mut callback: NewJob,
     ) -> Result<crate::Batch> {
+        on_enqueue(
+            self.hooks.as_ref(),
+            members.iter_mut().chain(std::iter::once(&mut callback)),
+        )?;
         let (batch, due) = self
             .store
             .enqueue_batch(&members, callback, self.clock.bound_now())

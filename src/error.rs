@@ -23,6 +23,17 @@ pub enum Error {
         /// What was wrong and what was expected.
         reason: String,
     },
+    /// The application's [`JobHooks::on_enqueue`](crate::hooks::JobHooks::on_enqueue)
+    /// refused a job (or panicked on it): nothing of the call was written.
+    #[error("the hook {hook} refused a {kind} job: {reason}")]
+    Refused {
+        /// The hooks' type.
+        hook: &'static str,
+        /// The refused job's kind.
+        kind: String,
+        /// The hook's reason (or its panic's message).
+        reason: String,
+    },
     /// No job has this id (neither live nor archived).
     #[error("job {id} not found")]
     NotFound {

@@ -225,6 +225,27 @@ impl JobContext {
         })
     }
 
+    /// The results of the parents this job waited for ([`NewJob::after`]): each parent's
+    /// final state and, for one that succeeded, its result; typed with
+    /// [`ParentResults::typed`]. One statement, when called (nothing is read otherwise); the
+    /// parents' rows are read live or archived. A parent pruned from the archive is no longer
+    /// listed. Example on [`ParentResults`].
+    ///
+    /// # Errors
+    /// A permanent [`JobError`] (code `parent_results_too_large`) if the results together
+    /// are more than the store's payload cap of JSON
+    /// ([`StoreOptions::max_payload_bytes`](crate::StoreOptions::max_payload_bytes)); a
+    /// retryable one if the database fails, or for a context without a client.
+    ///
+    /// [`NewJob::after`]: crate::NewJob::after
+    /// [`ParentResults`]: crate::ParentResults
+    /// [`ParentResults::typed`]: crate::ParentResults::typed
+    pub async fn parent_results(&self) -> Result<crate::ParentResults, JobError> {
+        let store = self.client()?.store();
+        let rows = store.job_parent_results(self.id).await?;
+        crate::ParentResults::new(rows, store.options().max_payload_bytes)
+    }
+
     /// Gives a test context a client (see [`JobContext::client`]).
     pub fn with_client(mut self, client: Client) -> Self {
         self.client = Some(client);

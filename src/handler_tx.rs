@@ -42,6 +42,8 @@ pub struct JobTx<'c, C> {
     claim: ClaimId,
     now: Option<i64>,
     store: &'c Store,
+    /// The node's hooks: [`JobTx::enqueue`] runs their `on_enqueue`.
+    hooks: Option<&'c crate::hooks::Hooks>,
 }
 
 impl<C> fmt::Debug for JobTx<'_, C> {
@@ -142,7 +144,8 @@ impl<C: JobConnection> JobTx<'_, C> {
     ///
     /// # Errors
     /// As [`Client::enqueue_in`](crate::Client::enqueue_in).
-    pub async fn enqueue(&mut self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, Error> {
+    pub async fn enqueue(&mut self, mut jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, Error> {
+        crate::hooks::on_enqueue(self.hooks, &mut jobs)?;
         let now = self.now.map(crate::store::from_us);
         self.store
             .job_enqueue_in(&mut *self.conn, EnqueueParams { jobs, now })
@@ -401,6 +404,7 @@ impl JobContext {
             claim: self.claim_id(),
             now,
             store,
+            hooks: self.client_opt().and_then(|c| c.hooks()),
         };
         let r = match body(tx).await {
             Ok(r) => r,

@@ -49,6 +49,8 @@ pub struct SchedulerBuilder {
     /// Handlers run on the runtime the node starts on, not on threads of their own
     /// (simulation only: [`SchedulerBuilder::handlers_on_current_runtime`]).
     handlers_here: bool,
+    /// The application's hooks, if registered ([`SchedulerBuilder::hooks`]).
+    hooks: Option<crate::hooks::Hooks>,
 }
 
 impl std::fmt::Debug for SchedulerBuilder {
@@ -232,6 +234,17 @@ impl SchedulerBuilder {
     /// Uses another clock (a [`ManualClock`](crate::clock::ManualClock) in simulation).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Registers the application's [`JobHooks`](crate::hooks::JobHooks) (once; a later
+    /// call replaces them): they wrap every attempt this node runs, and see every enqueue of
+    /// its client ([`SchedulerHandle::client`](crate::SchedulerHandle::client), its
+    /// handlers' [`JobContext::client`](crate::JobContext::client) and transactions). A client
+    /// made elsewhere takes them with [`Client::with_hooks`]. Example on
+    /// [`JobHooks`](crate::hooks::JobHooks).
+    pub fn hooks<H: crate::hooks::JobHooks>(mut self, hooks: H) -> Self {
+        self.hooks = Some(crate::hooks::erase(hooks));
         self
     }
 
@@ -440,7 +453,8 @@ impl SchedulerBuilder {
         // nothing to wait for.
         let (schedules_stored, declared) =
             tokio::sync::watch::channel(schedules.is_empty() || !self.config.timers);
-        let client = client.with_declared(declared);
+        let mut client = client.with_declared(declared);
+        client.set_hooks(self.hooks.clone());
         let node = self.node.unwrap_or_else(NodeId::random);
         let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
         kinds.sort_unstable();
@@ -466,6 +480,7 @@ impl SchedulerBuilder {
                 .iter()
                 .map(|(name, _)| (name.clone(), Arc::default()))
                 .collect(),
+            hooks: self.hooks,
         });
         let lease_manager = LeaseManager::new(shared.clone()).start();
         let mut fetchers = HashMap::new();
@@ -552,6 +567,7 @@ impl Scheduler {
             clock: Arc::new(SystemClock),
             node: None,
             handlers_here: false,
+            hooks: None,
         }
     }
 }

@@ -92,10 +92,12 @@ pub(crate) use fetcher::Fetcher;
 pub(crate) use gauges::refresh as refresh_gauges;
 #[cfg(feature = "web")]
 pub(crate) use id_gaps::IdGaps;
+pub(crate) use job_supervisor::panic_error;
 #[cfg(feature = "test-util")]
 pub(crate) use leader_elector::Elect;
 #[cfg(feature = "test-util")]
 pub(crate) use lease_manager::LeaseManager;
+pub(crate) use panic_site::payload_message as panic_message;
 pub(crate) use progress::ProgressCell;
 #[cfg(feature = "test-util")]
 pub(crate) use reconciler::run as reconcile_pass;

@@ -63,6 +63,9 @@ pub(crate) struct Shared {
     /// The node's view of each served queue's pause, read at every start (kept in step by
     /// the queue watch).
     pub(crate) queue_gates: HashMap<String, Arc<QueueGate>>,
+    /// The application's hooks around enqueue and run (`hooks.rs`); `None`: none, and
+    /// nothing is added to a run.
+    pub(crate) hooks: Option<crate::hooks::Hooks>,
 }
 
 impl Shared {

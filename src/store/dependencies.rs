@@ -696,6 +696,44 @@ impl Store {
         })
     }
 
+    /// The parents of `child` with their states and results, live or archived, by id, in one
+    /// statement (the two tables' rows joined to the child's edges, `UNION ALL`: a job is
+    /// in one or the other). A parent pruned from the archive took its edge with it, so it
+    /// is not listed.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a parent whose stored state is unknown; [`Error::Database`].
+    pub(crate) async fn job_parent_results(
+        &self,
+        child: JobId,
+    ) -> Result<Vec<(JobId, JobState, Option<serde_json::Value>)>> {
+        let rows: Vec<(i64, String, Option<serde_json::Value>)> =
+            with_conn!(self, |conn| deps::table
+                .inner_join(jobs::table.on(jobs::id.eq(deps::parent_id)))
+                .filter(deps::child_id.eq(child.0))
+                .select((deps::parent_id, jobs::state, jobs::result))
+                .union_all(
+                    deps::table
+                        .inner_join(archive::table.on(archive::id.eq(deps::parent_id)))
+                        .filter(deps::child_id.eq(child.0))
+                        .select((deps::parent_id, archive::state, archive::result)),
+                )
+                .load(conn)
+                .await?);
+        let mut parents = rows
+            .into_iter()
+            .map(|(id, state, result)| {
+                let state = state.parse().map_err(|_| Error::Corrupt {
+                    id: JobId(id),
+                    reason: format!("its state {state:?} is not one jobvisor knows"),
+                })?;
+                Ok((JobId(id), state, result))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        parents.sort_unstable_by_key(|p| p.0);
+        Ok(parents)
+    }
+
     /// The states of `ids`, from the live table or else the archive.
     async fn states_of(&self, ids: &[i64]) -> Result<HashMap<i64, JobState>> {
         let mut out = HashMap::with_capacity(ids.len());

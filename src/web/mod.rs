@@ -442,7 +442,7 @@ async fn not_found(req: HttpRequest) -> HttpResponse {
 pub(crate) fn error_response(req: &HttpRequest, e: &Error) -> HttpResponse {
     let (status, message) = match e {
         Error::NotFound { .. } => (StatusCode::NOT_FOUND, e.to_string()),
-        Error::InvalidInput { .. } | Error::Config { .. } => {
+        Error::InvalidInput { .. } | Error::Config { .. } | Error::Refused { .. } => {
             (StatusCode::BAD_REQUEST, e.to_string())
         }
         Error::InvalidTransition { .. } => (StatusCode::CONFLICT, e.to_string()),

@@ -51,6 +51,7 @@ use super::shared::Registered;
 use super::{Event, Shared};
 use crate::clock::Clock;
 use crate::handler::{JobContext, JobError, JobOutcome, JobResult, Next};
+use crate::hooks;
 use crate::job::{JobFailure, JobId};
 use crate::lease::LeaseToken;
 use crate::metrics::KindMetrics;
@@ -301,7 +302,8 @@ impl JobSupervisor {
             let t0 = std::time::Instant::now();
             // The task fences itself too: the lease manager's deadline check runs on the
             // actors' arbiter, which the application shares and can block.
-            let ran = run_fenced(reg.handler.call(job_ctx), gate, &*shared.clock).await;
+            let handler = hooks::handler_future(shared.hooks.as_ref(), reg.handler, job_ctx);
+            let ran = run_fenced(handler, gate, &*shared.clock).await;
             if matches!(ran, Ran::Fenced) && gate.fence() {
                 let kind = this.kind.to_string();
                 shared.events.emit(Event::SelfFenced { id, kind, claim });
@@ -391,7 +393,7 @@ impl JobSupervisor {
             Ok(Ok(JobOutcome::Succeeded(result))) => Finalization::Succeeded { result },
             Ok(Ok(JobOutcome::Snooze(delay))) => Finalization::Requeue { delay },
             Ok(Err(e)) => self.failed(&e),
-            Err(Some(p)) => self.failed(&p.into_error()),
+            Err(Some(p)) => self.failed(&p.into_error("the handler")),
             // Dropped without a stop reason: only a task dropped unfinished (its runtime shut
             // down; see `Finish`), so give it back.
             Err(None) => Finalization::Requeue {
@@ -509,21 +511,27 @@ impl Panicked {
         }
     }
 
-    /// The attempt's failure: code `panic`, the location in the message, the site in
-    /// `detail` (`{"panic": {"file", "line", "column", "backtrace"?}}`).
-    fn into_error(self) -> JobError {
+    /// The attempt's failure when `who` (`the handler`, a hook) panicked: code `panic`, the
+    /// location in the message, the site in `detail` (`{"panic": {"file", "line", "column",
+    /// "backtrace"?}}`).
+    fn into_error(self, who: &str) -> JobError {
         match self.site {
             Some(site) => JobError::retry(format!(
-                "the handler panicked at {}: {}",
+                "{who} panicked at {}: {}",
                 site.location(),
                 self.message
             ))
             .with_code("panic")
             .with_detail(site.detail()),
-            None => JobError::retry(format!("the handler panicked: {}", self.message))
-                .with_code("panic"),
+            None => JobError::retry(format!("{who} panicked: {}", self.message)).with_code("panic"),
         }
     }
+}
+
+/// The attempt's failure for the panic just caught on this thread with `payload`, raised by
+/// `who` (`the handler`, or a hook named so): as a handler's panic is reported.
+pub(crate) fn panic_error(payload: &(dyn std::any::Any + Send), who: &str) -> JobError {
+    Panicked::caught(payload).into_error(who)
 }
 
 /// How a handler task ended.

@@ -79,6 +79,7 @@ async fn shared_with(
         schedules: Vec::new(),
         schedules_stored: tokio::sync::watch::Sender::new(true),
         queue_gates: HashMap::new(),
+        hooks: None,
     })
 }
 

@@ -255,6 +255,7 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_job_deps);
+diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs_archive, jobvisor_job_deps);
 
 diesel::table! {
     /// The audit log (see `store::audit`): one row per operator action.

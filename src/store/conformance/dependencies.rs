@@ -1,8 +1,8 @@
 //! Dependencies between jobs: a child never starts before its parents succeeded, a failed
 //! parent applies the child's policy, a missing parent is refused at enqueue, a batch's
 //! callback is released exactly once however its last members race, a parent's end racing
-//! its child's enqueue never strands the child, cascade cancel, retry of a dead parent, and
-//! the archiver keeping parents.
+//! its child's enqueue never strands the child, cascade cancel, retry of a dead parent, the
+//! archiver keeping parents, and a child reading its parents' results.
 
 use super::*;
 use crate::dependency::ParentPolicy;
@@ -599,4 +599,91 @@ pub async fn an_enqueue_in_the_callers_transaction_names_parents(b: Backend) {
         JobState::Cancelled,
         "its policy: cancel"
     );
+}
+
+/// Claims `id`, records its start and finalizes it succeeded with `result`, at `at`.
+async fn succeed_with(t: &Bundle, id: JobId, at: i64, result: serde_json::Value) {
+    let c = t
+        .claim("default", "n1", 1, at)
+        .await
+        .pop()
+        .unwrap_or_else(|| panic!("job {id} is not claimable at {at}"));
+    assert_eq!(c.id, id);
+    t.renew_started(id, &c.token, at, Some(0)).await;
+    let f = Finalize::succeeded(id, c.token.clone(), result);
+    assert_eq!(
+        t.finalize(f, at).await,
+        Guarded::Applied(JobState::Succeeded)
+    );
+}
+
+pub async fn a_child_reads_its_parents_results_live_or_archived(b: Backend) {
+    let t = Bundle::new(b).await;
+    let results = async |child: JobId| t.store.job_parent_results(child).await.unwrap();
+    let archive = async |at: i64| {
+        t.store
+            .job_archive(ArchiveParams {
+                older_than: Duration::ZERO,
+                dead_older_than: Duration::ZERO,
+                limit: 100,
+                now: t.at(at),
+            })
+            .await
+            .unwrap()
+    };
+    // A parent that succeeded and was archived before the child named it.
+    let old = t.enqueue(job(1), 0).await;
+    succeed_with(&t, old, 1, json!({"rows": 3})).await;
+    assert_eq!(archive(2).await, 1);
+    let p = t.enqueue(job(2), 3).await;
+    let bad = t.enqueue(job(3), 3).await;
+    let child = t
+        .enqueue(
+            job(4)
+                .after(&[old, p, bad])
+                .on_parent_failure(ParentPolicy::Run),
+            3,
+        )
+        .await;
+    // Before the live parents end: listed with their states, no result.
+    assert_eq!(
+        results(child).await,
+        vec![
+            (old, JobState::Succeeded, Some(json!({"rows": 3}))),
+            (p, JobState::Pending, None),
+            (bad, JobState::Pending, None),
+        ]
+    );
+    succeed_with(&t, p, 4, json!("p-out")).await;
+    assert_eq!(
+        run(&t, bad, 5, JobState::Dead).await,
+        Guarded::Applied(JobState::Dead)
+    );
+    // A crash between the last parent's end and its settle: the backstop releases the
+    // child, and what it reads is in the parents' rows, written by their finalizations.
+    t.store.job_settle_stranded(100, t.at(6)).await.unwrap();
+    assert_eq!(state(&t, child).await, JobState::Pending);
+    let ended = vec![
+        (old, JobState::Succeeded, Some(json!({"rows": 3}))),
+        (p, JobState::Succeeded, Some(json!("p-out"))),
+        (bad, JobState::Dead, None),
+    ];
+    assert_eq!(results(child).await, ended);
+    // The live parents stay while the child has not ended; the archived one is read from
+    // the archive until it is pruned, which takes its edge with it.
+    assert_eq!(archive(7).await, 0, "parents of a live child stay");
+    assert_eq!(results(child).await, ended);
+    let pruned = t
+        .store
+        .job_prune_archive(PruneParams {
+            older_than: Duration::from_secs(60),
+            limit: 100,
+            now: t.at(2 + 61),
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    assert_eq!(results(child).await, ended[1..].to_vec());
+    // A job with no parents has none to read.
+    assert_eq!(results(p).await, vec![]);
 }

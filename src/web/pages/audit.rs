@@ -45,7 +45,8 @@ pub(crate) fn failure_text(e: &Error) -> String {
         Error::NotFound { .. }
         | Error::InvalidInput { .. }
         | Error::Config { .. }
-        | Error::InvalidTransition { .. } => e.to_string(),
+        | Error::InvalidTransition { .. }
+        | Error::Refused { .. } => e.to_string(),
         _ => "failed: the database did not answer as expected".to_string(),
     }
 }
