@@ -17,9 +17,12 @@ use serde_json::{json, Value};
 pub(crate) async fn enqueue_concurrent(backend: Backend, tasks: usize, secs: u64) -> (f64, Value) {
     let db = TestDb::create(backend).await;
     let pool = u32::try_from(tasks).expect("--tasks fits a pool size");
-    let store = Store::connect_with(&db.url, StoreOptions::default().pool_size(pool).migrate(true))
-        .await
-        .expect("store");
+    let store = Store::connect_with(
+        &db.url,
+        StoreOptions::default().pool_size(pool).migrate(true),
+    )
+    .await
+    .expect("store");
     let client = Client::new(store);
     // Every connection opened before the clock starts.
     let warm = (0..tasks).map(|i| client.enqueue(NewJob::new("noop", json!({"warm": i}))));
@@ -46,5 +49,8 @@ pub(crate) async fn enqueue_concurrent(backend: Backend, tasks: usize, secs: u64
     futures_util::future::join_all(workers).await;
     let n = done.load(Relaxed);
     let rate = n as f64 / t0.elapsed().as_secs_f64();
-    (rate, json!({"tasks": tasks, "seconds": secs, "enqueued": n}))
+    (
+        rate,
+        json!({"tasks": tasks, "seconds": secs, "enqueued": n}),
+    )
 }
