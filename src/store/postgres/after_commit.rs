@@ -110,6 +110,7 @@ async fn run(guard: Running, pool: ConnPool<AsyncPgConnection>) {
 }
 
 #[cfg(all(test, feature = "test-util"))]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::time::Duration;
 
