@@ -10,7 +10,8 @@
 //! * `drain`: N no-op jobs enqueued beforehand (untimed); a scheduler with default settings and
 //!   queue concurrency C runs them; time until every finalization is written.
 //! * `enqueue`: N/10 single enqueues, each its own statement/transaction; `enqueue-batch`: N
-//!   in one call.
+//!   in one call. `enqueue-concurrent` (only when named): T tasks enqueueing one job at a
+//!   time (`concurrent.rs`).
 //! * `latency`: idle workers; one job every 10 ms, 1,000 of them; time from just before the
 //!   enqueue to the handler's start (p50/p95/p99/max). `latency` enqueues through the node's
 //!   own client (in-process wake-up); `latency-remote` through a separate client, as another
@@ -90,6 +91,7 @@
 //! `scale.rs` the scale modes and `raw.rs` the raw-SQL baselines.
 
 mod bloat;
+mod concurrent;
 mod cost;
 mod dependencies;
 mod limits;
@@ -148,6 +150,10 @@ struct Args {
     nodes: usize,
     /// Members of the `deps` mode's batch.
     fan: usize,
+    /// Tasks enqueueing at once in `enqueue-concurrent`, one run per entry.
+    tasks: Vec<usize>,
+    /// Seconds each `enqueue-concurrent` run lasts.
+    seconds: u64,
     /// Length of the `deps` mode's chain.
     chain: usize,
     only: Option<Vec<String>>,
@@ -163,7 +169,7 @@ usage: bench [flags]
   --only a,b,...    modes: baseline, drain, limits, enqueue, enqueue-batch, latency,
                     latency-remote, latency-raw (default: these);
                     cost, metrics, gauges, maintenance, limits-burst, nodes, deps,
-                    steady, steady-raw,
+                    steady, steady-raw, enqueue-concurrent,
                     drain-backlog, drain-archive, archive-cycle, rss, scale (only when named)
   --rounds R        rounds of limits / metrics (default 3)
   --job-ms M        each job of the limits mode sleeps M ms (default 0); steady: A-B
@@ -172,6 +178,8 @@ usage: bench [flags]
   --minutes M       steady: how long jobs arrive (default 2)
   --every S         steady: seconds between rows (default 60)
   --seed S          steady: seed of the job times (default 56)
+  --tasks T,...     enqueue-concurrent: tasks enqueueing at once (default 16,64)
+  --seconds S       enqueue-concurrent: seconds each runs (default 20)
   --nodes K         nodes the limits mode drains with (default 1); node processes of
                     the nodes mode (default 3)
   --backlog N       jobs waiting / archived beforehand (default 1000000)
@@ -198,6 +206,8 @@ fn parse_args() -> Args {
         minutes: 2.0,
         every: 60,
         seed: 56,
+        tasks: vec![16, 64],
+        seconds: 20,
         nodes: 1,
         fan: 10_000,
         chain: 1_000,
@@ -243,6 +253,13 @@ fn parse_args() -> Args {
             "--minutes" => args.minutes = val().parse().expect("--minutes takes a number"),
             "--every" => args.every = val().parse().expect("--every takes a number"),
             "--seed" => args.seed = val().parse().expect("--seed takes a number"),
+            "--tasks" => {
+                args.tasks = val()
+                    .split(',')
+                    .map(|t| t.parse().expect("--tasks takes numbers, e.g. 16,64"))
+                    .collect()
+            }
+            "--seconds" => args.seconds = val().parse().expect("--seconds takes a number"),
             "--nodes" => args.nodes = val().parse().expect("--nodes takes a number"),
             "--fan" => args.fan = val().parse().expect("--fan takes a number"),
             "--chain" => args.chain = val().parse().expect("--chain takes a number"),
@@ -320,7 +337,8 @@ async fn main() {
         std::env::set_var("JOBVISOR_PG_URL", format!("{pg}{sep}sslmode=disable"));
     }
     const SCALE: [&str; 4] = ["drain-backlog", "drain-archive", "archive-cycle", "rss"];
-    const NAMED: [&str; 9] = [
+    const NAMED: [&str; 10] = [
+        "enqueue-concurrent",
         "cost",
         "metrics",
         "gauges",
@@ -648,6 +666,21 @@ async fn main() {
                     extra,
                 },
             );
+        }
+        if want("enqueue-concurrent") {
+            for &t in &args.tasks {
+                let (r, extra) = concurrent::enqueue_concurrent(b, t, args.seconds).await;
+                report(
+                    &mut rows,
+                    Row {
+                        backend: bn,
+                        bench: "enqueue-concurrent".into(),
+                        jobs: t,
+                        per_sec: Some(r),
+                        extra,
+                    },
+                );
+            }
         }
         if want("enqueue-batch") {
             let r = enqueue_batch(b, n).await;

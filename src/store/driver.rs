@@ -445,7 +445,8 @@ impl BackendConnection for diesel_async::AsyncPgConnection {
         now: Option<i64>,
         _insert_returning: bool,
     ) -> QueryResult<Vec<Option<Enqueued>>> {
-        super::postgres::enqueue(self, batch, now).await
+        // Inside the caller's transaction: its trigger notifies at the caller's commit.
+        super::postgres::enqueue(self, batch, now, false).await
     }
 }
 

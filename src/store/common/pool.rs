@@ -165,6 +165,12 @@ where
         Lanes { main, renew }
     }
 
+    /// The main pool (a handle to it: clones share the connections).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn main(&self) -> &ConnPool<C> {
+        &self.main
+    }
+
     /// The main pool's state.
     pub(crate) fn state(&self) -> bb8::State {
         self.main.state()

@@ -1,7 +1,8 @@
 //! Wakes: how a transition that makes a job due now **without a new id** reaches the nodes
 //! of other processes at once.
 //!
-//! A new job needs nothing: on PostgreSQL its insert trigger notifies, and on MariaDB and
+//! A new job needs nothing: on PostgreSQL its insert trigger notifies (the store's own
+//! inserts are announced right after their commit instead: `postgres/after_commit.rs`), and on MariaDB and
 //! SQLite its id moves the change signal every node reads each 80 ms
 //! ([`Store::change_signal`](crate::store::Store::change_signal)). A job that becomes due by an
 //! `UPDATE` moves neither, and would wait for another process's poll. The transitions that

@@ -7,7 +7,8 @@
 //! * **`COPY`** ([`copy`]): batches of 1,000 or more jobs without unique keys are copied on a
 //!   connection of their own, twice as fast as an `INSERT` at 20,000 jobs.
 //! * **`LISTEN`/`NOTIFY`** ([`listen`]): an insert trigger wakes every node's fetchers at
-//!   commit; the other backends poll.
+//!   commit — the store's own inserts are announced just after it ([`after_commit`]), so
+//!   they commit side by side; the other backends poll.
 //! * **`VACUUM`**: the archiver vacuums the live table after large moves; the others need
 //!   nothing.
 //! * Connections ([`connect`]) get keepalives, `TCP_USER_TIMEOUT` and server-side bounds at
@@ -34,6 +35,7 @@ use super::{Enqueued, Finalize, StoreOptions, DEFAULT_POOL_SIZE, RENEW_LANE_SIZE
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob, OnDuplicate, RunAt};
 
+pub(crate) mod after_commit;
 pub(crate) mod connect;
 pub(crate) mod copy;
 pub(crate) mod listen;
@@ -64,6 +66,8 @@ pub(crate) struct PgDriver {
     /// [`sql::CLAIM_PARTITIONED`]. Only a choice of statement — both are exact whatever
     /// the row says.
     partitioned: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Announces the queues of this store's own enqueues once they committed.
+    after_commit: after_commit::AfterCommit,
 }
 
 impl PgDriver {
@@ -109,6 +113,7 @@ impl PgDriver {
             copy: CopyConn::default(),
             claim_lock_wait: lock_wait(opts.statement_timeout),
             partitioned: std::sync::Mutex::default(),
+            after_commit: after_commit::AfterCommit::default(),
         })
     }
 
@@ -130,6 +135,8 @@ impl PgDriver {
 
     /// [`Driver::enqueue`](super::driver::Driver::enqueue): one row by a cached single-row
     /// insert, a batch by one `INSERT … SELECT FROM unnest(…)`, or by `COPY` (see [`copy`]).
+    /// The inserts are quiet and their due queues announced once committed
+    /// ([`after_commit`]); `COPY`'s trigger notifies.
     pub(crate) async fn enqueue(
         &self,
         batch: &[&NewJob],
@@ -140,7 +147,15 @@ impl PgDriver {
             return Box::pin(self.copy.enqueue(&self.connector, batch, now)).await;
         }
         let mut c = self.conn(false).await?;
-        Ok(enqueue(&mut c, batch, now).await?)
+        let out = enqueue(&mut c, batch, now, true).await?;
+        drop(c);
+        let due = batch
+            .iter()
+            .zip(&out)
+            .filter(|(j, e)| e.as_ref().is_some_and(|e| !e.duplicate) && due_now(j, now))
+            .map(|(j, _)| j.queue.as_str());
+        self.after_commit.announce(self.lanes.main(), due);
+        Ok(out)
     }
 
     /// [`Driver::claim`](super::driver::Driver::claim): one `UPDATE … RETURNING` over the
@@ -391,6 +406,7 @@ async fn insert_one(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
+    quiet: bool,
 ) -> diesel::QueryResult<Option<i64>> {
     let (unique_scope, period_us) = unique_parts(job);
     let (run_at, delay_us) = match job.run_at {
@@ -415,6 +431,7 @@ async fn insert_one(
         delay_us,
         timeout_ms: dur_ms(job.timeout),
         now,
+        quiet,
     }
     .get_result(&mut *conn)
     .await
@@ -423,8 +440,9 @@ async fn insert_one(
 }
 
 /// PostgreSQL's steps of the keyed enqueue (`keyed.rs`): the take-over and the insert in
-/// its place are one transaction (a savepoint inside the caller's).
-struct PgKeyed<'c>(&'c mut diesel_async::AsyncPgConnection);
+/// its place are one transaction (a savepoint inside the caller's). `quiet`: see
+/// [`sql::ENQUEUE_ONE`].
+struct PgKeyed<'c>(&'c mut diesel_async::AsyncPgConnection, bool);
 
 /// PostgreSQL announces on the channel its listeners follow (`jobvisor_jobs`), delivered at
 /// commit.
@@ -472,7 +490,7 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
 
 impl KeyedSteps for PgKeyed<'_> {
     async fn insert(&mut self, job: &NewJob, now: Option<i64>) -> diesel::QueryResult<Option<i64>> {
-        insert_one(self.0, job, now).await
+        insert_one(self.0, job, now, self.1).await
     }
 
     async fn holder(
@@ -492,12 +510,13 @@ impl KeyedSteps for PgKeyed<'_> {
         now: Option<i64>,
     ) -> diesel::QueryResult<Option<i64>> {
         use diesel_async::AsyncConnection;
+        let quiet = self.1;
         self.0
             .transaction(async |c| {
                 if release!(c, holder, release, now) == 0 {
                     return Ok::<_, diesel::result::Error>(None);
                 }
-                insert_one(c, job, now).await
+                insert_one(c, job, now, quiet).await
             })
             .await
     }
@@ -514,13 +533,24 @@ impl KeyedSteps for PgKeyed<'_> {
     }
 }
 
+/// Whether `job`, enqueued at `now` (the statement's clock when given), is due at once:
+/// what the insert trigger announces (`run_at` not after now).
+fn due_now(job: &NewJob, now: Option<i64>) -> bool {
+    match job.run_at {
+        RunAt::Now => true,
+        RunAt::After(d) => d.is_zero(),
+        RunAt::At(t) => to_us(t) <= now.unwrap_or_else(|| to_us(chrono::Utc::now())),
+    }
+}
+
 /// PostgreSQL, one keyed job (`keyed::enqueue_keyed`).
 async fn enqueue_one(
     conn: &mut diesel_async::AsyncPgConnection,
     job: &NewJob,
     now: Option<i64>,
+    quiet: bool,
 ) -> diesel::QueryResult<Option<Enqueued>> {
-    enqueue_keyed(&mut PgKeyed(conn), job, now).await
+    enqueue_keyed(&mut PgKeyed(conn, quiet), job, now).await
 }
 
 /// Pairs RETURNING rows (a subsequence of the input, in input order) with the input jobs.
@@ -573,16 +603,21 @@ fn match_inserted(
 /// one `INSERT … SELECT FROM unnest(…)` — thirteen array binds whatever its size, so no bind
 /// limit, and rows inserted (and returned) in input order. Jobs whose key another job holds
 /// are then resolved one by one (`keyed::after_conflict`).
+///
+/// `quiet`: the caller commits the insert itself (no transaction of the caller's is open on
+/// `conn`) and announces the due queues after the commit ([`after_commit`]), so the insert
+/// trigger stays silent; otherwise it notifies at the transaction's commit.
 pub(crate) async fn enqueue(
     conn: &mut diesel_async::AsyncPgConnection,
     batch: &[&NewJob],
     now: Option<i64>,
+    quiet: bool,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     if let [job] = batch {
-        return Ok(vec![enqueue_one(conn, job, now).await?]);
+        return Ok(vec![enqueue_one(conn, job, now, quiet).await?]);
     }
     // Boxed, so that the batch's larger future does not size the single insert's.
-    Box::pin(enqueue_batch(conn, batch, now)).await
+    Box::pin(enqueue_batch(conn, batch, now, quiet)).await
 }
 
 /// [`enqueue`] of more than one job.
@@ -590,6 +625,7 @@ async fn enqueue_batch(
     conn: &mut diesel_async::AsyncPgConnection,
     batch: &[&NewJob],
     now: Option<i64>,
+    quiet: bool,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     let n = batch.len();
     let mut queue: Vec<&str> = Vec::with_capacity(n);
@@ -664,6 +700,7 @@ async fn enqueue_batch(
         unique_scope,
         period_us,
         now,
+        quiet,
     }
     .load(&mut *conn)
     .await?;
@@ -674,7 +711,7 @@ async fn enqueue_batch(
     let mut out = match_inserted(batch, inserted);
     for (i, slot) in out.iter_mut().enumerate() {
         if slot.is_none() {
-            *slot = after_conflict(&mut PgKeyed(&mut *conn), batch[i], now).await?;
+            *slot = after_conflict(&mut PgKeyed(&mut *conn, quiet), batch[i], now).await?;
         }
     }
     Ok(out)

@@ -749,7 +749,8 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::int[]
                               period_us, ord),
      (SELECT COALESCE($13::bigint, ",
     now_us!(),
-    ") AS now) AS n
+    ") AS now, CASE WHEN $14 THEN set_config('jobvisor.notify', 'after_commit', true) END
+     AS quiet) AS n
 ORDER BY v.ord
 ON CONFLICT (kind, unique_hold) WHERE unique_hold IS NOT NULL DO NOTHING
 RETURNING id, kind, unique_key"
@@ -771,6 +772,7 @@ prepared_statement!(
         unique_scope: Vec<Option<&'static str>> => diesel::sql_types::Array<Nullable<Text>>,
         period_us: Vec<Option<i64>> => diesel::sql_types::Array<Nullable<BigInt>>,
         now: Option<i64> => Nullable<BigInt>,
+        quiet: bool => diesel::sql_types::Bool,
     }
 );
 
@@ -779,6 +781,8 @@ prepared_statement!(
 /// constant text with typed binds: built by the query builder, the insert's text was
 /// rebuilt and looked up in the statement cache on every enqueue, two thirds of the
 /// client's instructions per enqueue. `run_at`: the instant given, else now plus the delay.
+/// `$15` (`quiet`): the store commits the insert itself and announces it after the commit,
+/// so the trigger stays silent (`after_commit.rs`).
 pub(crate) const ENQUEUE_ONE: &str = concat!(
     "\
 INSERT INTO jobvisor_jobs (queue, kind, unique_key, partition_key, unique_hold, unique_scope,
@@ -788,7 +792,8 @@ SELECT $1, $2, $3, $4, $5, $6, n.now + $7, 'pending', $8, $9::json, '[]', $10,
        COALESCE($11, n.now + $12), $13, n.now, n.now
 FROM (SELECT COALESCE($14::bigint, ",
     now_us!(),
-    ") AS now) AS n
+    ") AS now, CASE WHEN $15 THEN set_config('jobvisor.notify', 'after_commit', true) END
+      AS quiet) AS n
 ON CONFLICT (kind, unique_hold) WHERE unique_hold IS NOT NULL DO NOTHING
 RETURNING id"
 );
@@ -810,6 +815,7 @@ prepared_statement!(
         delay_us: i64 => BigInt,
         timeout_ms: i64 => BigInt,
         now: Option<i64> => Nullable<BigInt>,
+        quiet: bool => diesel::sql_types::Bool,
     }
 );
 
@@ -838,7 +844,7 @@ mod tests {
         assert_eq!(segments(CLAIM_CONTROLLED).len(), 13);
         assert_eq!(segments(CLAIM_PARTITIONED).len(), 13);
         assert_eq!(segments(RENEW).len(), 8);
-        assert_eq!(segments(ENQUEUE_BATCH).len(), 14);
-        assert_eq!(segments(ENQUEUE_ONE).len(), 15);
+        assert_eq!(segments(ENQUEUE_BATCH).len(), 15);
+        assert_eq!(segments(ENQUEUE_ONE).len(), 16);
     }
 }

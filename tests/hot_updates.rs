@@ -1,0 +1,108 @@
+//! PostgreSQL: a lease renewal, with or without the job's start and progress, is a heap-only
+//! (HOT) update — it changes no indexed column, so it writes no index entry and its old
+//! version is pruned from the page without a vacuum. Counted by the server
+//! (`pg_stat_user_tables.n_tup_hot_upd`) on a fresh table whose one page has room, so a
+//! renewal that is not HOT can only be one that changed an indexed column: an index keyed
+//! (or filtered) by `lease_expires_at`, `heartbeat_at`, `started_at`, `first_started_at`,
+//! `timeout_at` or `progress` fails this test.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use diesel::sql_types::BigInt;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use jobvisor::testing::{ClaimParams, LeaseRef, RenewParams, StoreEngine as _, TestDb};
+use jobvisor::{Backend, NewJob, NodeId};
+use serde_json::json;
+
+#[derive(diesel::QueryableByName, Debug, PartialEq)]
+struct Updates {
+    #[diesel(sql_type = BigInt)]
+    upd: i64,
+    #[diesel(sql_type = BigInt)]
+    hot: i64,
+}
+
+/// The jobs table's updates and HOT updates as the server counts them, once at least
+/// `want` updates are counted (backends report their counts about a second after they go
+/// idle).
+async fn updates(conn: &mut AsyncPgConnection, want: i64) -> Updates {
+    let t0 = Instant::now();
+    loop {
+        diesel::sql_query("SELECT pg_stat_clear_snapshot()")
+            .execute(conn)
+            .await
+            .unwrap();
+        let u: Updates = diesel::sql_query(
+            "SELECT n_tup_upd AS upd, n_tup_hot_upd AS hot FROM pg_stat_user_tables
+             WHERE relname = 'jobvisor_jobs'",
+        )
+        .get_result(conn)
+        .await
+        .unwrap();
+        if u.upd >= want || t0.elapsed() > Duration::from_secs(30) {
+            return u;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_starts_and_progress_are_heap_only_updates() {
+    let db = TestDb::create(Backend::Postgres).await;
+    let store = db.store().await;
+    let mut stats = AsyncPgConnection::establish(&db.url).await.unwrap();
+    store
+        .job_enqueue_many(jobvisor::testing::EnqueueParams::many(vec![NewJob::new(
+            "k",
+            json!({}),
+        )]))
+        .await
+        .unwrap();
+    let claimed = store
+        .job_claim(ClaimParams {
+            queue: "default".into(),
+            owner: NodeId::new("hot").unwrap(),
+            limit: 1,
+            kinds: None,
+            lease: Duration::from_secs(30),
+            now: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let job = &claimed[0];
+    // The start recorded with the first renewal, progress with the others, then plain
+    // renewals.
+    const RENEWALS: i64 = 6;
+    for i in 0..RENEWALS {
+        let lease = LeaseRef {
+            id: job.id,
+            token: job.token.clone(),
+            started_ago: (i == 0).then(|| Duration::from_millis(1)),
+            progress: (1..4).contains(&i).then(|| format!("{{\"done\": {i}}}")),
+        };
+        let renewed = store
+            .job_renew_leases(RenewParams {
+                leases: vec![lease],
+                lease: Duration::from_secs(30),
+                timeout_grace: Duration::from_secs(35),
+                now: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(renewed.len(), 1, "renewal {i} kept the lease");
+    }
+    // The claim (into 'running', an indexed change) and the renewals.
+    let u = updates(&mut stats, 1 + RENEWALS).await;
+    assert_eq!(
+        u.upd,
+        1 + RENEWALS,
+        "the claim and {RENEWALS} renewals counted"
+    );
+    assert_eq!(
+        u.hot, RENEWALS,
+        "every renewal is a HOT update (the claim is not): {u:?}"
+    );
+}
