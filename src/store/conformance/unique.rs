@@ -457,6 +457,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!(
+                "../../../migrations/postgres/2026-12-15-000029_quiet_enqueue_hot_renewals/down.sql"
+            ),
             include_str!("../../../migrations/postgres/2026-12-15-000028_waits/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-14-000027_claims/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-13-000026_throughput/down.sql"),
@@ -527,12 +530,13 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    // PostgreSQL's latest is the waits registry (000028), which only it has (the others'
-    // waits poll); the others' is the execution ledger (000027). PostgreSQL alone has the
+    // PostgreSQL's latest is its quiet enqueues and HOT renewals (000029), after the waits
+    // registry (000028), which only it has (the others' waits poll); the others' is the
+    // execution ledger (000027). PostgreSQL alone has the
     // drop of the release trigger (000023); MariaDB has no partial indexes, so the
     // dashboard's dead-jobs index (000021) is not among its own.
     let expected = match b {
-        Backend::Postgres => "20261215000028",
+        Backend::Postgres => "20261215000029",
         Backend::Mysql | Backend::Sqlite => "20261214000027",
     };
     assert_eq!(
@@ -552,7 +556,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261203000016', '20261204000017', '20261205000018', \
                            '20261206000019', '20261207000020', '20261208000021', \
                            '20261209000022', '20261210000023', '20261212000025', \
-                           '20261213000026', '20261214000027', '20261215000028')",
+                           '20261213000026', '20261214000027', '20261215000028', \
+                           '20261215000029')",
     )
     .await
     .unwrap();
