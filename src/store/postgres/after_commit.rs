@@ -21,17 +21,22 @@
 //! If the announcement fails (the database unreachable), the nodes' poll finds the jobs.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use diesel::sql_types::{Array, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use crate::store::timeout::{checkout, ConnPool};
+use crate::store::timeout::{bounded, checkout, ConnPool, Op};
 
 /// The queues waiting to be announced and whether an announcement is under way, shared by
 /// the enqueues of one store and the task that announces.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct AfterCommit {
     state: Arc<Mutex<Pending>>,
+    /// How long one announcement may take (the store's statement bound): one that hangs
+    /// (a silent network cut) gives up and its connection is closed, not left holding one
+    /// of the pool's.
+    limit: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +58,14 @@ impl Drop for Running {
 }
 
 impl AfterCommit {
+    /// A notifier whose announcements each take at most `limit`.
+    pub(crate) fn new(limit: Duration) -> Self {
+        AfterCommit {
+            state: Arc::default(),
+            limit,
+        }
+    }
+
     /// Announces `queues` (jobs of them committed and due) on `pool`'s connections: at once
     /// if no announcement is under way, else by the next one. Returns without waiting.
     pub(crate) fn announce<'a>(
@@ -77,7 +90,7 @@ impl AfterCommit {
         p.running = true;
         drop(p);
         let guard = Running(Arc::clone(&self.state));
-        rt.spawn(run(guard, pool.clone()));
+        rt.spawn(run(guard, pool.clone(), self.limit));
     }
 }
 
@@ -88,21 +101,21 @@ const ANNOUNCE: &str = "SELECT set_config('synchronous_commit', 'off', true), \
     count(pg_notify('jobvisor_jobs', q)) FROM unnest($1::text[]) AS q";
 
 /// Announces what is pending until nothing is.
-async fn run(guard: Running, pool: ConnPool<AsyncPgConnection>) {
+async fn run(guard: Running, pool: ConnPool<AsyncPgConnection>, limit: Duration) {
     loop {
         let queues = match guard.0.lock() {
             Ok(mut p) if !p.queues.is_empty() => std::mem::take(&mut p.queues),
             _ => return,
         };
-        let sent = match checkout(&pool).await {
-            Ok(mut c) => diesel::sql_query(ANNOUNCE)
+        let sent = bounded(Op::Enqueue, limit, async {
+            let mut c = checkout(&pool).await?;
+            diesel::sql_query(ANNOUNCE)
                 .bind::<Array<Text>, _>(&queues)
                 .execute(&mut *c)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+                .await?;
+            Ok(())
+        })
+        .await;
         if let Err(e) = sent {
             tracing::debug!(error = %e, "announcing enqueued jobs failed; the poll will find them");
         }

@@ -113,7 +113,7 @@ impl PgDriver {
             copy: CopyConn::default(),
             claim_lock_wait: lock_wait(opts.statement_timeout),
             partitioned: std::sync::Mutex::default(),
-            after_commit: after_commit::AfterCommit::default(),
+            after_commit: after_commit::AfterCommit::new(opts.statement_timeout),
         })
     }
 
@@ -533,14 +533,17 @@ impl KeyedSteps for PgKeyed<'_> {
     }
 }
 
-/// Whether `job`, enqueued at `now` (the statement's clock when given), is due at once:
-/// what the insert trigger announces (`run_at` not after now).
+/// Whether `job`, enqueued at `now` (the statement's clock when given), is due at once: what
+/// the insert trigger announces, its `run_at` (from `now`, else the clock) not after the
+/// clock. A test clock ahead of the clock makes a job due later, as the trigger sees it.
 fn due_now(job: &NewJob, now: Option<i64>) -> bool {
-    match job.run_at {
-        RunAt::Now => true,
-        RunAt::After(d) => d.is_zero(),
-        RunAt::At(t) => to_us(t) <= now.unwrap_or_else(|| to_us(chrono::Utc::now())),
-    }
+    let clock = to_us(chrono::Utc::now());
+    let run_at = match job.run_at {
+        RunAt::Now => now.unwrap_or(clock),
+        RunAt::After(d) => now.unwrap_or(clock).saturating_add(dur_us(d)),
+        RunAt::At(t) => to_us(t),
+    };
+    run_at <= clock
 }
 
 /// PostgreSQL, one keyed job (`keyed::enqueue_keyed`).
