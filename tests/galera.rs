@@ -33,9 +33,10 @@ const CONTENDED: &str = "eight claimers of one controlled queue through three me
                          it committed holds its jobs until their leases end, which the case \
                          counts as lost";
 const HOT_ROWS: &str = "eight writers of the same rows through three members at once (claimers of \
-                        the same due jobs; gauge writers of one row): each conflict is rolled back \
-                        and tried again, but a writer can lose more than its 8 tries in a row \
-                        (passed 1 of 2 runs)";
+                        the same due jobs; gauge writers of one row; finalizers settling one \
+                        callback's edges): each conflict is rolled back and tried again, but a \
+                        writer can lose more than its 8 tries in a row (each failed once in 3 \
+                        runs; a settle that fails leaves the release to the sweeper)";
 const LOCAL_HOLDER: &str = "the case holds the queue row in a transaction of its own to show a \
                             claim waits for it; on Galera a lock is its member's own, and \
                             certification aborts one of the two at commit instead of making the \
