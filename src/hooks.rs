@@ -9,7 +9,7 @@
 //!   transaction ([`JobTx::enqueue`](crate::JobTx::enqueue)) — so also a node's reconcilers,
 //!   which enqueue through its client; not the jobs a schedule fires, which the leader inserts
 //!   itself. It may rewrite the job, or refuse it: then nothing of the call is written and
-//!   the call answers [`Error::Refused`](crate::Error::Refused). Hooks run on every job of a
+//!   the call answers [`Error::Refused`]. Hooks run on every job of a
 //!   call before any is written.
 //! * [`JobHooks::around_run`] wraps each attempt whose handler starts, once: it gets the
 //!   attempt as a [`Run`] (read its [`context`](Run::context), await it to run the handler,
@@ -23,7 +23,7 @@
 //! Panics are contained like a handler's: a handler's panic reaches the hook as the
 //! attempt's `panic` error; a panic of `around_run` itself fails the attempt (code `panic`,
 //! retried by the retry policy) with a message naming the hook's type; one of `on_enqueue`
-//! answers [`Error::Refused`](crate::Error::Refused) naming it, and nothing is written.
+//! answers [`Error::Refused`] naming it, and nothing is written.
 //!
 //! Without hooks nothing is added to the hot path: the node keeps `None` and calls the
 //! handler as before (no box, no allocation).
@@ -83,7 +83,7 @@ use crate::scheduler::panic_error;
 /// ```
 pub trait JobHooks: Send + Sync + 'static {
     /// Sees `job` before it is written: rewrite it (its payload, queue, priority, …) or
-    /// refuse it with a reason (the caller gets [`Error::Refused`](crate::Error::Refused)
+    /// refuse it with a reason (the caller gets [`Error::Refused`]
     /// and nothing of the call is written). Keep it quick and free of I/O: it runs inline
     /// in every enqueue. Default: accept unchanged.
     ///

@@ -130,8 +130,23 @@ mod tests {
     use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
     use futures_util::StreamExt;
 
-    use crate::testing::TestDb;
-    use crate::{Backend, NewJob};
+    use crate::store::params::EnqueueParams;
+    use crate::{NewJob, Store, StoreOptions};
+
+    /// A schema of its own on the test server (`JOBVISOR_PG_URL`): its URL, and the admin
+    /// URL that drops it. (The test kit's `TestDb` lives above the store, out of its reach.)
+    async fn own_schema() -> (String, String) {
+        let admin = std::env::var("JOBVISOR_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let schema = format!("jv_{}", uuid::Uuid::new_v4().simple());
+        let mut c = AsyncPgConnection::establish(&admin).await.unwrap();
+        c.batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let join = if admin.contains('?') { '&' } else { '?' };
+        let url = format!("{admin}{join}options=-c%20search_path%3D{schema}");
+        (url, format!("DROP SCHEMA {schema} CASCADE"))
+    }
 
     /// The channels' payloads `listener` receives until `last` arrives (at most 10 s).
     async fn until(listener: &mut AsyncPgConnection, last: &str) -> Vec<String> {
@@ -156,14 +171,16 @@ mod tests {
     /// insert's that follows it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn own_enqueues_are_quiet_in_their_transaction_and_announced_after_it() {
-        let db = TestDb::create(Backend::Postgres).await;
-        let store = db.store().await;
-        let mut listener = AsyncPgConnection::establish(&db.url).await.unwrap();
+        let (url, drop_schema) = own_schema().await;
+        let store = Store::connect_with(&url, StoreOptions::default().migrate(true))
+            .await
+            .unwrap();
+        let mut listener = AsyncPgConnection::establish(&url).await.unwrap();
         listener
             .batch_execute("LISTEN jobvisor_jobs")
             .await
             .unwrap();
-        let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+        let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
         let job = |q: &str| NewJob::new("k", serde_json::json!({})).queue(q);
         let (one, many) = (job("quiet-one"), [job("quiet-many"), job("quiet-many")]);
         super::super::enqueue(&mut conn, &[&one], None, true)
@@ -182,10 +199,12 @@ mod tests {
         assert_eq!(got, ["loud"], "only the insert not marked quiet notified");
         // Through the store: committed quietly, then announced.
         store
-            .job_enqueue_many(crate::testing::EnqueueParams::many(vec![job("announced")]))
+            .job_enqueue_many(EnqueueParams::many(vec![job("announced")]))
             .await
             .unwrap();
         let got = until(&mut listener, "announced").await;
         assert_eq!(got.last().map(String::as_str), Some("announced"));
+        drop(store);
+        conn.batch_execute(&drop_schema).await.unwrap();
     }
 }
