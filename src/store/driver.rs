@@ -319,11 +319,13 @@ impl Driver {
     }
 
     /// Whether the backend notifies listeners of new jobs and changed settings
-    /// ([`Driver::listen`]); the others are polled.
+    /// ([`Driver::listen`]): PostgreSQL unless its notifications are off
+    /// ([`StoreOptions::notifications`](super::StoreOptions::notifications)); the others
+    /// are polled.
     pub(crate) fn notifies(&self) -> bool {
         match self {
             #[cfg(feature = "postgres")]
-            Driver::Postgres(_) => true,
+            Driver::Postgres(d) => d.notify,
             #[allow(unreachable_patterns)] // reachable when another backend is compiled in
             _ => false,
         }
@@ -334,7 +336,7 @@ impl Driver {
     pub(crate) async fn wait_register(&self, id: i64, ttl_us: i64) -> Result<bool> {
         match self {
             #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => d.wait_register(id, ttl_us).await,
+            Driver::Postgres(d) if d.notify => d.wait_register(id, ttl_us).await,
             #[allow(unreachable_patterns)] // reachable when another backend is compiled in
             _ => Ok(false),
         }
@@ -357,7 +359,7 @@ impl Driver {
     pub(crate) async fn listen(&self, limit: Duration, done: bool) -> Result<Option<Listener>> {
         match self {
             #[cfg(feature = "postgres")]
-            Driver::Postgres(d) => {
+            Driver::Postgres(d) if d.notify => {
                 use super::postgres::listen::{DONE_CHANNEL, NODE_CHANNELS};
                 let channels = if done { &[DONE_CHANNEL] } else { NODE_CHANNELS };
                 Ok(Some(Listener {
@@ -564,9 +566,10 @@ pub(crate) fn statement_bound(backend: Backend, opts: &StoreOptions) -> Duration
 /// store's connector (TLS, keepalives, bounds as every other connection); SQLite opens its
 /// file itself.
 pub(crate) enum MigrationConn {
-    /// PostgreSQL.
+    /// PostgreSQL, and whether its migrations take the advisory lock
+    /// ([`StoreOptions::advisory_locks`](super::StoreOptions::advisory_locks)).
     #[cfg(feature = "postgres")]
-    Postgres(Box<diesel_async::AsyncPgConnection>),
+    Postgres(Box<diesel_async::AsyncPgConnection>, bool),
     /// MySQL or MariaDB.
     #[cfg(feature = "mysql")]
     Mysql(Box<diesel_async::AsyncMysqlConnection>),
@@ -587,7 +590,7 @@ impl Driver {
                 .connector
                 .diesel()
                 .await
-                .map(|c| MigrationConn::Postgres(Box::new(c)))
+                .map(|c| MigrationConn::Postgres(Box::new(c), d.advisory))
                 .map_err(|e| e.to_string()),
             #[cfg(feature = "mysql")]
             Driver::Mysql(d) => d
@@ -612,7 +615,7 @@ pub(crate) fn run_migrations(
 ) -> std::result::Result<(), super::embedded::BoxError> {
     match conn {
         #[cfg(feature = "postgres")]
-        MigrationConn::Postgres(c) => super::postgres::run_migrations(*c),
+        MigrationConn::Postgres(c, advisory) => super::postgres::run_migrations(*c, advisory),
         #[cfg(feature = "mysql")]
         MigrationConn::Mysql(c) => super::mysql::run_migrations(*c),
         #[cfg(feature = "sqlite")]

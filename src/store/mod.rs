@@ -106,6 +106,8 @@ use common::dedicated_conn;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use common::errors;
 pub(crate) use common::ledger;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use common::migrate_lock;
 pub(crate) use common::params;
 use common::{
     columns, embedded, expr, keyed, options, pool, retry, rows, schema, timeout, tls, wakes,

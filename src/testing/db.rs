@@ -19,6 +19,7 @@ use diesel_async::AsyncPgConnection;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -43,6 +44,19 @@ pub fn base_url(backend: Backend) -> String {
         }
         Backend::Sqlite => String::new(),
     }
+}
+
+/// Set by [`postgres_switches_off`]: process-wide, so that stores opened on any thread
+/// (a case's spawned tasks) agree, as every migrator of one database must.
+static SWITCHED: AtomicBool = AtomicBool::new(false);
+
+/// Makes every PostgreSQL store that [`TestDb::store_with`] (and [`TestDb::store`]) opens in
+/// this process run without `LISTEN`/`NOTIFY` and advisory locks
+/// ([`StoreOptions::notifications`], [`StoreOptions::advisory_locks`]): the conformance suite
+/// then proves the switches for PostgreSQL-compatible engines on plain PostgreSQL. For a
+/// test binary of its own: it cannot be undone.
+pub fn postgres_switches_off() {
+    SWITCHED.store(true, Ordering::Relaxed);
 }
 
 thread_local! {
@@ -238,8 +252,14 @@ impl TestDb {
         self.store_with(StoreOptions::default().pool_size(12)).await
     }
 
-    /// Opens a migrated store with options.
+    /// Opens a migrated store with options (on PostgreSQL without notifications and advisory
+    /// locks when [`postgres_switches_off`] was called in this process).
     pub async fn store_with(&self, opts: StoreOptions) -> Store {
+        let opts = if self.backend == Backend::Postgres && SWITCHED.load(Ordering::Relaxed) {
+            opts.notifications(false).advisory_locks(false)
+        } else {
+            opts
+        };
         let store = Store::connect_with(&self.url, opts.migrate(true))
             .await
             .unwrap_or_else(|e| panic!("opening a store on {:?}: {e}", self.backend));

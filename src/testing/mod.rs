@@ -62,8 +62,8 @@ pub mod internal {
     #[cfg(feature = "sqlite")]
     pub use super::db::simulated_store;
     pub use super::db::{
-        base_url, exec_sql, simulated_store_ops, unique_name, TestDb, DEFAULT_MYSQL_URL,
-        DEFAULT_PG_URL,
+        base_url, exec_sql, postgres_switches_off, simulated_store_ops, unique_name, TestDb,
+        DEFAULT_MYSQL_URL, DEFAULT_PG_URL,
     };
     pub use super::engine::{NodeActors, StoreEngine};
     pub use crate::store::faults::{Fault, FaultPlan, StoreOp};

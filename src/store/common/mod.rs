@@ -11,7 +11,10 @@ pub(super) mod expr;
 #[cfg(feature = "test-util")]
 pub(crate) mod faults;
 pub(super) mod keyed;
+// The migration lock in a row, for servers whose session locks do not serialise migrators.
 pub(crate) mod ledger;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(super) mod migrate_lock;
 pub(super) mod options;
 // Public types in a crate-private module: the lease holder's part is reachable from outside
 // only through `crate::testing` (feature `test-util`).

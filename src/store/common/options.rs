@@ -126,6 +126,12 @@ pub struct StoreOptions {
     /// default) takes the URL's `sslrootcert`, and the compiled-in Mozilla roots if it has
     /// none. See [`TlsMode`] for which modes check the certificate.
     pub tls_root_cert: Option<std::path::PathBuf>,
+    /// PostgreSQL only: wake nodes by `LISTEN`/`NOTIFY` (default true). See
+    /// [`notifications`](Self::notifications).
+    pub notifications: bool,
+    /// PostgreSQL only: serialise migrations on a session advisory lock (default true). See
+    /// [`advisory_locks`](Self::advisory_locks).
+    pub advisory_locks: bool,
 }
 
 /// TCP keepalive settings: after `idle` without traffic, `retries` probes `interval` apart;
@@ -195,6 +201,8 @@ impl Default for StoreOptions {
             migrate: false,
             tls_mode: None,
             tls_root_cert: None,
+            notifications: true,
+            advisory_locks: true,
         }
     }
 }
@@ -283,6 +291,42 @@ impl StoreOptions {
     /// (default: the URL's, else the compiled-in Mozilla roots).
     pub fn tls_root_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.tls_root_cert = Some(path.into());
+        self
+    }
+
+    /// PostgreSQL only: whether the store uses `LISTEN`/`NOTIFY` (default true).
+    ///
+    /// Off, for a PostgreSQL-compatible engine without them (CockroachDB, YugabyteDB; see
+    /// CONTRIBUTING's "Distributed PostgreSQL"), the store neither listens nor notifies:
+    /// nodes read the change signal every 80 ms as on MariaDB (new job ids, queue settings,
+    /// a one-row wake counter that releases, retries, refunds and cancels move instead of
+    /// notifying), [`Client::wait`](crate::Client::wait) polls, and the store's sessions keep
+    /// the insert trigger silent. Wake-ups take up to that poll rather than a millisecond.
+    /// Another process's own SQL and the queue-settings trigger still notify: on an engine
+    /// without `NOTIFY`, enqueue through jobvisor and change settings through it.
+    ///
+    /// # Examples
+    /// ```
+    /// use jobvisor::StoreOptions;
+    /// // A PostgreSQL-compatible engine without LISTEN/NOTIFY or advisory locks.
+    /// let opts = StoreOptions::default().notifications(false).advisory_locks(false);
+    /// ```
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
+    /// PostgreSQL only: whether migrations serialise on a session advisory lock (default
+    /// true).
+    ///
+    /// Off, they serialise on a row of their own (`jobvisor_migrate_lock`, held for at most
+    /// 300 s), as on MariaDB, where a Galera cluster's named locks are not replicated: for
+    /// engines without advisory locks. Every process that migrates one database must set it
+    /// alike, or two of them could migrate at once. A migrator that dies holding the row
+    /// keeps the others waiting until its hold lapses, where an advisory lock is freed with
+    /// its connection.
+    pub fn advisory_locks(mut self, on: bool) -> Self {
+        self.advisory_locks = on;
         self
     }
 

@@ -222,11 +222,15 @@ fn err(code: &str, attempt: u32) -> JobFailure {
 /// multi-threaded runtime against that backend; `conformance_tests!(simulated)` runs each
 /// against the fleet simulation's store (SQLite on tmpfs, its calls inline on a
 /// current-thread runtime, a fault plan consulted before every guarded operation:
-/// `testing::simulated_store`).
+/// `testing::simulated_store`); `conformance_tests!(postgres_switched_off)` runs each against
+/// PostgreSQL without `LISTEN`/`NOTIFY` and advisory locks (`testing::postgres_switches_off`).
 #[macro_export]
 macro_rules! conformance_tests {
     (simulated) => {
         $crate::conformance_tests!(@with simulated $crate::Backend::Sqlite);
+    };
+    (postgres_switched_off) => {
+        $crate::conformance_tests!(@with switched $crate::Backend::Postgres);
     };
     ($backend:expr) => {
         $crate::conformance_tests!(@with threaded $backend);
@@ -347,6 +351,15 @@ macro_rules! conformance_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
+                $crate::store::conformance::$case($backend).await;
+            }
+        )+
+    };
+    (@cases switched $backend:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                $crate::testing::postgres_switches_off();
                 $crate::store::conformance::$case($backend).await;
             }
         )+

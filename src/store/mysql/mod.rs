@@ -285,128 +285,47 @@ pub(crate) fn latest_migration() -> String {
 }
 
 /// Runs the pending migrations on a dedicated connection, holding the row lock
-/// [`MIGRATE_LOCK`] and `GET_LOCK` on the database's name. `GET_LOCK` alone is local to one
-/// server: on a Galera cluster two processes migrating through two members both held it and
-/// both ran the first migration (one failed: "Table 'jobvisor_jobs' already exists", 3 runs
-/// of 3). The row replicates: of two members' claims on it, one commits and the other fails
-/// certification (a deadlock error) or finds it held.
+/// (`common/migrate_lock.rs`) and `GET_LOCK` on the database's name. `GET_LOCK` alone is
+/// local to one server: on a Galera cluster two processes migrating through two members both
+/// held it and both ran the first migration (one failed: "Table 'jobvisor_jobs' already
+/// exists", 3 runs of 3). The row replicates: of two members' claims on it, one commits and
+/// the other fails certification (a deadlock error) or finds it held.
 pub(crate) fn run_migrations(
     conn: AsyncMysqlConnection,
 ) -> std::result::Result<(), super::embedded::BoxError> {
+    use super::migrate_lock::{holder, release, take, LockSql, HOLD_SECS, TABLE};
     use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
     // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
     let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::from(conn);
-    let me = lock_holder();
-    take_migrate_lock(&mut conn, &me)?;
+    let sql = LockSql {
+        exists: "SELECT COUNT(*) AS n FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'jobvisor_migrate_lock'",
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {TABLE} (name VARCHAR(16) PRIMARY KEY NOT NULL, \
+             holder VARCHAR(64) NULL, until DATETIME(6) NULL)"
+        ),
+        seed: format!("INSERT IGNORE INTO {TABLE} (name) VALUES ('migrate')"),
+        take: format!(
+            "UPDATE {TABLE} SET holder = '{{me}}', \
+             until = UTC_TIMESTAMP(6) + INTERVAL {HOLD_SECS} SECOND \
+             WHERE name = 'migrate' AND (holder IS NULL OR until < UTC_TIMESTAMP(6))"
+        ),
+        release: format!(
+            "UPDATE {TABLE} SET holder = NULL, until = NULL \
+             WHERE name = 'migrate' AND holder = '{{me}}'"
+        ),
+    };
+    let me = holder();
+    take(&mut conn, &sql, &me)?;
     let res = super::embedded::migrate_locked(
         &mut conn,
         "SELECT GET_LOCK(CONCAT('jobvisor_migrate:', DATABASE()), 300)",
         "SELECT RELEASE_LOCK(CONCAT('jobvisor_migrate:', DATABASE()))",
         MIGRATIONS,
     );
-    // Released even when the migration failed; a certification failure of the release
-    // (another member's statement on the row) is tried again, or the lock would stay held
-    // for its whole hold.
-    let release = format!(
-        "UPDATE {MIGRATE_LOCK} SET holder = NULL, until = NULL \
-         WHERE name = 'migrate' AND holder = '{me}'"
-    );
-    let mut released = Ok(0);
-    for _ in 0..50 {
-        released = diesel::RunQueryDsl::execute(diesel::sql_query(release.as_str()), &mut conn);
-        match &released {
-            Err(e) if e.to_string().contains("Deadlock") => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            _ => break,
-        }
-    }
+    let released = release(&mut conn, &sql, &me);
     res?;
-    released?;
-    Ok(())
-}
-
-/// The table of the migration's row lock, made (if missing) before any migration: one row,
-/// its holder and until when its hold lasts.
-const MIGRATE_LOCK: &str = "jobvisor_migrate_lock";
-
-/// How long a hold on the migration lock lasts, **300 s**: a process that died migrating
-/// keeps others waiting that long (as `GET_LOCK`'s wait did), and a migration must finish
-/// within it.
-const MIGRATE_HOLD_SECS: u32 = 300;
-
-/// A holder name no other process uses at once: process id, time and a counter (digits and
-/// dashes only: it is spliced into statements).
-fn lock_holder() -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{}-{nanos}-{n}", std::process::id())
-}
-
-/// Takes the migration's row lock for `me`, waiting (polling every 100 ms) while another
-/// holds it, for at most [`MIGRATE_HOLD_SECS`]; a deadlock or certification failure (two
-/// members racing for the row) is waited out the same way.
-fn take_migrate_lock(
-    conn: &mut diesel_async::async_connection_wrapper::AsyncConnectionWrapper<AsyncMysqlConnection>,
-    me: &str,
-) -> std::result::Result<(), super::embedded::BoxError> {
-    let statements = [
-        format!(
-            "CREATE TABLE IF NOT EXISTS {MIGRATE_LOCK} (name VARCHAR(16) PRIMARY KEY NOT NULL, \
-             holder VARCHAR(64) NULL, until DATETIME(6) NULL)"
-        ),
-        format!("INSERT IGNORE INTO {MIGRATE_LOCK} (name) VALUES ('migrate')"),
-        format!(
-            "UPDATE {MIGRATE_LOCK} SET holder = '{me}', \
-             until = UTC_TIMESTAMP(6) + INTERVAL {MIGRATE_HOLD_SECS} SECOND \
-             WHERE name = 'migrate' AND (holder IS NULL OR until < UTC_TIMESTAMP(6))"
-        ),
-    ];
-    let start = std::time::Instant::now();
-    // The table is made once: `CREATE TABLE IF NOT EXISTS` runs in Galera's total order even
-    // when the table exists, and aborts other members' transactions on the table (the
-    // holder's release among them) each time.
-    let exists = "SELECT COUNT(*) AS n FROM information_schema.TABLES \
-                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'jobvisor_migrate_lock'";
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    let mut first = match diesel::RunQueryDsl::load::<Count>(diesel::sql_query(exists), conn) {
-        Ok(rows) if rows.iter().any(|c| c.n > 0) => 1,
-        _ => 0,
-    };
-    loop {
-        let mut taken = Ok(0);
-        for sql in &statements[first..] {
-            taken = diesel::RunQueryDsl::execute(diesel::sql_query(sql.as_str()), conn);
-            if taken.is_err() {
-                break;
-            }
-        }
-        if taken.is_ok() {
-            first = 1;
-        }
-        match taken {
-            Ok(1) => return Ok(()),
-            Ok(_) => {}
-            Err(e) => match super::errors::classify(e) {
-                crate::error::StoreError::Transient(_) => {}
-                other => return Err(format!("taking the migration lock: {other}").into()),
-            },
-        }
-        if start.elapsed() > std::time::Duration::from_secs(u64::from(MIGRATE_HOLD_SECS)) {
-            return Err(format!(
-                "the migration lock ({MIGRATE_LOCK}) stayed held for {MIGRATE_HOLD_SECS} s"
-            )
-            .into());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    released
 }
 
 /// MySQL/MariaDB. With `returning` (MariaDB 10.6+), each run of jobs without a unique key is

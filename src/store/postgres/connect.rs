@@ -151,6 +151,14 @@ fn pg_session_sql(opts: &StoreOptions) -> String {
     if let Some(t) = opts.tcp_user_timeout {
         sets.push(format!("SET tcp_user_timeout = {}", t.as_millis()));
     }
+    if !opts.notifications {
+        // Without notifications (StoreOptions::notifications): the insert trigger stays
+        // silent for every insert on the store's sessions, as it does for a transaction the
+        // enqueue statement marked, and the announcements (`announce_due`, `announce_cancel`)
+        // move the wake counter instead of notifying.
+        sets.push("SET jobvisor.notify = 'after_commit'".into());
+        sets.push("SET jobvisor.listen = 'off'".into());
+    }
     sets.join("; ")
 }
 

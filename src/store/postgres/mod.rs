@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
@@ -68,6 +68,11 @@ pub(crate) struct PgDriver {
     partitioned: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Announces the queues of this store's own enqueues once they committed.
     after_commit: after_commit::AfterCommit,
+    /// `LISTEN`/`NOTIFY` in use ([`StoreOptions::notifications`]).
+    pub(crate) notify: bool,
+    /// Migrations serialise on an advisory lock ([`StoreOptions::advisory_locks`]), else on
+    /// a row.
+    pub(crate) advisory: bool,
 }
 
 impl PgDriver {
@@ -114,6 +119,8 @@ impl PgDriver {
             claim_lock_wait: lock_wait(opts.statement_timeout),
             partitioned: std::sync::Mutex::default(),
             after_commit: after_commit::AfterCommit::new(opts.statement_timeout),
+            notify: opts.notifications,
+            advisory: opts.advisory_locks,
         })
     }
 
@@ -149,6 +156,9 @@ impl PgDriver {
         let mut c = self.conn(false).await?;
         let out = enqueue(&mut c, batch, now, true).await?;
         drop(c);
+        if !self.notify {
+            return Ok(out); // new ids move the change signal the nodes read
+        }
         let due = batch
             .iter()
             .zip(&out)
@@ -384,19 +394,49 @@ pub(crate) fn latest_migration() -> String {
     super::embedded::latest_version::<diesel::pg::Pg>(&MIGRATIONS)
 }
 
-/// Runs the pending migrations on a dedicated connection, holding the advisory lock.
+/// Runs the pending migrations on a dedicated connection, holding the advisory lock, or
+/// (`advisory` false: [`StoreOptions::advisory_locks`]) the row lock of
+/// `common/migrate_lock.rs`.
 pub(crate) fn run_migrations(
     conn: AsyncPgConnection,
+    advisory: bool,
 ) -> std::result::Result<(), super::embedded::BoxError> {
+    use super::migrate_lock::{holder, release, take, LockSql, HOLD_SECS, TABLE};
     use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
     // Opened by the store's connector (TLS, keepalives, bounds); used synchronously here.
     let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::from(conn);
-    super::embedded::migrate_locked(
-        &mut conn,
-        &format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"),
-        &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
-        MIGRATIONS,
-    )
+    if advisory {
+        return super::embedded::migrate_locked(
+            &mut conn,
+            &format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"),
+            &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"),
+            MIGRATIONS,
+        );
+    }
+    let sql = LockSql {
+        exists: "SELECT COUNT(*) AS n FROM information_schema.tables \
+                 WHERE table_schema = current_schema() AND table_name = 'jobvisor_migrate_lock'",
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {TABLE} (name VARCHAR(16) PRIMARY KEY NOT NULL, \
+             holder VARCHAR(64) NULL, until TIMESTAMPTZ NULL)"
+        ),
+        seed: format!("INSERT INTO {TABLE} (name) VALUES ('migrate') ON CONFLICT DO NOTHING"),
+        take: format!(
+            "UPDATE {TABLE} SET holder = '{{me}}', \
+             until = clock_timestamp() + interval '{HOLD_SECS} seconds' \
+             WHERE name = 'migrate' AND (holder IS NULL OR until < clock_timestamp())"
+        ),
+        release: format!(
+            "UPDATE {TABLE} SET holder = NULL, until = NULL \
+             WHERE name = 'migrate' AND holder = '{{me}}'"
+        ),
+    };
+    let me = holder();
+    take(&mut conn, &sql, &me)?;
+    let res = super::embedded::run_pending(&mut conn, MIGRATIONS);
+    let released = release(&mut conn, &sql, &me);
+    res?;
+    released
 }
 
 /// PostgreSQL, one row: [`sql::ENQUEUE_ONE`], a prepared single-row insert — not a batch of
@@ -444,30 +484,28 @@ async fn insert_one(
 /// [`sql::ENQUEUE_ONE`].
 struct PgKeyed<'c>(&'c mut diesel_async::AsyncPgConnection, bool);
 
-/// PostgreSQL announces on the channel its listeners follow (`jobvisor_jobs`), delivered at
-/// commit.
+/// PostgreSQL announces on the channel its listeners follow (`jobvisor_jobs`, cancels on
+/// `jobvisor_cancel`), delivered at commit; a session without notifications
+/// ([`StoreOptions::notifications`], `jobvisor.listen = 'off'`, see `connect.rs`) moves the
+/// wake counter instead, as MariaDB does. One statement either way: the session's setting
+/// picks which half acts.
 impl super::wakes::AnnounceDue for diesel::pg::Pg {
     async fn announce_due<C>(conn: &mut C, queues: &[String]) -> QueryResult<()>
     where
         C: diesel_async::AsyncConnection<Backend = Self> + Send,
     {
-        for (i, q) in queues.iter().enumerate() {
-            if queues[..i].contains(q) {
-                continue; // one notification per queue
-            }
-            diesel::sql_query("SELECT pg_notify('jobvisor_jobs', $1)")
-                .bind::<Text, _>(q)
-                .execute(conn)
-                .await?;
-        }
-        Ok(())
+        diesel::sql_query(sql::ANNOUNCE_DUE)
+            .bind::<Array<Text>, _>(queues)
+            .execute(conn)
+            .await
+            .map(drop)
     }
 
     async fn announce_cancel<C>(conn: &mut C, job: i64) -> QueryResult<()>
     where
         C: diesel_async::AsyncConnection<Backend = Self> + Send,
     {
-        diesel::sql_query("SELECT pg_notify('jobvisor_cancel', $1)")
+        diesel::sql_query(sql::ANNOUNCE_CANCEL)
             .bind::<Text, _>(job.to_string())
             .execute(conn)
             .await
@@ -481,7 +519,7 @@ impl super::wakes::AnnounceDue for diesel::pg::Pg {
         C: diesel_async::AsyncConnection<Backend = Self> + Send,
     {
         diesel::sql_query("SELECT jobvisor_announce_done($1)")
-            .bind::<diesel::sql_types::Array<BigInt>, _>(jobs)
+            .bind::<Array<BigInt>, _>(jobs)
             .execute(conn)
             .await
             .map(drop)

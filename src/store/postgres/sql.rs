@@ -829,6 +829,33 @@ impl QueryFragment<Pg> for ErrorCode {
     }
 }
 
+/// `announce_due` (`store/common/wakes.rs`): a notification on `jobvisor_jobs` per distinct
+/// queue of `$1`, delivered at commit; on a session without notifications
+/// (`jobvisor.listen = 'off'`) the wake counter moves instead and nothing is notified. A
+/// data-modifying `WITH` runs whether or not the query reads it; its `WHERE` keeps the
+/// counter's row unlocked (and unwritten) on a notifying session.
+pub(crate) const ANNOUNCE_DUE: &str = "\
+WITH counted AS (
+    UPDATE jobvisor_wakes SET n = n + 1
+    WHERE id = 1 AND current_setting('jobvisor.listen', true) = 'off'
+    RETURNING n
+)
+SELECT pg_notify('jobvisor_jobs', q.queue)
+FROM (SELECT DISTINCT unnest($1::text[]) AS queue) AS q
+WHERE current_setting('jobvisor.listen', true) IS DISTINCT FROM 'off'";
+
+/// `announce_cancel`: a notification on `jobvisor_cancel` with the job's id (`$1`), or, on
+/// a session without notifications, the wake counter (as [`ANNOUNCE_DUE`]), on which each
+/// node with leases renews them at once and so learns of the cancel.
+pub(crate) const ANNOUNCE_CANCEL: &str = "\
+WITH counted AS (
+    UPDATE jobvisor_wakes SET n = n + 1
+    WHERE id = 1 AND current_setting('jobvisor.listen', true) = 'off'
+    RETURNING n
+)
+SELECT pg_notify('jobvisor_cancel', $1)
+WHERE current_setting('jobvisor.listen', true) IS DISTINCT FROM 'off'";
+
 #[cfg(test)]
 mod tests {
     use super::*;
