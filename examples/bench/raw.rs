@@ -222,6 +222,22 @@ impl RawInserter {
         }
     }
 
+    /// PostgreSQL, as the store's own enqueues insert: the statement marks its transaction
+    /// (`jobvisor.notify`), so the insert trigger stays silent and the commit does not queue
+    /// for the notification lock; the caller announces after the commit
+    /// (`steady_raw::Announcer`).
+    pub(crate) async fn open_quiet(url: &str) -> Self {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let stmt = client
+            .prepare(&format!("INSERT INTO jobvisor_jobs {COLS} SELECT 'default', 'noop', 'pending', 10, ($1::text)::json, '[]', 0, 5, $2, 1800000, 1, $2, $2 FROM (SELECT set_config('jobvisor.notify', 'after_commit', true) AS quiet) AS q RETURNING id"))
+            .await
+            .expect("prepare");
+        RawInserter::Pg(client, stmt)
+    }
+
     /// Inserts row `i` in a statement of its own.
     pub(crate) async fn insert(&mut self, i: usize) {
         match self {

@@ -15,7 +15,8 @@
 //!   default 10 runs at most 10 / 25.5 ms ≈ 390 jobs/s of the default job times); the producers
 //!   enqueue through a client on a store of their own, as another process would. Pickup: the
 //!   due instant → the handler's start; completed: finishes the node has written.
-//! * `steady-raw` (PostgreSQL): the same arrivals inserted by raw SQL, and C raw workers
+//! * `steady-raw` (PostgreSQL): the same arrivals inserted by raw SQL (quiet, announced after
+//!   the commit, as the store's own enqueues are), and C raw workers
 //!   (`steady_raw.rs`) claiming one job at a time with `FOR UPDATE SKIP LOCKED`; pickup: the
 //!   due instant → the claim's return.
 //!
@@ -119,7 +120,8 @@ impl Tally {
 /// Where the producers send jobs.
 enum Producer {
     Jobvisor(Client),
-    Raw(RawInserter),
+    /// A raw inserter and its announcer's bell, rung after each commit.
+    Raw(RawInserter, Arc<tokio::sync::Notify>),
 }
 
 impl Producer {
@@ -128,7 +130,10 @@ impl Producer {
             Producer::Jobvisor(c) => {
                 c.enqueue(NewJob::new("work", job)).await.expect("enqueue");
             }
-            Producer::Raw(r) => r.insert_payload(&job.to_string()).await,
+            Producer::Raw(r, announce) => {
+                r.insert_payload(&job.to_string()).await;
+                announce.notify_one();
+            }
         }
     }
 }
@@ -319,10 +324,12 @@ pub(crate) async fn steady_raw(s: Steady) -> Vec<Value> {
     let _store = db.store().await; // the schema
     let tally = Arc::new(Tally::default());
     let workers = crate::steady_raw::start(&db.url, s.concurrency, tally.clone()).await;
+    let announcer = crate::steady_raw::Announcer::start(&db.url).await;
     let mut producers = Vec::new();
     for _ in 0..PRODUCERS {
         producers.push(Producer::Raw(
-            RawInserter::open(Backend::Postgres, &db.url).await,
+            RawInserter::open_quiet(&db.url).await,
+            announcer.handle(),
         ));
     }
     let label = format!(
@@ -340,6 +347,7 @@ pub(crate) async fn steady_raw(s: Steady) -> Vec<Value> {
         t.await.ok();
     }
     workers.stop().await;
+    announcer.stop();
     rows
 }
 

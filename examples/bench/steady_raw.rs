@@ -1,8 +1,14 @@
 //! The raw-SQL workers of `steady-raw` (PostgreSQL): C workers, each on a connection of its
 //! own, claiming one job at a time with `FOR UPDATE SKIP LOCKED` (the statement of the raw
 //! pickup in `raw.rs`), sleeping the job's time and marking it done in a statement of its own.
-//! A worker that finds nothing waits for a notification of the channel jobvisor's insert trigger
-//! notifies (one listening connection wakes every waiting worker) or 1 s, whichever is first.
+//! A worker that finds nothing waits for a notification on `jobvisor_jobs` (one listening
+//! connection wakes every waiting worker) or 1 s, whichever is first.
+//!
+//! The producers insert as the store does (`RawInserter::open_quiet`: the trigger silent) and
+//! announce after the commit through an [`Announcer`], one notification in flight covering every
+//! insert asked meanwhile: with the trigger notifying in each insert's transaction, the commits
+//! queued one at a time for PostgreSQL's notification lock and the raw side reached 210 of 800
+//! jobs/s.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -13,6 +19,43 @@ use tokio::sync::Notify;
 
 use crate::raw::{now_us, PG_CLAIM_ONE, PG_DONE};
 use crate::steady::Tally;
+
+/// Announces inserted jobs after their commits: one `pg_notify` at a time on a connection of
+/// its own, each covering every insert asked before it started (a [`Notify`] permit).
+pub(crate) struct Announcer {
+    asked: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Announcer {
+    pub(crate) async fn start(url: &str) -> Announcer {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let asked = Arc::new(Notify::new());
+        let wait = asked.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                wait.notified().await;
+                client
+                    .batch_execute("SELECT pg_notify('jobvisor_jobs', 'default')")
+                    .await
+                    .expect("notify");
+            }
+        });
+        Announcer { asked, task }
+    }
+
+    /// What a producer calls once its insert committed.
+    pub(crate) fn handle(&self) -> Arc<Notify> {
+        self.asked.clone()
+    }
+
+    pub(crate) fn stop(self) {
+        self.task.abort();
+    }
+}
 
 /// The running workers.
 pub(crate) struct RawWorkers {
