@@ -11,8 +11,9 @@
 //! until the others have evicted the member (`evs.suspect_timeout`, 3 s here): that window
 //! counts as the server being down for the checks that allow for one.
 //!
-//! The figures: for each fault, the time from it to the first claim anywhere and to the
-//! first claim of every node working through that member (both from the nodes' journals);
+//! The figures: for each fault, the time back to work — the longest pause in claims from
+//! the fault until the first claim after the member was out, of all nodes and of the nodes
+//! working through that member (from the nodes' journals);
 //! the certification conflicts, summed over the members from `SHOW GLOBAL STATUS`
 //! (`wsrep_local_cert_failures` + `wsrep_local_bf_aborts`, their deltas over the drain; a
 //! killed member's count up to its kill is kept, its counters restart at zero); and
@@ -219,31 +220,37 @@ pub(crate) fn retries_logged(fleet: &Fleet) -> usize {
         .sum()
 }
 
-/// After `fault`: how long until the first claim by any node, and until every node that
-/// worked through the faulted member (alive from before the fault until well after it, see
-/// `RECOVERY_WINDOW`) claimed again. `None` when no such claim was journaled.
+/// The longest pause in claims around `fault`: from the fault, through the claims made
+/// meanwhile, to the first claim once the member was out (evicted, or out of the primary
+/// component), by the nodes of `nodes`; `None` when none of them claimed after that.
+fn pause(fault: &Fault, nodes: &[&NodeRow], journals: &Journals) -> Option<i64> {
+    let mut times: Vec<i64> = nodes
+        .iter()
+        .filter_map(|n| journals.nodes.get(&n.node))
+        .flat_map(|j| j.claims.values().flatten().copied())
+        .filter(|&at| at > fault.at_us)
+        .collect();
+    times.sort_unstable();
+    let after = times.iter().position(|&at| at > fault.out_us)?;
+    let mut longest = 0;
+    let mut prev = fault.at_us;
+    for &at in &times[..=after] {
+        longest = longest.max(at - prev);
+        prev = at;
+    }
+    Some(longest)
+}
+
+/// Time back to work after `fault`: the longest pause in claims (see [`pause`]) of the
+/// whole fleet, and of the nodes that worked through the faulted member (alive from before
+/// the fault until after it was synced again; no node is killed or frozen meanwhile).
 pub(crate) fn back_to_work(
     fault: &Fault,
     fleet: &Fleet,
     journals: &Journals,
 ) -> (Option<i64>, Option<i64>) {
-    let first_claim = |node: &str| {
-        journals.nodes.get(node).and_then(|j| {
-            j.claims
-                .values()
-                .flatten()
-                .copied()
-                .filter(|&at| at > fault.at_us)
-                .min()
-        })
-    };
-    let anywhere = fleet
-        .gone
-        .iter()
-        .filter_map(|n| first_claim(&n.node))
-        .min()
-        .map(|at| at - fault.at_us);
-    let homed: Vec<Option<i64>> = fleet
+    let all: Vec<&NodeRow> = fleet.gone.iter().collect();
+    let homed: Vec<&NodeRow> = fleet
         .gone
         .iter()
         .filter(|n| {
@@ -251,14 +258,8 @@ pub(crate) fn back_to_work(
                 && n.spawned_at_us < fault.at_us
                 && n.gone_at_us > fault.back_us
         })
-        .map(|n| first_claim(&n.node).map(|at| at - fault.at_us))
         .collect();
-    let every = if homed.is_empty() || homed.iter().any(Option::is_none) {
-        None
-    } else {
-        homed.into_iter().flatten().max()
-    };
-    (anywhere, every)
+    (pause(fault, &all, journals), pause(fault, &homed, journals))
 }
 
 /// Seconds, from µs, for the figures.
@@ -277,9 +278,9 @@ pub(crate) fn report_galera(
     for f in &g.faults {
         let (anywhere, every) = back_to_work(f, fleet, journals);
         println!(
-            "crash test [Galera] fault: member {} {}: evicted/non-primary after {} s, \
-             first claim anywhere after {} s, every node on that member claiming again \
-             after {} s, member synced again after {} s",
+            "crash test [Galera] fault: member {} {}: out (evicted/non-primary) after {} s; \
+             back to work (longest pause in claims): all nodes {} s, the nodes on that \
+             member {} s; member synced again after {} s",
             f.member + 1,
             f.what,
             secs(Some(f.out_us - f.at_us)),
