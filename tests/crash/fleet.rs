@@ -26,7 +26,13 @@ pub(crate) struct FrozenProc {
 #[derive(Debug)]
 pub(crate) struct Fleet {
     pub(crate) bin: PathBuf,
-    pub(crate) url: String,
+    /// The database URLs nodes are given: one, or on Galera one per member (naming every
+    /// member, that one first). A new node takes the URL fewest alive nodes have.
+    pub(crate) urls: Vec<String>,
+    /// Node → the index of its URL in [`Fleet::urls`] (its member on Galera).
+    pub(crate) homes: HashMap<String, usize>,
+    /// Extra environment of every node (on Galera, a log filter that counts retries).
+    pub(crate) env: Vec<(String, String)>,
     pub(crate) dir: PathBuf,
     pub(crate) next: usize,
     pub(crate) live: Vec<NodeProc>,
@@ -99,10 +105,13 @@ pub(crate) fn wait_stopped(pid: u32, within: Duration) -> Result<i64, String> {
 }
 
 impl Fleet {
-    pub(crate) fn new(bin: PathBuf, url: String, dir: &Path) -> Fleet {
+    pub(crate) fn new(bin: PathBuf, urls: Vec<String>, dir: &Path) -> Fleet {
+        assert!(!urls.is_empty(), "a fleet needs a database URL");
         Fleet {
             bin,
-            url,
+            urls,
+            homes: HashMap::new(),
+            env: Vec::new(),
             dir: dir.to_path_buf(),
             next: 0,
             live: Vec::new(),
@@ -128,8 +137,14 @@ impl Fleet {
         self.next += 1;
         let name = format!("n{}", self.next);
         let log = std::fs::File::create(self.log(&name)).unwrap();
+        let alive = self.alive();
+        let home = (0..self.urls.len())
+            .min_by_key(|&i| alive.iter().filter(|n| self.homes[*n] == i).count())
+            .unwrap();
+        self.homes.insert(name.clone(), home);
         let child = Command::new(&self.bin)
-            .arg(&self.url)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .arg(&self.urls[home])
             .arg(&name)
             .arg("--journal")
             .arg(self.journal(&name))

@@ -36,6 +36,15 @@
 //! that ran through the restart recovered by itself. See [`check`] for every rule and why it
 //! is as strict as it is.
 //!
+//! `crash_galera` runs the same on a private three-member MariaDB Galera cluster, each of
+//! the three nodes working through a member of its own (its URL names every member, its own
+//! first, so it fails over), with Galera's faults in place of the restart: a member
+//! SIGKILLed mid-drain and restarted (rejoining by IST), then a member cut off from the
+//! others for longer than the lease and let back; it prints the time back to work after each
+//! fault, jobs/s and certification conflicts per 1,000 jobs. `galera_topology` (not in
+//! `.ci/crash`) drains without faults through one member and spread over three, and
+//! compares them. See `galera.rs`.
+//!
 //! Each run starts a private database server of its own (`tests/harness/server.rs`: own
 //! port, own data directory, stopped and removed afterwards, even when the test panics) and
 //! restarts that one; the machine's shared servers are never touched. The tests are
@@ -47,7 +56,9 @@
 //! ```
 //!
 //! Settings (environment; a value that does not parse fails the test):
-//! * `JOBVISOR_CRASH_JOBS` — jobs per backend (default 5,000, at least 500).
+//! * `JOBVISOR_CRASH_JOBS` — jobs per backend (default 5,000, on Galera 3,000, at least 500;
+//!   jobs per drain of `galera_topology`, default 5,000).
+//! * `JOBVISOR_TOPOLOGY_RUNS` — drains per topology of `galera_topology` (default 3).
 //! * `JOBVISOR_CRASH_SECONDS` — long mode: keep jobs coming for this many seconds, restart
 //!   the server every 60 s (at least once), then drain and check.
 //! * `JOBVISOR_CRASH_SEED` — seed of the kill schedule (printed by every run).
@@ -74,12 +85,14 @@ mod check;
 mod checker;
 mod deps;
 mod fleet;
+mod galera;
 mod periodic;
 mod report;
 
 use check::*;
 use deps::*;
 use fleet::*;
+use galera::*;
 use periodic::*;
 use report::*;
 
@@ -90,7 +103,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jobvisor::testing::{EnqueueParams, StoreEngine as _};
-use jobvisor::{Backend, Job, JobFailure, JobId, JobState, NewJob, Store};
+use jobvisor::{Backend, Job, JobFailure, JobId, JobState, NewJob, Store, StoreOptions};
 use serde_json::json;
 
 use harness::journal::{self, at_us, owner, same_claim, taken_by_sweeper, JobFacts, NodeJournal};
@@ -254,8 +267,37 @@ fn crash_sqlite() {
     run_blocking(Backend::Sqlite);
 }
 
+#[test]
+#[ignore = "kills and cuts off members of a private Galera cluster; run with .ci/crash"]
+fn crash_galera() {
+    block_on(run(Target::Galera));
+}
+
+#[test]
+#[ignore = "drains on a private Galera cluster, 6 times (several minutes); not in .ci/crash"]
+fn galera_topology() {
+    block_on(topology());
+}
+
 fn run_blocking(backend: Backend) {
-    block_on(run(backend));
+    block_on(run(Target::Server(backend)));
+}
+
+/// What a run's database is: one server of a backend, or a three-member Galera cluster.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Server(Backend),
+    Galera,
+}
+
+/// Names the target in the report's lines: `Postgres`, `Mysql`, `Sqlite` or `Galera`.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Server(b) => write!(f, "{b:?}"),
+            Target::Galera => f.write_str("Galera"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,8 +311,13 @@ struct Settings {
     seed: u64,
 }
 
-fn settings() -> Settings {
-    let jobs = env_number("JOBVISOR_CRASH_JOBS").unwrap_or(DEFAULT_JOBS);
+fn settings(target: Target) -> Settings {
+    let default = if target == Target::Galera {
+        GALERA_DEFAULT_JOBS
+    } else {
+        DEFAULT_JOBS
+    };
+    let jobs = env_number("JOBVISOR_CRASH_JOBS").unwrap_or(default);
     assert!(
         jobs >= 500,
         "JOBVISOR_CRASH_JOBS={jobs}: need at least 500 jobs, or the run ends before the \
@@ -386,7 +433,7 @@ async fn enqueue_wave(store: &Store, rng: &mut Rng, wave: usize) -> Option<usize
 /// A run in progress: the database, the node fleet, and what the driver did to them.
 /// Fields drop in order: the nodes are killed before the private server is stopped.
 struct Run {
-    backend: Backend,
+    backend: Target,
     s: Settings,
     began: Instant,
     began_us: i64,
@@ -394,7 +441,10 @@ struct Run {
     side: SideDb,
     store: Store,
     dir: RunDir,
-    db: TestDatabase,
+    /// The private server (`None` on Galera).
+    db: Option<TestDatabase>,
+    /// The Galera cluster (`None` on one server).
+    galera: Option<Galera>,
     /// Draws the kills and freezes.
     rng: Rng,
     /// Draws the mix's work times: a stream of its own, so that they do not shift with the
@@ -409,8 +459,11 @@ struct Run {
     /// Business rows added for the reconciler.
     wanted: usize,
     mix_jobs: usize,
+    /// Server restarts, or on Galera faults (a member killed, a member cut off).
     restarts: usize,
     server_down: Duration,
+    /// Each restart; on Galera, each fault while the cluster could not commit (from the
+    /// fault until the member was evicted or seen out of the primary component).
     server_restarts: Vec<Restart>,
     /// SQLite's stand-in for a restart: when every node was killed at once.
     all_killed_at: Vec<i64>,
@@ -422,6 +475,8 @@ struct Run {
 /// What the run left behind, read once the nodes stopped.
 struct Collected {
     run_took: Duration,
+    /// From the nodes' start until every job was terminal.
+    drain: Duration,
     stops: usize,
     journals: Journals,
     jobs: Vec<Job>,
@@ -442,7 +497,7 @@ struct Collected {
 }
 
 /// The whole test, phase by phase.
-async fn run(backend: Backend) {
+async fn run(backend: Target) {
     let mut run = start(backend).await;
     drive(&mut run).await;
     let c = collect(&mut run).await;
@@ -451,16 +506,32 @@ async fn run(backend: Backend) {
 }
 
 /// Phase 1: the private server, the side tables, the jobs, and the three nodes.
-async fn start(backend: Backend) -> Run {
-    let s = settings();
+async fn start(backend: Target) -> Run {
+    let s = settings(backend);
     let bin = node_binary();
     let began = Instant::now();
     let began_us = now_us();
     // Declared before the nodes, so that it drops after them: nodes killed first, then the
     // private server stopped.
-    let db = TestDatabase::create(backend, "crash");
-    let store = db.store().await;
-    let side = SideDb::open(&db.url, 4).unwrap();
+    let (db, mut galera, urls) = match backend {
+        Target::Server(b) => {
+            let db = TestDatabase::create(b, "crash");
+            let url = db.url.clone();
+            (Some(db), None, vec![url])
+        }
+        Target::Galera => {
+            let g = Galera::start();
+            let urls = g.node_urls(harness::server::DB_NAME);
+            (None, Some(g), urls)
+        }
+    };
+    let store = Store::connect_with(
+        &urls[0],
+        StoreOptions::default().pool_size(12).migrate(true),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("opening a store on {}: {e}", urls[0]));
+    let side = SideDb::open(&urls[0], 4).unwrap();
     side.create_tables().await.unwrap();
     let dir = RunDir::new(
         "crash",
@@ -469,7 +540,10 @@ async fn start(backend: Backend) -> Run {
             .tempdir()
             .unwrap(),
     );
-    let mut fleet = Fleet::new(bin, db.url.clone(), dir.path());
+    let mut fleet = Fleet::new(bin, urls, dir.path());
+    if galera.is_some() {
+        fleet.env.push(("RUST_LOG".into(), RETRY_LOG_FILTER.into()));
+    }
     let rng = Rng(s.seed);
     // The mix's work times come from a stream of their own, so that they do not shift with
     // the number of kills and freezes.
@@ -491,6 +565,9 @@ async fn start(backend: Backend) -> Run {
             "enqueueing failed"
         );
     }
+    if let Some(g) = &mut galera {
+        g.count_conflicts_from_now();
+    }
     let nodes_started_us = now_us();
     for _ in 0..NODES {
         fleet.spawn();
@@ -505,6 +582,7 @@ async fn start(backend: Backend) -> Run {
         store,
         dir,
         db,
+        galera,
         rng,
         work_rng,
         dep_rng,
@@ -531,6 +609,13 @@ async fn drive(run: &mut Run) {
         .seconds
         .map(|t| LONG_RESTART_EVERY.min(Duration::from_secs(t) / 2));
     let hard_limit = long_until.unwrap_or(began) + SETTLE_LIMIT;
+    // Normal mode: the server restarts once, at RESTART_AT; on Galera a member is killed, then
+    // one is cut off (FAULTS_AT).
+    let faults_at: &[f64] = if run.galera.is_some() {
+        &FAULTS_AT
+    } else {
+        &[RESTART_AT]
+    };
     // The first kill comes early, so that even a short run has one.
     let mut next_kill = Instant::now() + run.rng.between(FIRST_KILL);
     // `None` while a node is frozen: the next freeze is planned when it is continued.
@@ -579,7 +664,8 @@ async fn drive(run: &mut Run) {
                 next_wave = Instant::now() + MIX_EVERY;
             }
         }
-        if !topping_up && !waves_left && p.terminal == run.enqueued {
+        let faults_left = long_until.is_none() && run.restarts < faults_at.len();
+        if !topping_up && !waves_left && !faults_left && p.terminal == run.enqueued {
             break;
         }
         if Instant::now() >= next_want {
@@ -587,42 +673,79 @@ async fn drive(run: &mut Run) {
             next_want = Instant::now() + WANT_EVERY;
         }
         let restart_due = match restart_every {
-            None => run.restarts == 0 && p.terminal as f64 >= RESTART_AT * run.enqueued as f64,
+            None => faults_at
+                .get(run.restarts)
+                .is_some_and(|&at| p.terminal as f64 >= at * run.enqueued as f64),
             Some(every) => {
                 topping_up && began.elapsed() >= every * u32::try_from(run.restarts + 1).unwrap()
             }
         };
         if restart_due {
             run.restarts += 1;
-            match &mut run.db.server {
-                Some(server) => {
-                    let survivors = run.fleet.alive();
-                    let down_at_us = now_us();
-                    let down = tokio::task::block_in_place(|| server.restart(SERVER_DOWN_FOR))
-                        .unwrap_or_else(|e| panic!("restarting the server: {e}"));
-                    eprintln!(
-                        "crash test [{backend:?}]: server restarted in {down:?} at {}/{} jobs",
-                        p.terminal, run.enqueued
-                    );
-                    run.server_down += down;
-                    run.server_restarts.push(Restart {
-                        down_at_us,
-                        up_at_us: now_us(),
-                        survivors,
-                    });
-                    answered_at = Instant::now();
-                    quiet_until = Instant::now() + RECOVERY_WINDOW;
-                }
-                None => {
-                    run.all_killed_at.push(now_us());
-                    run.fleet.kill_all();
-                    for _ in 0..NODES {
-                        run.fleet.spawn();
+            if let Some(g) = &mut run.galera {
+                // Alternately a member killed and restarted, and a member cut off; which
+                // member is drawn.
+                let survivors = run.fleet.alive();
+                let member = run.rng.below(3);
+                let kill = run.restarts % 2 == 1;
+                let fault = tokio::task::block_in_place(|| {
+                    if kill {
+                        g.kill_and_restart(member)
+                    } else {
+                        g.cut_off(member)
                     }
-                    eprintln!(
-                        "crash test [{backend:?}]: all nodes killed at {}/{} jobs",
-                        p.terminal, run.enqueued
-                    );
+                });
+                eprintln!(
+                    "crash test [{backend:?}]: member {} {} at {}/{} jobs: out after {:.1} s, \
+                     synced again after {:.1} s",
+                    member + 1,
+                    fault.what,
+                    p.terminal,
+                    run.enqueued,
+                    (fault.out_us - fault.at_us) as f64 / 1e6,
+                    (fault.back_us - fault.at_us) as f64 / 1e6,
+                );
+                run.server_down += Duration::from_micros(
+                    u64::try_from(fault.out_us - fault.at_us).unwrap_or_default(),
+                );
+                run.server_restarts.push(Restart {
+                    down_at_us: fault.at_us,
+                    up_at_us: fault.out_us,
+                    survivors,
+                });
+                answered_at = Instant::now();
+                quiet_until = Instant::now() + RECOVERY_WINDOW;
+            } else {
+                match run.db.as_mut().and_then(|d| d.server.as_mut()) {
+                    Some(server) => {
+                        let survivors = run.fleet.alive();
+                        let down_at_us = now_us();
+                        let down = tokio::task::block_in_place(|| server.restart(SERVER_DOWN_FOR))
+                            .unwrap_or_else(|e| panic!("restarting the server: {e}"));
+                        eprintln!(
+                            "crash test [{backend:?}]: server restarted in {down:?} at {}/{} jobs",
+                            p.terminal, run.enqueued
+                        );
+                        run.server_down += down;
+                        run.server_restarts.push(Restart {
+                            down_at_us,
+                            up_at_us: now_us(),
+                            survivors,
+                        });
+                        answered_at = Instant::now();
+                        quiet_until = Instant::now() + RECOVERY_WINDOW;
+                    }
+                    None => {
+                        run.all_killed_at.push(now_us());
+                        run.fleet.kill_all();
+                        for _ in 0..NODES {
+                            run.fleet.spawn();
+                        }
+                        eprintln!(
+                            "crash test [{backend:?}]: all nodes killed at {}/{} jobs",
+                            p.terminal, run.enqueued
+                        );
+                    }
                 }
             }
         }
@@ -710,6 +833,9 @@ async fn collect(run: &mut Run) -> Collected {
     let (stop_lag_max_us, starts_in_stop_lag) = stop_lags(&freezes, &execs);
     Collected {
         run_took,
+        drain: Duration::from_micros(
+            u64::try_from(stopped_us - run.nodes_started_us).unwrap_or_default(),
+        ),
         stops,
         journals,
         jobs,
@@ -790,10 +916,12 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         mix_jobs,
         wanted,
         ref deps,
+        ref galera,
         ..
     } = run;
     let Collected {
         run_took,
+        drain,
         stops,
         ref journals,
         ref jobs,
@@ -892,6 +1020,9 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         v.timeouts,
         v.early_timeouts,
     );
+    if let Some(g) = galera {
+        report_galera(g, fleet, journals, jobs.len(), drain);
+    }
     if !verdict.violations.is_empty() {
         let evidence = Evidence {
             began_us,
@@ -933,6 +1064,12 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         panic!("{msg}");
     }
     assert!(restarts >= 1, "the run ended before the restart happened");
+    if galera.is_some() && s.seconds.is_none() {
+        assert!(
+            restarts >= FAULTS_AT.len(),
+            "the run ended before a member was both killed and cut off"
+        );
+    }
     assert!(fleet.kills >= 1, "the run ended before any node was killed");
     assert!(
         fleet.freezes >= 1,

@@ -195,6 +195,15 @@ impl GaleraCluster {
         format!("mysql://jv@{}/{db}?members={choice}", hosts.join(","))
     }
 
+    /// A URL naming every member on database `db`, member `i` first and the others after
+    /// it in turn (`members=first`: a store on it works through member `i` while it can).
+    pub(crate) fn url_from(&self, i: usize, db: &str) -> String {
+        let hosts: Vec<String> = (0..3)
+            .map(|k| format!("127.0.0.1:{}", self.port((i + k) % 3)))
+            .collect();
+        format!("mysql://jv@{}/{db}", hosts.join(","))
+    }
+
     /// A URL of member `i` alone.
     pub(crate) fn member_url(&self, i: usize, db: &str) -> String {
         format!("mysql://jv@127.0.0.1:{}/{db}", self.port(i))

@@ -280,6 +280,17 @@ impl SideDb {
                 // handing out connections that died in a server restart.
                 let mut cfg = ManagerConfig::<AsyncMysqlConnection>::default();
                 cfg.recycling_method = RecyclingMethod::Verified;
+                if let Some(members) = galera_members(&mysql_url)? {
+                    // Several Galera members: each connection goes to the first member in
+                    // the list's order that is in the primary component, and a connection
+                    // whose member left it fails its checkout, as the store's own do.
+                    cfg.custom_setup = Box::new(move |_| {
+                        let members = members.clone();
+                        Box::pin(async move { first_ready_member(&members).await })
+                    });
+                    cfg.recycling_method =
+                        RecyclingMethod::CustomFunction(Box::new(|c| Box::pin(member_ready(c))));
+                }
                 let mgr = AsyncDieselConnectionManager::new_with_config(mysql_url, cfg);
                 Ok(SideDb::Mysql(
                     pool_builder(size)
@@ -570,6 +581,94 @@ impl SideDb {
             .to_string();
         on_side!(self, sql, load::<NodeRow>)
     }
+}
+
+/// The URL of each member a host-list URL names (`mysql://u@h1:p1,h2:p2/db`, as the store
+/// takes it; its `members=` parameter dropped), in order; `None` for a URL of one server.
+fn galera_members(url: &str) -> SideResult<Option<Vec<String>>> {
+    let bad = |why: &str| {
+        format!("side tables: host-list URL {why}; expected mysql://user@h1:p1,h2:p2/db")
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(None);
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rfind('@') {
+        Some(i) => (&authority[..=i], &authority[i + 1..]),
+        None => ("", authority),
+    };
+    if !hosts.contains(',') {
+        return Ok(None);
+    }
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("members="))
+        .collect();
+    let query = if kept.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", kept.join("&"))
+    };
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        if host.trim().is_empty() {
+            return Err(bad("has an empty member"));
+        }
+        out.push(format!("{scheme}://{user}{}{path}{query}", host.trim()));
+    }
+    Ok(Some(out))
+}
+
+/// Whether the member a connection is on is in the cluster's primary component
+/// (`wsrep_ready` is `ON`); an error otherwise, so the pool drops the connection.
+async fn member_ready(c: &mut AsyncMysqlConnection) -> diesel::QueryResult<()> {
+    #[derive(QueryableByName)]
+    struct Ready {
+        #[diesel(sql_type = Text)]
+        #[allow(dead_code)]
+        ready: String,
+    }
+    let rows: Vec<Ready> = diesel::sql_query(
+        "SELECT VARIABLE_VALUE AS ready FROM information_schema.GLOBAL_STATUS \
+         WHERE VARIABLE_NAME = 'WSREP_READY' AND VARIABLE_VALUE = 'ON'",
+    )
+    .load(c)
+    .await?;
+    if rows.is_empty() {
+        return Err(diesel::result::Error::NotFound);
+    }
+    Ok(())
+}
+
+/// A connection to the first of `members` that accepts it and is ready, with causal reads
+/// (`wsrep_sync_wait = 1`: a read waits until its member applied every earlier commit, so
+/// the driver reads every row a node wrote through another member).
+async fn first_ready_member(members: &[String]) -> diesel::ConnectionResult<AsyncMysqlConnection> {
+    let mut failures = Vec::new();
+    for url in members {
+        let tried = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut c = AsyncMysqlConnection::establish(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            member_ready(&mut c).await.map_err(|e| e.to_string())?;
+            c.batch_execute("SET SESSION wsrep_sync_wait = 1")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(c)
+        })
+        .await
+        .unwrap_or_else(|_| Err("no answer within 2 s".into()));
+        match tried {
+            Ok(c) => return Ok(c),
+            Err(e) => failures.push(e),
+        }
+    }
+    Err(diesel::ConnectionError::BadConnection(format!(
+        "no Galera member took the side tables' connection: {}",
+        failures.join("; ")
+    )))
 }
 
 fn pool_builder<M: bb8::ManageConnection>(size: u32) -> bb8::Builder<M> {
