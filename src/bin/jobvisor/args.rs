@@ -377,13 +377,15 @@ pub(crate) enum ScheduleAction {
     },
 }
 
-/// A schedule added or changed at run time: when it fires and the job each fire enqueues.
+/// A schedule added or changed at run time: when it fires (a cron expression or an
+/// interval, one of them) and the job each fire enqueues.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("when").required(true).args(["cron", "every"])))]
 pub(crate) struct ScheduleDef {
     /// The schedule's name.
     pub(crate) name: String,
     /// A cron expression (five fields, or six with seconds first), read in --zone.
-    #[arg(long, required_unless_present = "every", conflicts_with = "every")]
+    #[arg(long)]
     pub(crate) cron: Option<String>,
     /// Or a fixed interval (e.g. 30s, 15m, 1h): fires at its multiples since the Unix epoch.
     #[arg(long, value_parser = parse_age)]
