@@ -13,10 +13,10 @@ use crate::done_watch::{DoneWatch, Registration};
 use crate::error::{Error, Result};
 use crate::hooks::{on_enqueue, Hooks};
 use crate::job::{Job, JobId, NewJob, RunAt};
-use crate::schedule::ScheduleInfo;
+use crate::schedule::{Schedule, ScheduleInfo};
 use crate::store::{
     ArchiveParams, CancelOutcome, CancelParams, EnqueueParams, Enqueued, Guarded, Leader,
-    ListParams, NodeInfo, OutboxConnection, PruneParams, QueueInfo, QueueLag, QueueLimits,
+    ListParams, NodeInfo, OutboxConnection, PruneParams, Put, QueueInfo, QueueLag, QueueLimits,
     RetryOutcome, RetryParams, StateCount, Store, Unserved,
 };
 
@@ -371,8 +371,9 @@ impl Client {
         self.store.nodes_list().await
     }
 
-    /// Every stored schedule (declared by some node's code; see
-    /// [`SchedulerBuilder::periodic`](crate::SchedulerBuilder::periodic)), by name: when it
+    /// Every stored schedule (declared by some node's code, see
+    /// [`SchedulerBuilder::periodic`](crate::SchedulerBuilder::periodic), or added at run
+    /// time, see [`add_schedule`](Self::add_schedule)), by name: when it
     /// fires next and last, paused or retired.
     ///
     /// # Errors
@@ -421,6 +422,73 @@ impl Client {
         let mut job = template.job(key, now);
         job.run_at = RunAt::Now;
         self.enqueue(job).await
+    }
+
+    /// Adds a periodic schedule at run time, without a deploy: stored in the database, fired
+    /// by whichever node leads — exactly one job per fire, as a schedule declared in code —
+    /// from its first fire after now. It is described as in code ([`Schedule`]: a cron
+    /// expression in a time zone or a fixed interval, the job, the missed-fire policy) and
+    /// kept apart from code: no node's sync changes or retires it, and a name a live
+    /// code schedule has is refused. Answers it as stored.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: jobvisor::Client) -> jobvisor::Result<()> {
+    /// use jobvisor::schedule::{MissedFires, Schedule};
+    /// use jobvisor::NewJob;
+    ///
+    /// let digest = NewJob::new("digest", serde_json::json!({"team": 7})).queue("mail");
+    /// let s = Schedule::cron("digest-team-7", "0 9 * * 1-5", digest)
+    ///     .time_zone("Europe/Paris")
+    ///     .missed(MissedFires::Skip);
+    /// let stored = client.add_schedule(s).await?;
+    /// println!("next fire {:?}", stored.next_fire_at);
+    /// // Later: weekly instead (starts afresh from now), then gone.
+    /// let weekly = NewJob::new("digest", serde_json::json!({"team": 7})).queue("mail");
+    /// client
+    ///     .change_schedule(Schedule::cron("digest-team-7", "0 9 * * 1", weekly))
+    ///     .await?;
+    /// client.remove_schedule("digest-team-7").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming what is wrong and what was expected: a bad schedule (its
+    /// expression, zone, interval, job), a name declared in code or already added;
+    /// [`Error::Database`].
+    pub async fn add_schedule(&self, schedule: Schedule) -> Result<ScheduleInfo> {
+        self.put_schedule(schedule, Put::Add).await
+    }
+
+    /// Changes a schedule added at run time ([`add_schedule`](Self::add_schedule)) to
+    /// `schedule` (of the same name): its job and missed-fire policy at once; a changed
+    /// expression or zone starts afresh from now (its next fire is the first after now), as
+    /// a deploy that changes one in code does. Paused, it stays paused. Answers it as stored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`]: a bad schedule, no run-time schedule of that name, or one
+    /// declared in code; [`Error::Database`].
+    pub async fn change_schedule(&self, schedule: Schedule) -> Result<ScheduleInfo> {
+        self.put_schedule(schedule, Put::Change).await
+    }
+
+    async fn put_schedule(&self, schedule: Schedule, put: Put) -> Result<ScheduleInfo> {
+        let compiled = schedule.compile_runtime()?;
+        self.schedules_stored().await;
+        self.store
+            .schedule_put(&compiled, put, self.clock.bound_now())
+            .await
+    }
+
+    /// Removes a schedule added at run time: no fire of it after this returns (a fire
+    /// racing the removal either committed before it or enqueues nothing). Its fires' jobs
+    /// stay.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming an unknown schedule or one declared in code (remove
+    /// that one from the code: it retires); [`Error::Database`].
+    pub async fn remove_schedule(&self, name: &str) -> Result<()> {
+        self.schedules_stored().await;
+        self.store.schedule_remove(name).await
     }
 
     /// The node leading this database (it computes the database-wide gauges), with its term

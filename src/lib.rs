@@ -120,7 +120,7 @@ pub use job_args::JobArgs;
 pub use lease::{ClaimId, NodeId};
 pub use parent_results::ParentResults;
 pub use queue::{QueueInfo, QueueLimits, RateLimit, RATE_START_MARGIN};
-pub use schedule::{MissedFires, Schedule, ScheduleInfo};
+pub use schedule::{MissedFires, Schedule, ScheduleInfo, ScheduleOrigin};
 pub use scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle, ShutdownReport};
 #[cfg(feature = "sqlite")]
 pub use store::SqliteJobConnection;

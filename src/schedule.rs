@@ -1,8 +1,9 @@
-//! Periodic jobs: a [`Schedule`] declared in code — a cron expression read in an IANA time
-//! zone, or a fixed interval — and the job each fire enqueues. Declared on the builder
-//! ([`SchedulerBuilder::periodic`](crate::SchedulerBuilder::periodic)), stored in the
-//! database at start (`jobvisor_schedules`), fired by the database's leader: **exactly one
-//! job per fire** whatever the number of nodes (ARCHITECTURE.md §7.10).
+//! Periodic jobs: a [`Schedule`] — a cron expression read in an IANA time zone, or a fixed
+//! interval — and the job each fire enqueues. Declared in code on the builder
+//! ([`SchedulerBuilder::periodic`](crate::SchedulerBuilder::periodic)) and stored in the
+//! database at start (`jobvisor_schedules`), or added at run time
+//! ([`Client::add_schedule`](crate::Client::add_schedule)); fired by the database's leader:
+//! **exactly one job per fire** whatever the number of nodes (ARCHITECTURE.md §7.10).
 //!
 //! Cron expressions are parsed by [`croner`] (five fields, or six with seconds first; `L`,
 //! `#`, `W`, names of days and months), time zones by [`chrono_tz`]. Daylight saving time
@@ -166,6 +167,15 @@ impl Schedule {
     /// The kind of job each fire enqueues.
     pub(crate) fn job_kind(&self) -> &str {
         &self.job.kind
+    }
+
+    /// [`compile`](Self::compile) for a schedule added or changed at run time: what is
+    /// wrong is bad input ([`Error::InvalidInput`]), not a node's configuration.
+    pub(crate) fn compile_runtime(&self) -> Result<Compiled> {
+        self.compile().map_err(|e| match e {
+            Error::Config { reason, .. } => Error::invalid("schedule", reason),
+            other => other,
+        })
     }
 
     /// Checks everything and renders what is stored; errors name the schedule.
@@ -440,6 +450,37 @@ pub(crate) struct Due {
     pub(crate) next: Option<i64>,
 }
 
+/// Where a stored schedule comes from, and so who may change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleOrigin {
+    /// Declared in code ([`SchedulerBuilder::periodic`](crate::SchedulerBuilder::periodic)):
+    /// stored by the nodes that declare it, retired once none does; changed by a deploy.
+    Code,
+    /// Added at run time ([`Client::add_schedule`](crate::Client::add_schedule), the CLI, the
+    /// dashboard): changed and removed the same way; never touched by a node's sync.
+    Runtime,
+}
+
+impl ScheduleOrigin {
+    /// As stored: `code`, `runtime`.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            ScheduleOrigin::Code => "code",
+            ScheduleOrigin::Runtime => "runtime",
+        }
+    }
+
+    /// Reads the stored form.
+    pub(crate) fn from_text(s: &str) -> Option<Self> {
+        match s {
+            "code" => Some(ScheduleOrigin::Code),
+            "runtime" => Some(ScheduleOrigin::Runtime),
+            _ => None,
+        }
+    }
+}
+
 /// A stored schedule, as [`Client::schedules`](crate::Client::schedules) lists it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -466,8 +507,11 @@ pub struct ScheduleInfo {
     /// [`RETIRE_AFTER`] (it no longer fires).
     pub retired_at: Option<DateTime<Utc>>,
     /// When a node last declared it (at its start, then every
-    /// [`DECLARE_EVERY`] while it runs).
+    /// [`DECLARE_EVERY`] while it runs); for a run-time schedule, when it was last added or
+    /// changed.
     pub declared_at: DateTime<Utc>,
+    /// Declared in code or added at run time.
+    pub origin: ScheduleOrigin,
 }
 
 impl ScheduleInfo {

@@ -605,6 +605,131 @@ async fn commands_do_what_they_say(backend: Backend) {
     let err = stderr_of(jobvisor(&url).args(["schedule", "pause", "nope"]), 2);
     assert!(err.contains("\"nope\""), "{err}");
 
+    // Run-time schedules: added (the running leader fires it, no deploy), changed,
+    // removed; a name declared in code and a bad expression are refused.
+    let v = json_of(
+        jobvisor(&url).args([
+            "schedule",
+            "add",
+            "cli-rt",
+            "--every",
+            "1s",
+            "--kind",
+            "none",
+            "--queue",
+            "elsewhere",
+            "--payload",
+            r#"{"n": 1}"#,
+            "--json",
+        ]),
+        0,
+    );
+    assert_eq!(
+        (v["origin"].clone(), v["spec"].clone()),
+        (json!("runtime"), json!("every 1000000")),
+        "{v}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let fired = client
+            .list(jobvisor::ListParams {
+                kind: Some("none".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|j| {
+                j.unique_key
+                    .as_deref()
+                    .is_some_and(|k| k.starts_with("schedule:cli-rt@"))
+            });
+        if let Some(j) = fired {
+            assert_eq!(j.payload, json!({"n": 1}));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "cli-rt never fired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let v = json_of(
+        jobvisor(&url).args([
+            "schedule",
+            "change",
+            "cli-rt",
+            "--cron",
+            "0 4 * * *",
+            "--zone",
+            "Europe/Berlin",
+            "--kind",
+            "none",
+            "--missed",
+            "skip",
+            "--json",
+        ]),
+        0,
+    );
+    assert_eq!(
+        (
+            v["spec"].clone(),
+            v["time_zone"].clone(),
+            v["missed"].clone(),
+            v["queue"].clone()
+        ),
+        (
+            json!("0 4 * * *"),
+            json!("Europe/Berlin"),
+            json!("skip"),
+            json!("default")
+        ),
+        "{v}"
+    );
+    let code_named = ["--cron", "0 5 * * *", "--kind", "none"];
+    let err = stderr_of(
+        jobvisor(&url)
+            .args(["schedule", "add", "cli-nightly"])
+            .args(code_named),
+        2,
+    );
+    assert!(
+        err.contains("\"cli-nightly\"") && err.contains("declared in code"),
+        "{err}"
+    );
+    let err = stderr_of(
+        jobvisor(&url).args(["schedule", "remove", "cli-nightly"]),
+        2,
+    );
+    assert!(err.contains("declared in code"), "{err}");
+    let err = stderr_of(
+        jobvisor(&url).args([
+            "schedule",
+            "add",
+            "bad",
+            "--cron",
+            "61 * * * *",
+            "--kind",
+            "x",
+        ]),
+        2,
+    );
+    assert!(
+        err.contains("\"bad\"") && err.contains("invalid cron expression"),
+        "{err}"
+    );
+    let err = stderr_of(
+        jobvisor(&url).args(["schedule", "add", "bad", "--kind", "x"]),
+        2,
+    );
+    assert!(err.contains("--every"), "{err}");
+    let v = json_of(
+        jobvisor(&url).args(["schedule", "remove", "cli-rt", "--json"]),
+        0,
+    );
+    assert_eq!(v, json!({ "removed": "cli-rt" }));
+    let v = json_of(jobvisor(&url).args(["schedules", "--json"]), 0);
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    let err = stderr_of(jobvisor(&url).args(["schedule", "remove", "cli-rt"]), 2);
+    assert!(err.contains("\"cli-rt\""), "{err}");
+
     node.shutdown().await;
     assert_eq!(client.leader().await.unwrap(), None, "it resigned");
 }

@@ -4,7 +4,8 @@
 //! schedule across DST days in Berlin and New York; pause, resume and trigger-now through the
 //! client; schedules added by one node fired by whichever leads; a new leader fires what is
 //! due at once; a started node's client lists and triggers its schedules as soon as
-//! `start()` returns.
+//! `start()` returns; a schedule added at run time fired once per fire across leader kills,
+//! on every backend.
 
 #![allow(clippy::unwrap_used)]
 
@@ -18,7 +19,7 @@ use jobvisor::schedule::RETIRE_AFTER;
 use jobvisor::testing::{Simulation, TestDb};
 use jobvisor::{
     handler_fn, Backend, Event, Job, JobOutcome, ListParams, MissedFires, NewJob, QueueConfig,
-    Schedule, Scheduler,
+    Schedule, ScheduleOrigin, Scheduler,
 };
 use serde_json::{json, Value};
 
@@ -140,6 +141,105 @@ async fn three_nodes_fire_a_minute_schedule_exactly_1440_times_in_a_day() {
         missing.is_empty() && extra.is_empty(),
         "missing {missing:?}, extra {extra:?}"
     );
+}
+
+/// A schedule added at run time through a client (no node's code declares it) beside one
+/// declared in code, over three hours of minute fires with leadership moving every minute
+/// and the leader killed every 20 minutes (no fire until a survivor takes over two minutes
+/// on, catching up): exactly one job per fire of each, none missed, none twice — and the
+/// nodes' declarations, hours past the retire period, never retire it. Removed, it fires no
+/// more.
+async fn a_runtime_schedule_fires_exactly_once_per_fire_across_leader_kills(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let clock = ManualClock::new(start());
+    let mut nodes = Vec::new();
+    for n in ["a", "b", "c"] {
+        let code = tick("minutely", MINUTE).missed(MissedFires::All { max: 100 });
+        nodes.push(node(&db, &clock, n, vec![code]).await);
+    }
+    let added = nodes[1]
+        .client
+        .add_schedule(tick("added", MINUTE).missed(MissedFires::All { max: 100 }))
+        .await
+        .unwrap();
+    assert_eq!(added.origin, ScheduleOrigin::Runtime);
+    const MINUTES: usize = 180;
+    let mut fired = 0;
+    for minute in 0..MINUTES {
+        clock.advance(MINUTE);
+        // Killed: the leader of the minute before is gone and no one has taken over yet.
+        if minute % 20 == 5 || minute % 20 == 6 {
+            continue;
+        }
+        // Every node declares its code schedules again now and then, retiring what nobody
+        // declared for RETIRE_AFTER — never the run-time one.
+        if minute % 7 == 0 {
+            for n in &nodes {
+                n.declare_schedules().await.unwrap();
+            }
+        }
+        for i in 0..3 {
+            nodes[(minute + i) % 3].elect().await;
+        }
+        let (x, y, z) = tokio::join!(
+            nodes[0].fire_schedules(),
+            nodes[1].fire_schedules(),
+            nodes[2].fire_schedules()
+        );
+        let fires: Vec<usize> = [x, y, z].into_iter().filter_map(|r| r.unwrap()).collect();
+        assert_eq!(fires.len(), 1, "one leader fires at minute {minute}");
+        fired += fires[0];
+    }
+    assert_eq!(fired, 2 * MINUTES, "both schedules, every minute");
+    for name in ["added", "minutely"] {
+        let keys: BTreeSet<String> = jobs_of(&nodes[0], name)
+            .await
+            .iter()
+            .filter_map(|j| j.unique_key.clone())
+            .collect();
+        let expected: BTreeSet<String> = (1..=MINUTES as i64)
+            .map(|m| {
+                let at = start() + chrono::Duration::minutes(m);
+                format!("schedule:{name}@{}", at.format("%Y-%m-%dT%H:%M:%SZ"))
+            })
+            .collect();
+        let missing: Vec<_> = expected.difference(&keys).collect();
+        let extra: Vec<_> = keys.difference(&expected).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{name}: missing {missing:?}, extra {extra:?}"
+        );
+    }
+    let list = nodes[2].client.schedules().await.unwrap();
+    let kept = list.iter().find(|s| s.name == "added").unwrap();
+    assert_eq!(kept.retired_at, None, "no declaration retires it");
+
+    // Removed: no fire after, whoever leads.
+    nodes[0].client.remove_schedule("added").await.unwrap();
+    for _ in 0..3 {
+        clock.advance(MINUTE);
+        for n in &nodes {
+            n.elect().await;
+            n.fire_schedules().await.unwrap();
+        }
+    }
+    assert_eq!(jobs_of(&nodes[0], "added").await.len(), MINUTES);
+    assert_eq!(jobs_of(&nodes[0], "minutely").await.len(), MINUTES + 3);
+}
+
+#[actix::test]
+async fn a_runtime_schedule_fires_exactly_once_across_leader_kills_on_postgres() {
+    a_runtime_schedule_fires_exactly_once_per_fire_across_leader_kills(Backend::Postgres).await;
+}
+
+#[actix::test]
+async fn a_runtime_schedule_fires_exactly_once_across_leader_kills_on_mysql() {
+    a_runtime_schedule_fires_exactly_once_per_fire_across_leader_kills(Backend::Mysql).await;
+}
+
+#[actix::test]
+async fn a_runtime_schedule_fires_exactly_once_across_leader_kills_on_sqlite() {
+    a_runtime_schedule_fires_exactly_once_per_fire_across_leader_kills(Backend::Sqlite).await;
 }
 
 async fn missed_fire_policies_after_three_hours_down(backend: Backend) {

@@ -7,7 +7,8 @@
 //! fire; ARCHITECTURE.md §7.10).
 //!
 //! The leader fires every stored schedule, declared by its own code or not: a rolling deploy
-//! that adds a schedule on one node has it fired whichever node leads.
+//! that adds a schedule on one node has it fired whichever node leads, and a schedule added
+//! at run time ([`Client::add_schedule`](crate::Client::add_schedule)) is fired alike.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

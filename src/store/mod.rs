@@ -166,7 +166,7 @@ pub(crate) use pool::with_query;
 pub(crate) use queues::{ChangeSignal, GAP_SPAN};
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub(crate) use rows::from_us;
-pub(crate) use schedules::{Fire, SyncMode};
+pub(crate) use schedules::{Fire, Put, SyncMode};
 #[cfg(feature = "sqlite")]
 #[doc(hidden)]
 pub use sqlite::SqliteRunner;

@@ -1,5 +1,6 @@
-//! Periodic schedules (`jobvisor_schedules`): synced from the nodes' code at start, fired by
-//! the leader, paused, resumed and triggered by operators.
+//! Periodic schedules (`jobvisor_schedules`): synced from the nodes' code at start, or added,
+//! changed and removed at run time; fired by the leader, paused, resumed and triggered by
+//! operators.
 //!
 //! * **Fire**: one transaction moves `next_fire_at` on — guarded by the value the firer read,
 //!   by the schedule being live (not paused, not retired) and, for a leader, by its term — and
@@ -16,6 +17,11 @@
 //! * **Retire**: a syncing node retires the live rows nobody has declared for `retire_after`,
 //!   so during a rolling deploy a node of the older release that restarts cannot retire a
 //!   schedule the newer nodes still declare. A node that declares none changes nothing.
+//! * **Origin**: a row is `code` (the above) or `runtime` (added through the client: `Put`,
+//!   `schedule_remove`). Syncs and retirement touch code rows only, so a deploy never
+//!   overwrites or retires a run-time schedule; a run-time write of a live code name is
+//!   refused, and a name declared in code that a run-time row holds is not stored (logged).
+//!   Both are fired alike, by the guarded fire above.
 
 use std::time::Duration;
 
@@ -35,7 +41,7 @@ use super::schema::jobvisor_schedules as s;
 use super::Store;
 use crate::error::{Error, Result, StoreError};
 use crate::job::NewJob;
-use crate::schedule::{Compiled, MissedFires, Plan, ScheduleInfo, Template};
+use crate::schedule::{Compiled, MissedFires, Plan, ScheduleInfo, ScheduleOrigin, Template};
 
 /// A schedule due to fire, as read by the leader.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable)]
@@ -75,7 +81,22 @@ type Row = (
     Option<i64>,
     Option<i64>,
     i64,
+    String,
 );
+
+/// `origin` of a schedule declared in code.
+const CODE: &str = ScheduleOrigin::Code.as_str();
+/// `origin` of a schedule added at run time.
+const RUNTIME: &str = ScheduleOrigin::Runtime.as_str();
+
+/// What a run-time write of a schedule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// Stores a new one (refused if one of that name is stored and live).
+    Add,
+    /// Changes a stored run-time one.
+    Change,
+}
 
 /// What a sync does with the rows this node declares that are stored and live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,13 +158,27 @@ impl Store {
                 let first = Plan::parse(&c.spec, &c.time_zone)
                     .map_err(|reason| Error::invalid("schedule", reason))?
                     .next_after(at);
-                let exists = s::table
+                let origin: Option<String> = s::table
                     .filter(s::name.eq(&c.name))
-                    .count()
-                    .get_result::<i64>(conn)
-                    .await?
-                    > 0;
-                let row = s::table.filter(s::name.eq(&c.name));
+                    .select(s::origin)
+                    .first(conn)
+                    .await
+                    .optional()?;
+                if origin.as_deref() == Some(RUNTIME) {
+                    // Added at run time: a deploy never overwrites it (ARCHITECTURE.md §7.10).
+                    tracing::warn!(
+                        schedule = %c.name,
+                        "schedule declared in code not stored: a schedule of that name was \
+                         added at run time (remove it with `jobvisor schedule remove`, or \
+                         rename the one in code)"
+                    );
+                    continue;
+                }
+                let exists = origin.is_some();
+                // Code rows only: a retired row taken over at run time meanwhile is left.
+                let row = s::table
+                    .filter(s::name.eq(&c.name))
+                    .filter(s::origin.eq(CODE));
                 let common = (
                     s::template.eq(&c.template),
                     s::missed.eq(&c.missed),
@@ -198,6 +233,7 @@ impl Store {
             diesel::update(
                 s::table
                     .filter(s::retired_at.is_null())
+                    .filter(s::origin.eq(CODE))
                     .filter(s::name.ne_all(&names))
                     .filter(s::declared_at.lt(at.saturating_sub(retire_after))),
             )
@@ -314,6 +350,7 @@ impl Store {
                     s::paused_at,
                     s::retired_at,
                     s::declared_at,
+                    s::origin,
                 ))
                 .order(s::name.asc())
                 .load(conn)
@@ -367,6 +404,140 @@ impl Store {
         self.schedule_get(name).await?.ok_or_else(|| unknown(name))
     }
 
+    /// Adds a schedule at run time, or changes one added so (see [`Put`]): a new one, or a
+    /// changed expression or zone, starts afresh from now (its first fire after now); an
+    /// unchanged expression keeps its next fire. A live schedule declared in code is refused;
+    /// a retired one is taken over. Answers it as stored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming a schedule declared in code, one already stored (add),
+    /// or no run-time schedule of that name (change); [`Error::Database`].
+    pub(crate) async fn schedule_put(
+        &self,
+        c: &Compiled,
+        put: Put,
+        now: Option<DateTime<Utc>>,
+    ) -> Result<ScheduleInfo> {
+        let now = DbNow::new(bound(now));
+        let plan = Plan::parse(&c.spec, &c.time_zone)
+            .map_err(|reason| Error::invalid("schedule", reason))?;
+        let res = with_tx!(self, |conn| {
+            let at: i64 = diesel::select(now).get_result(conn).await?;
+            // Never again: never due (listed with no next fire).
+            let first = plan.next_after(at).unwrap_or(i64::MAX);
+            let stored: Option<(String, Option<i64>, String, String)> = s::table
+                .filter(s::name.eq(&c.name))
+                .select((s::origin, s::retired_at, s::spec, s::time_zone))
+                .first(conn)
+                .await
+                .optional()?;
+            let row = s::table.filter(s::name.eq(&c.name));
+            let common = (
+                s::template.eq(&c.template),
+                s::missed.eq(&c.missed),
+                s::updated_at.eq(at),
+                s::declared_at.eq(at),
+            );
+            let afresh = (
+                s::spec.eq(&c.spec),
+                s::time_zone.eq(&c.time_zone),
+                s::next_fire_at.eq(first),
+            );
+            match (put, stored) {
+                (_, Some((origin, None, ..))) if origin != RUNTIME => {
+                    return Err(declared_in_code(&c.name));
+                }
+                (Put::Add, Some((origin, ..))) if origin == RUNTIME => {
+                    return Err(Error::invalid(
+                        "schedule",
+                        format!(
+                            "a schedule {:?} was already added at run time; expected a new \
+                             name (change_schedule changes it)",
+                            c.name
+                        ),
+                    ));
+                }
+                // A retired schedule of code: taken over, from now on.
+                (Put::Add, Some(_)) => {
+                    diesel::update(row.filter(s::retired_at.is_not_null()))
+                        .set((
+                            afresh,
+                            common,
+                            s::origin.eq(RUNTIME),
+                            s::retired_at.eq(None::<i64>),
+                            s::paused_at.eq(None::<i64>),
+                        ))
+                        .execute(conn)
+                        .await?;
+                }
+                (Put::Add, None) => {
+                    diesel::insert_into(s::table)
+                        .values((s::name.eq(&c.name), afresh, common, s::origin.eq(RUNTIME)))
+                        .execute(conn)
+                        .await?;
+                }
+                (Put::Change, Some((origin, _, spec, zone))) if origin == RUNTIME => {
+                    let row = row.filter(s::origin.eq(RUNTIME));
+                    if spec == c.spec && zone == c.time_zone {
+                        diesel::update(row).set(common).execute(conn).await?;
+                    } else {
+                        diesel::update(row)
+                            .set((afresh, common))
+                            .execute(conn)
+                            .await?;
+                    }
+                }
+                (Put::Change, _) => return Err(not_runtime(&c.name)),
+            }
+            Result::Ok(())
+        });
+        match res {
+            // Two adds of one new name at once: the loser is told it exists.
+            Err(e) if put == Put::Add && is_constraint(&e) => Err(Error::invalid(
+                "schedule",
+                format!(
+                    "a schedule {:?} was added meanwhile; expected a new name",
+                    c.name
+                ),
+            )),
+            res => res,
+        }?;
+        self.schedule_get(&c.name)
+            .await?
+            .ok_or_else(|| unknown(&c.name))
+    }
+
+    /// Removes a schedule added at run time: it fires no more (a fire racing the removal
+    /// finds no row to move on, so enqueues nothing). Its fires' jobs stay.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming a schedule declared in code or an unknown one;
+    /// [`Error::Database`].
+    pub(crate) async fn schedule_remove(&self, name: &str) -> Result<()> {
+        with_tx!(self, |conn| {
+            let origin: Option<String> = s::table
+                .filter(s::name.eq(name))
+                .select(s::origin)
+                .first(conn)
+                .await
+                .optional()?;
+            match origin.as_deref() {
+                None => Err(not_runtime(name)),
+                Some(RUNTIME) => {
+                    diesel::delete(
+                        s::table
+                            .filter(s::name.eq(name))
+                            .filter(s::origin.eq(RUNTIME)),
+                    )
+                    .execute(conn)
+                    .await?;
+                    Ok(())
+                }
+                Some(_) => Err(declared_in_code(name)),
+            }
+        })
+    }
+
     /// One schedule (`None` also for a row this release cannot read).
     ///
     /// # Errors
@@ -405,6 +576,26 @@ fn unknown(name: &str) -> Error {
     )
 }
 
+fn declared_in_code(name: &str) -> Error {
+    Error::invalid(
+        "schedule",
+        format!(
+            "{name:?} is declared in code (SchedulerBuilder::periodic); expected a schedule \
+             added at run time — change or remove this one in code, or use another name"
+        ),
+    )
+}
+
+fn not_runtime(name: &str) -> Error {
+    Error::invalid(
+        "schedule",
+        format!(
+            "no schedule {name:?} added at run time; expected the name of one \
+             (jobvisor schedules lists them)"
+        ),
+    )
+}
+
 /// A stored schedule that cannot be read back.
 fn corrupt(name: &str, reason: String) -> Error {
     Error::Database(StoreError::Other(format!(
@@ -413,7 +604,10 @@ fn corrupt(name: &str, reason: String) -> Error {
 }
 
 fn info(r: Row) -> Result<ScheduleInfo> {
-    let (name, spec, time_zone, template, missed, next, last, paused, retired, declared) = r;
+    let (name, spec, time_zone, template, missed, next, last, paused, retired, declared, origin) =
+        r;
+    let origin = ScheduleOrigin::from_text(&origin)
+        .ok_or_else(|| corrupt(&name, format!("unknown origin {origin:?}")))?;
     let t = Template::from_text(&template).map_err(|r| corrupt(&name, r))?;
     let missed = MissedFires::from_text(&missed)
         .ok_or_else(|| corrupt(&name, format!("unknown missed-fire policy {missed:?}")))?;
@@ -429,6 +623,7 @@ fn info(r: Row) -> Result<ScheduleInfo> {
         paused_at: paused.map(from_us),
         retired_at: retired.map(from_us),
         declared_at: from_us(declared),
+        origin,
     })
 }
 

@@ -2,7 +2,7 @@
 //! token): retry, run now (a job scheduled for later or waiting to retry), cancel and
 //! delete a job; bulk retry or cancel by the jobs filter (after a
 //! preview with a count and a confirmation); retry a dead-letter group; pause, resume and
-//! limit a queue; pause, resume and trigger a schedule.
+//! limit a queue; pause, resume and trigger a schedule; add and remove a run-time schedule.
 //!
 //! A job action carries the version its page showed: a job that changed since (retried by
 //! someone else, finished, reclaimed) is left alone and the answer says so (409). A bulk
@@ -595,10 +595,15 @@ fn opt_u32(field: &'static str, v: &str) -> Result<Option<u32>> {
 
 /// `500ms`, `1s`, `2m`, `1h`, or plain seconds.
 fn period(v: &str) -> Result<std::time::Duration> {
+    period_named("rate_per", v)
+}
+
+/// [`period`] of the form field `field`.
+fn period_named(field: &'static str, v: &str) -> Result<std::time::Duration> {
     let s = v.trim();
     let bad = || {
         Error::invalid(
-            "rate_per",
+            field,
             format!("{s:?}: expected a period such as 500ms, 1s, 2m or 1h"),
         )
     };
@@ -671,12 +676,81 @@ pub(crate) async fn queue(
     conclude(&state, &req, &ctx, &what, &target, out).await
 }
 
-/// A schedule action's form.
+/// A schedule action's form; `add` fills the rest.
 #[derive(Debug, Deserialize)]
 pub(crate) struct ScheduleForm {
     csrf: Option<String>,
     #[serde(default)]
     name: String,
+    /// A cron expression, or blank for `every`.
+    #[serde(default)]
+    cron: String,
+    /// A fixed interval (`30s`, `15m`, `1h`), when `cron` is blank.
+    #[serde(default)]
+    every: String,
+    #[serde(default)]
+    zone: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    queue: String,
+    /// JSON; blank for `{}`.
+    #[serde(default)]
+    payload: String,
+    /// `latest` (blank too) or `skip`.
+    #[serde(default)]
+    missed: String,
+}
+
+/// The run-time schedule an add form describes.
+fn schedule_of(f: &ScheduleForm) -> Result<crate::schedule::Schedule> {
+    use crate::schedule::{MissedFires, Schedule};
+    let payload = match f.payload.trim() {
+        "" => serde_json::json!({}),
+        p => serde_json::from_str(p).map_err(|e| {
+            Error::invalid(
+                "payload",
+                format!("not JSON ({e}); expected e.g. {{\"team\": 7}}"),
+            )
+        })?,
+    };
+    let mut job = crate::job::NewJob::new(f.kind.trim(), payload);
+    if !f.queue.trim().is_empty() {
+        job = job.queue(f.queue.trim());
+    }
+    let missed = match f.missed.trim() {
+        "" | "latest" => MissedFires::Latest,
+        "skip" => MissedFires::Skip,
+        other => {
+            return Err(Error::invalid(
+                "missed",
+                format!("{other:?}: expected latest or skip"),
+            ))
+        }
+    };
+    let s = match (f.cron.trim(), f.every.trim()) {
+        ("", "") => {
+            return Err(Error::invalid(
+                "cron",
+                "neither a cron expression nor an interval; expected one of them",
+            ))
+        }
+        ("", every) => Schedule::every(f.name.trim(), period_named("every", every)?, job),
+        (cron, "") => Schedule::cron(f.name.trim(), cron, job),
+        _ => {
+            return Err(Error::invalid(
+                "cron",
+                "both a cron expression and an interval; expected one of them",
+            ))
+        }
+    };
+    let zone = f.zone.trim();
+    Ok(s.time_zone(if zone.is_empty() {
+        crate::schedule::DEFAULT_TIME_ZONE
+    } else {
+        zone
+    })
+    .missed(missed))
 }
 
 pub(crate) async fn schedule(
@@ -706,10 +780,23 @@ pub(crate) async fn schedule(
                 let e = state.client.trigger_schedule(n).await?;
                 format!("schedule {n} triggered: job {}", e.id.0)
             }
+            "add" => {
+                let s = state.client.add_schedule(schedule_of(&form)?).await?;
+                format!(
+                    "schedule {} added: {} ({})",
+                    s.name,
+                    s.spec_text(),
+                    s.time_zone
+                )
+            }
+            "remove" => {
+                state.client.remove_schedule(n).await?;
+                format!("schedule {n} removed: it fires no more")
+            }
             other => {
                 return Err(Error::invalid(
                     "action",
-                    format!("{other:?}: expected pause, resume or trigger"),
+                    format!("{other:?}: expected pause, resume, trigger, add or remove"),
                 ))
             }
         };

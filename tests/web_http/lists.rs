@@ -308,3 +308,128 @@ pub(crate) async fn schedules_show_recent_fires(b: Backend) {
     let want: Vec<i64> = newest.iter().take(5).map(|(_, id)| *id).collect();
     assert_eq!(linked, want, "{fires}");
 }
+
+/// A schedule added through the dashboard's form is stored for the leader to fire, listed
+/// as added at run time with a Remove button (a schedule declared in code has none, and its
+/// removal is refused naming it); removed, it is gone and fires no more. A bad form is
+/// refused, naming the field.
+pub(crate) async fn runtime_schedules_are_added_and_removed(b: Backend) {
+    let db = Arc::new(TestDb::create(b).await);
+    let start = Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap();
+    let clock = ManualClock::new(start);
+    let minute = Duration::from_secs(60);
+    let sim = Simulation::on_store(db.store().await, clock.clone(), "a", move |b| {
+        b.handler(
+            "tick",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success(()) }),
+        )
+        .periodic(Schedule::every(
+            "in_code",
+            minute,
+            NewJob::new("tick", json!({})),
+        ))
+    })
+    .keep(db.clone());
+    sim.sync_schedules().await.unwrap();
+    let app = app!(sim.client, cfg());
+    let (cookie, csrf) = login(&app, TOKEN).await;
+    let post = |uri: &'static str, form: Vec<(&'static str, &'static str)>| {
+        let mut form = form;
+        form.push(("csrf", csrf.as_str()));
+        TestRequest::post()
+            .uri(uri)
+            .insert_header(("cookie", cookie.clone()))
+            .set_form(form)
+    };
+    let r = get(&app, &cookie, "/d/schedules").await;
+    assert!(r.body.contains("id=\"schedule-add\""), "{}", r.body);
+    assert!(!r.body.contains("Remove"), "a code schedule has no Remove");
+
+    let r = call(
+        &app,
+        post(
+            "/d/schedules/add",
+            vec![
+                ("name", "added"),
+                ("every", "1m"),
+                ("kind", "report"),
+                ("queue", "reports"),
+                ("payload", r#"{"team": 7}"#),
+                ("missed", "skip"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains("schedule added added: every 1m"),
+        "{}",
+        r.body
+    );
+    let listed = sim.client.schedules().await.unwrap();
+    let added = listed.iter().find(|s| s.name == "added").unwrap();
+    assert_eq!(
+        (added.origin, added.queue.as_str(), added.missed),
+        (
+            jobvisor::ScheduleOrigin::Runtime,
+            "reports",
+            jobvisor::MissedFires::Skip
+        )
+    );
+    clock.advance(minute);
+    sim.elect().await;
+    sim.fire_schedules().await.unwrap();
+    let reports = || async {
+        sim.client
+            .list(jobvisor::ListParams {
+                kind: Some("report".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    };
+    let fired = reports().await;
+    assert_eq!(fired.len(), 1, "the leader fires it");
+    assert_eq!(fired[0].payload, json!({"team": 7}));
+    let r = get(&app, &cookie, "/d/schedules").await;
+    assert_eq!(r.body.matches(">Remove</button>").count(), 1, "{}", r.body);
+    assert!(r.body.contains("(run time)"), "{}", r.body);
+
+    for (form, text) in [
+        (
+            vec![("name", "x"), ("kind", "report"), ("cron", "61 * * * *")],
+            "invalid cron expression",
+        ),
+        (vec![("name", "x"), ("kind", "report")], "invalid cron"),
+        (
+            vec![
+                ("name", "x"),
+                ("kind", "report"),
+                ("every", "1m"),
+                ("payload", "{"),
+            ],
+            "invalid payload",
+        ),
+        (
+            vec![("name", "in_code"), ("kind", "report"), ("every", "1m")],
+            "declared in code",
+        ),
+    ] {
+        let r = call(&app, post("/d/schedules/add", form)).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+        assert!(r.body.contains(text), "{text}: {}", r.body);
+    }
+    let r = call(&app, post("/d/schedules/remove", vec![("name", "in_code")])).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(r.body.contains("declared in code"), "{}", r.body);
+
+    let r = call(&app, post("/d/schedules/remove", vec![("name", "added")])).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("schedule added removed"), "{}", r.body);
+    let r = get(&app, &cookie, "/d/schedules").await;
+    assert!(!r.body.contains("Remove</button>"), "{}", r.body);
+    clock.advance(5 * minute);
+    sim.elect().await;
+    sim.fire_schedules().await.unwrap();
+    assert_eq!(reports().await.len(), 1, "removed: no more fires");
+}

@@ -244,6 +244,8 @@ async fn authentication_is_required(b: Backend) {
         "/d/queues/pause",
         "/d/queues/limits",
         "/d/schedules/trigger",
+        "/d/schedules/add",
+        "/d/schedules/remove",
     ];
     for p in posts {
         let r = call(&app, TestRequest::post().uri(p).set_form([("csrf", "x")])).await;
@@ -781,6 +783,7 @@ on_every_backend!(
     rare_filters_stop_at_their_window,
     dead_letters_group_in_sql,
     schedules_show_recent_fires,
+    runtime_schedules_are_added_and_removed,
     without_auth_serves_only_loopback_host_names,
     cross_site_posts_are_refused,
     the_csrf_token_is_bound_to_the_session,

@@ -118,7 +118,7 @@ pub(crate) enum Command {
     },
     /// Periodic schedules: spec, zone, next and last fire, paused or retired.
     Schedules,
-    /// Pause, resume or trigger a schedule.
+    /// Pause, resume or trigger a schedule; add, change or remove one at run time.
     Schedule {
         #[command(subcommand)]
         action: ScheduleAction,
@@ -364,4 +364,76 @@ pub(crate) enum ScheduleAction {
         /// The schedule.
         name: String,
     },
+    /// Add a schedule at run time (stored in the database, fired by the leader; no node's
+    /// code changes or retires it). A name declared in code is refused.
+    Add(ScheduleDef),
+    /// Change a schedule added at run time, given whole again (a new expression or zone
+    /// starts afresh from now).
+    Change(ScheduleDef),
+    /// Remove a schedule added at run time: it fires no more (its jobs stay).
+    Remove {
+        /// The schedule.
+        name: String,
+    },
+}
+
+/// A schedule added or changed at run time: when it fires (a cron expression or an
+/// interval, one of them) and the job each fire enqueues.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("when").required(true).args(["cron", "every"])))]
+pub(crate) struct ScheduleDef {
+    /// The schedule's name.
+    pub(crate) name: String,
+    /// A cron expression (five fields, or six with seconds first), read in --zone.
+    #[arg(long)]
+    pub(crate) cron: Option<String>,
+    /// Or a fixed interval (e.g. 30s, 15m, 1h): fires at its multiples since the Unix epoch.
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) every: Option<Duration>,
+    /// The IANA time zone the cron expression is read in.
+    #[arg(long, default_value = "UTC")]
+    pub(crate) zone: String,
+    /// The kind of job each fire enqueues.
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// Its queue (default: `default`).
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// Its payload, JSON.
+    #[arg(long, default_value = "{}", value_parser = parse_json)]
+    pub(crate) payload: serde_json::Value,
+    /// Its priority (higher runs first).
+    #[arg(long)]
+    pub(crate) priority: Option<i16>,
+    /// Its most attempts.
+    #[arg(long)]
+    pub(crate) max_attempts: Option<u32>,
+    /// Its timeout per attempt (e.g. 30s, 5m).
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) timeout: Option<Duration>,
+    /// Fires missed while no node fired: latest, skip, or all:N (the N most recent).
+    #[arg(long, default_value = "latest", value_parser = parse_missed)]
+    pub(crate) missed: jobvisor::MissedFires,
+}
+
+/// A JSON value.
+fn parse_json(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s)
+        .map_err(|e| format!("{s:?} is not JSON ({e}); expected e.g. '{{\"team\": 7}}'"))
+}
+
+/// A missed-fire policy: `latest`, `skip` or `all:N`.
+fn parse_missed(s: &str) -> Result<jobvisor::MissedFires, String> {
+    let bad = || format!("{s:?} is not a missed-fire policy; expected latest, skip or all:N");
+    match s {
+        "latest" => Ok(jobvisor::MissedFires::Latest),
+        "skip" => Ok(jobvisor::MissedFires::Skip),
+        _ => {
+            let max = s
+                .strip_prefix("all:")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(bad)?;
+            Ok(jobvisor::MissedFires::All { max })
+        }
+    }
 }

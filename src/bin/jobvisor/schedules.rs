@@ -1,10 +1,12 @@
-//! The schedule commands: `schedules` (every stored schedule, next and last fire) and
-//! `schedule pause|resume|trigger NAME`.
+//! The schedule commands: `schedules` (every stored schedule, next and last fire),
+//! `schedule pause|resume|trigger|remove NAME` and `schedule add|change NAME ...` (run-time
+//! schedules).
 
-use jobvisor::{Client, ScheduleInfo};
+use jobvisor::schedule::Schedule;
+use jobvisor::{Client, NewJob, ScheduleInfo};
 use serde_json::{json, Value};
 
-use crate::args::ScheduleAction;
+use crate::args::{ScheduleAction, ScheduleDef};
 use crate::{show, Failure};
 
 /// A schedule as JSON (stable field names).
@@ -22,6 +24,7 @@ fn schedule_json(s: &ScheduleInfo) -> Value {
         "last_fire_at": ts(s.last_fire_at),
         "paused_at": ts(s.paused_at),
         "retired_at": ts(s.retired_at),
+        "origin": s.origin,
     })
 }
 
@@ -73,7 +76,30 @@ pub(crate) async fn list(client: &Client, json_wanted: bool) -> Result<(), Failu
     Ok(())
 }
 
-/// `jobvisor schedule pause|resume|trigger NAME`.
+/// The schedule `def` describes.
+fn schedule_of(def: ScheduleDef) -> Schedule {
+    let mut job = NewJob::new(def.kind, def.payload);
+    if let Some(q) = def.queue {
+        job = job.queue(q);
+    }
+    if let Some(p) = def.priority {
+        job = job.priority(p);
+    }
+    if let Some(n) = def.max_attempts {
+        job = job.max_attempts(n);
+    }
+    if let Some(t) = def.timeout {
+        job = job.timeout(t);
+    }
+    let s = match (def.cron, def.every) {
+        (Some(expression), _) => Schedule::cron(def.name, expression, job),
+        // clap requires one of the two.
+        (None, every) => Schedule::every(def.name, every.unwrap_or_default(), job),
+    };
+    s.time_zone(def.zone).missed(def.missed)
+}
+
+/// `jobvisor schedule pause|resume|trigger|remove NAME`, `schedule add|change NAME ...`.
 pub(crate) async fn act(
     client: &Client,
     action: ScheduleAction,
@@ -82,6 +108,15 @@ pub(crate) async fn act(
     let s = match action {
         ScheduleAction::Pause { name } => client.pause_schedule(&name).await?,
         ScheduleAction::Resume { name } => client.resume_schedule(&name).await?,
+        ScheduleAction::Add(def) => client.add_schedule(schedule_of(def)).await?,
+        ScheduleAction::Change(def) => client.change_schedule(schedule_of(def)).await?,
+        ScheduleAction::Remove { name } => {
+            client.remove_schedule(&name).await?;
+            show(json_wanted, json!({ "removed": name }), || {
+                format!("schedule {name} removed\n")
+            });
+            return Ok(());
+        }
         ScheduleAction::Trigger { name } => {
             let e = client.trigger_schedule(&name).await?;
             show(

@@ -156,6 +156,7 @@ diesel::table! {
         retired_at -> Nullable<BigInt>,
         updated_at -> BigInt,
         declared_at -> BigInt,
+        origin -> Text,
     }
 }
 

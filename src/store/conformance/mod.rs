@@ -318,6 +318,8 @@ macro_rules! conformance_tests {
             leadership_is_taken_by_one_renewed_taken_over_after_expiry_and_fenced_by_term,
             a_fire_is_recorded_with_exactly_one_job_under_concurrent_firers,
             a_schedule_is_retired_only_once_no_node_declares_it,
+            runtime_schedules_are_added_changed_removed_and_never_retired_by_a_sync,
+            a_runtime_schedule_fires_once_per_fire_and_never_after_removal,
             progress_is_written_with_the_renewal_and_guarded_by_the_token,
             a_zombies_business_write_rolls_back_with_its_completion,
             a_completion_the_body_rolls_back_leaves_the_job_running,

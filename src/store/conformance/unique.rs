@@ -458,6 +458,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     let later = match b {
         Backend::Postgres => vec![
             include_str!(
+                "../../../migrations/postgres/2026-12-16-000030_runtime_schedules/down.sql"
+            ),
+            include_str!(
                 "../../../migrations/postgres/2026-12-15-000029_quiet_enqueue_hot_renewals/down.sql"
             ),
             include_str!("../../../migrations/postgres/2026-12-15-000028_waits/down.sql"),
@@ -492,6 +495,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Mysql => vec![
+            include_str!("../../../migrations/mysql/2026-12-16-000030_runtime_schedules/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-14-000027_claims/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-12-000025_audit/down.sql"),
@@ -510,6 +514,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Sqlite => vec![
+            include_str!("../../../migrations/sqlite/2026-12-16-000030_runtime_schedules/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-14-000027_claims/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-13-000026_throughput/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-12-000025_audit/down.sql"),
@@ -530,15 +535,12 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    // PostgreSQL's latest is its quiet enqueues and HOT renewals (000029), after the waits
-    // registry (000028), which only it has (the others' waits poll); the others' is the
-    // execution ledger (000027). PostgreSQL alone has the
+    // The latest is the schedules' origin (000030), on every backend. PostgreSQL has its quiet
+    // enqueues and HOT renewals (000029) and the waits registry (000028), which only it has
+    // (the others' waits poll). PostgreSQL alone has the
     // drop of the release trigger (000023); MariaDB has no partial indexes, so the
     // dashboard's dead-jobs index (000021) is not among its own.
-    let expected = match b {
-        Backend::Postgres => "20261215000029",
-        Backend::Mysql | Backend::Sqlite => "20261214000027",
-    };
+    let expected = "20261216000030";
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"
@@ -557,7 +559,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261206000019', '20261207000020', '20261208000021', \
                            '20261209000022', '20261210000023', '20261212000025', \
                            '20261213000026', '20261214000027', '20261215000028', \
-                           '20261215000029')",
+                           '20261215000029', '20261216000030')",
     )
     .await
     .unwrap();

@@ -1,7 +1,8 @@
 //! Schedules: each stored schedule's spec, zone, next fire, its [`RECENT_FIRES`] most recent
 //! fires (each linking to its job, live or archived — read from the unique-key indexes, the
 //! fires' jobs being keyed by schedule and instant), missed-fire policy, paused or retired;
-//! pause, resume, trigger now.
+//! pause, resume, trigger now; a schedule added at run time can be removed, and one added
+//! (a form under the table).
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
@@ -13,6 +14,7 @@ use super::super::layout::{age, shell, ts_opt};
 use super::super::{error_response, Data};
 use crate::error::Result;
 use crate::job::Job;
+use crate::schedule::ScheduleOrigin;
 
 /// Fires shown per schedule: the **5** most recent.
 pub(crate) const RECENT_FIRES: i64 = 5;
@@ -57,7 +59,7 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
             tbody {
                 @for (s, fs) in schedules.iter().zip(&fires) {
                     tr {
-                        td { (s.name) }
+                        td { (s.name) @if s.origin == ScheduleOrigin::Runtime { " " span.muted { "(run time)" } } }
                         td { code { (s.spec_text()) } " " span.muted { (s.time_zone) } }
                         td { (s.kind) " / " (s.queue) }
                         td { (ts_opt(s.next_fire_at)) @if let Some(t) = s.next_fire_at { " (" (age(now, t)) ")" } }
@@ -87,9 +89,28 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
                                 @else { (button(&s.name, "pause", "Pause")) }
                                 (button(&s.name, "trigger", "Trigger now"))
                             }
+                            @if ctx.can_act() && s.origin == ScheduleOrigin::Runtime {
+                                (button(&s.name, "remove", "Remove"))
+                            }
                         }
                     }
                 }
+            }
+        }
+        @if ctx.can_act() {
+            h2 { "Add a schedule" }
+            p.muted { "Stored in the database and fired by the leader, like one declared in code; no deploy changes or retires it." }
+            form #schedule-add method="post" action=(state.url("/schedules/add")) {
+                (csrf_field(ctx))
+                label { "name " input name="name" required; } " "
+                label { "cron " input name="cron" placeholder="0 9 * * 1-5"; } " "
+                label { "or every " input name="every" placeholder="15m" size="6"; } " "
+                label { "zone " input name="zone" placeholder="UTC" size="14"; } " "
+                label { "kind " input name="kind" required; } " "
+                label { "queue " input name="queue" placeholder="default" size="10"; } " "
+                label { "payload " input name="payload" placeholder="{}"; } " "
+                label { "missed fires " select name="missed" { option value="latest" { "latest" } option value="skip" { "skip" } } } " "
+                button type="submit" { "Add" }
             }
         }
     };

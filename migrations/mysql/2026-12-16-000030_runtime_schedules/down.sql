@@ -1,0 +1,1 @@
+ALTER TABLE jobvisor_schedules DROP COLUMN origin;
