@@ -2,8 +2,9 @@
 //! per enqueue through every entry point (single, many, batch, the caller's transaction, a
 //! handler's client and its transaction), may rewrite it, and a refusal — or a panic —
 //! writes nothing; `around_run` wraps each attempt that starts exactly once (a retried job:
-//! once per attempt), sees the handler's outcome (its panic as a `panic` error), and a
-//! panic of its own fails the attempt naming the hook, to be retried.
+//! once per attempt; a fenced one: once, its future dropped), sees the handler's outcome (its
+//! panic as a `panic` error), and a panic of its own fails the attempt naming the hook, to be
+//! retried.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +16,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, AsyncPgConnection};
 use jobvisor::hooks::{JobHooks, Run};
 use jobvisor::testing::{ManualClock, Simulation, TestDb};
+use jobvisor::Event;
 use jobvisor::{
     handler_fn, Backend, Client, Error, JobConnection, JobContext, JobError, JobOutcome, JobResult,
     JobState, JobTx, ListParams, NewJob, SqliteJobConnection,
@@ -193,7 +195,15 @@ impl JobHooks for Around {
         if kind == "hook_panics" && attempt == 1 {
             panic!("tenant lookup failed");
         }
+        // Cleanup that must run however the attempt ends belongs in a guard: an attempt
+        // stopped from outside (fenced) drops this future with the handler's.
+        let mut unfinished = Unfinished {
+            log: self.log.clone(),
+            label: format!("{kind} {attempt}"),
+            done: false,
+        };
         let result = run.await;
+        unfinished.done = true;
         let outcome = match &result {
             Ok(_) => "ok".to_string(),
             Err(e) => e.code.clone(),
@@ -203,6 +213,24 @@ impl JobHooks for Around {
             .unwrap()
             .push(format!("after {kind} {attempt} {outcome}"));
         result
+    }
+}
+
+/// Logs `dropped <kind> <attempt>` when dropped before its attempt's run answered.
+struct Unfinished {
+    log: Arc<Mutex<Vec<String>>>,
+    label: String,
+    done: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.done {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("dropped {}", self.label));
+        }
     }
 }
 
@@ -380,4 +408,78 @@ async fn each_attempt_runs_the_hook_once_on_mysql() {
 #[tokio::test]
 async fn each_attempt_runs_the_hook_once_on_sqlite() {
     each_attempt_runs_the_hook_once(Backend::Sqlite).await;
+}
+
+/// An attempt fenced (its lease went unrenewed past the fence point while its handler hung):
+/// wrapped once, the hook's future dropped with the handler's (its guard ran), the attempt
+/// given back as a counted `fenced` failure; the next attempt wrapped once more.
+async fn a_fenced_attempt_is_wrapped_once(backend: Backend) {
+    let db = Arc::new(TestDb::create(backend).await);
+    let around = Around::default();
+    let hooks = around.clone();
+    let mut sim = Simulation::on_store(
+        db.store().await,
+        ManualClock::at_fixed_start(),
+        "fenced",
+        move |b| {
+            b.handler(
+                "hangs_once",
+                handler_fn(|_: Value, ctx: JobContext| async move {
+                    if ctx.attempt == 1 {
+                        // Ignores its stop: only dropping its future ends it.
+                        std::future::pending::<()>().await;
+                    }
+                    JobOutcome::done()
+                }),
+            )
+            .hooks(hooks)
+        },
+    )
+    .keep(db);
+    let id = sim
+        .client
+        .enqueue(NewJob::new("hangs_once", json!({})))
+        .await
+        .unwrap()
+        .id;
+    sim.fetch("default").await;
+    sim.next_event(|e| matches!(e, Event::Started { .. })).await;
+    // No timers in a simulation: the lease (30 s) is not renewed, and its fence point passes.
+    sim.advance(Duration::from_secs(29));
+    sim.check_deadlines().await;
+    sim.next_event(|e| matches!(e, Event::SelfFenced { .. }))
+        .await;
+    assert_eq!(sim.finished(id).await, JobState::Retrying);
+    let job = sim.client.get(id).await.unwrap();
+    assert_eq!(
+        job.errors.last().unwrap().code,
+        "fenced",
+        "{:?}",
+        job.errors
+    );
+    assert_eq!(run_once_and_finish(&mut sim, id).await, JobState::Succeeded);
+    assert_eq!(
+        std::mem::take(&mut *around.log.lock().unwrap()),
+        [
+            "before hangs_once 1",
+            "dropped hangs_once 1",
+            "before hangs_once 2",
+            "after hangs_once 2 ok"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_attempt_is_wrapped_once_on_postgres() {
+    a_fenced_attempt_is_wrapped_once(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn a_fenced_attempt_is_wrapped_once_on_mysql() {
+    a_fenced_attempt_is_wrapped_once(Backend::Mysql).await;
+}
+
+#[tokio::test]
+async fn a_fenced_attempt_is_wrapped_once_on_sqlite() {
+    a_fenced_attempt_is_wrapped_once(Backend::Sqlite).await;
 }
