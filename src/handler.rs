@@ -242,8 +242,9 @@ impl JobContext {
     /// [`ParentResults::typed`]: crate::ParentResults::typed
     pub async fn parent_results(&self) -> Result<crate::ParentResults, JobError> {
         let store = self.client()?.store();
-        let rows = store.job_parent_results(self.id).await?;
-        crate::ParentResults::new(rows, store.options().max_payload_bytes)
+        let max = store.options().max_payload_bytes;
+        let rows = store.job_parent_results(self.id, max).await?;
+        crate::ParentResults::new(rows, max)
     }
 
     /// Gives a test context a client (see [`JobContext::client`]).

@@ -57,7 +57,7 @@ impl ParentResults {
                 (_, r) => r,
             };
             if let Some(r) = &result {
-                total = total.saturating_add(json_len(r));
+                total = total.saturating_add(crate::new_job::payload_size(r));
                 if total > max_bytes {
                     return Err(JobError::fail(format!(
                         "the parents' results are more than {max_bytes} bytes of JSON together \
@@ -131,23 +131,6 @@ impl ParentResults {
             .with_code("bad_parent_result")
         })
     }
-}
-
-/// `v`'s length as JSON text, counted without building the text.
-fn json_len(v: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = serde_json::to_writer(&mut c, v);
-    c.0
 }
 
 #[cfg(test)]

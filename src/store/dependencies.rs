@@ -36,6 +36,7 @@ use super::{Enqueued, OutboxConnection, Store};
 use crate::dependency::{Batch, Dependencies, Link, ParentPolicy};
 use crate::error::{Error, Result, StoreError};
 use crate::job::{JobId, JobState, NewJob};
+use crate::new_job::payload_size;
 
 /// Ids per `IN (…)` list and rows per multi-row insert (under every backend's bind limit).
 const CHUNK: usize = 1000;
@@ -696,42 +697,71 @@ impl Store {
         })
     }
 
-    /// The parents of `child` with their states and results, live or archived, by id, in one
-    /// statement (the two tables' rows joined to the child's edges, `UNION ALL`: a job is
-    /// in one or the other). A parent pruned from the archive took its edge with it, so it
-    /// is not listed.
+    /// Child `child`'s parents, each with its state and stored result, by parent id: read
+    /// from the live table or else the archive, a page of [`CHUNK`] parents at a time (the
+    /// edges by parent id, then those parents' rows). A parent pruned from the archive took
+    /// its edge with it, so it is not listed.
+    ///
+    /// The read stops after the page in which the results read so far pass `max_bytes` of
+    /// JSON (the caller refuses them, [`ParentResults`](crate::ParentResults)): a fan-in of
+    /// 100,000 parents with large results holds at most one page past the cap in memory,
+    /// where a single statement held every row.
     ///
     /// # Errors
     /// [`Error::Corrupt`] for a parent whose stored state is unknown; [`Error::Database`].
     pub(crate) async fn job_parent_results(
         &self,
         child: JobId,
+        max_bytes: usize,
     ) -> Result<Vec<(JobId, JobState, Option<serde_json::Value>)>> {
-        let rows: Vec<(i64, String, Option<serde_json::Value>)> =
-            with_conn!(self, |conn| deps::table
-                .inner_join(jobs::table.on(jobs::id.eq(deps::parent_id)))
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut after = i64::MIN;
+        loop {
+            let page: Vec<i64> = with_conn!(self, |conn| deps::table
                 .filter(deps::child_id.eq(child.0))
-                .select((deps::parent_id, jobs::state, jobs::result))
-                .union_all(
-                    deps::table
-                        .inner_join(archive::table.on(archive::id.eq(deps::parent_id)))
-                        .filter(deps::child_id.eq(child.0))
-                        .select((deps::parent_id, archive::state, archive::result)),
-                )
+                .filter(deps::parent_id.gt(after))
+                .order(deps::parent_id)
+                .select(deps::parent_id)
+                .limit(CHUNK as i64)
                 .load(conn)
                 .await?);
-        let mut parents = rows
-            .into_iter()
-            .map(|(id, state, result)| {
+            let Some(&last) = page.last() else { break };
+            let mut rows: Vec<(i64, String, Option<serde_json::Value>)> =
+                with_conn!(self, |conn| jobs::table
+                    .filter(jobs::id.eq_any(&page))
+                    .select((jobs::id, jobs::state, jobs::result))
+                    .load(conn)
+                    .await?);
+            if rows.len() < page.len() {
+                let gone: Vec<i64> = page
+                    .iter()
+                    .copied()
+                    .filter(|i| !rows.iter().any(|(l, ..)| l == i))
+                    .collect();
+                let archived: Vec<(i64, String, Option<serde_json::Value>)> =
+                    with_conn!(self, |conn| archive::table
+                        .filter(archive::id.eq_any(&gone))
+                        .select((archive::id, archive::state, archive::result))
+                        .load(conn)
+                        .await?);
+                rows.extend(archived);
+            }
+            rows.sort_unstable_by_key(|r| r.0);
+            for (id, state, result) in rows {
                 let state = state.parse().map_err(|_| Error::Corrupt {
                     id: JobId(id),
                     reason: format!("its state {state:?} is not one jobvisor knows"),
                 })?;
-                Ok((JobId(id), state, result))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        parents.sort_unstable_by_key(|p| p.0);
-        Ok(parents)
+                bytes = bytes.saturating_add(result.as_ref().map_or(0, payload_size));
+                out.push((JobId(id), state, result));
+            }
+            if bytes > max_bytes || page.len() < CHUNK {
+                break;
+            }
+            after = last;
+        }
+        Ok(out)
     }
 
     /// The states of `ids`, from the live table or else the archive.

@@ -619,7 +619,7 @@ async fn succeed_with(t: &Bundle, id: JobId, at: i64, result: serde_json::Value)
 
 pub async fn a_child_reads_its_parents_results_live_or_archived(b: Backend) {
     let t = Bundle::new(b).await;
-    let results = async |child: JobId| t.store.job_parent_results(child).await.unwrap();
+    let results = async |child: JobId| t.store.job_parent_results(child, usize::MAX).await.unwrap();
     let archive = async |at: i64| {
         t.store
             .job_archive(ArchiveParams {
@@ -686,4 +686,56 @@ pub async fn a_child_reads_its_parents_results_live_or_archived(b: Backend) {
     assert_eq!(results(child).await, ended[1..].to_vec());
     // A job with no parents has none to read.
     assert_eq!(results(p).await, vec![]);
+}
+
+/// A wide fan-in's parents are read a page of 1,000 at a time, in id order across the pages,
+/// and the read stops after the page in which the results pass the cap: 1,100 parents with
+/// 1 KB results each, read whole without a cap, and only the first page's with one of 100 KB
+/// (the caller then refuses them), so a 100,000-parent fan-in never holds every row.
+pub async fn a_wide_fan_in_is_read_by_pages_that_stop_past_the_cap(b: Backend) {
+    let t = Bundle::new(b).await;
+    let parents: Vec<JobId> = t
+        .store
+        .job_enqueue_many(EnqueueParams {
+            jobs: (0..1_100)
+                .map(|i| NewJob::new("d", json!(i)).queue("fan"))
+                .collect(),
+            now: t.at(0),
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let child = t.enqueue(job(0).after(&parents), 0).await;
+    let claimed = t.claim("fan", "n1", 1_100, 1).await;
+    assert_eq!(claimed.len(), 1_100);
+    let blob = "x".repeat(1_000);
+    let items = claimed
+        .iter()
+        .map(|c| Finalize::succeeded(c.id, c.token.clone(), json!({ "blob": blob })))
+        .collect();
+    assert!(t
+        .finalize_many(items, 2)
+        .await
+        .iter()
+        .all(|(_, g)| *g == Guarded::Applied(JobState::Succeeded)));
+    let mut ids = parents.clone();
+    ids.sort_unstable();
+    let in_order = |rows: &[(JobId, JobState, Option<serde_json::Value>)]| {
+        rows.iter().zip(&ids).all(|(r, id)| r.0 == *id)
+    };
+    let all = t.store.job_parent_results(child, usize::MAX).await.unwrap();
+    assert_eq!(all.len(), 1_100);
+    assert!(in_order(&all), "the parents are not read in id order");
+    assert!(all
+        .iter()
+        .all(|r| r.1 == JobState::Succeeded && r.2 == Some(json!({ "blob": blob }))));
+    let capped = t.store.job_parent_results(child, 100_000).await.unwrap();
+    assert_eq!(
+        capped.len(),
+        1_000,
+        "the read went on past the page that passed the cap"
+    );
+    assert!(in_order(&capped), "the first page is not the lowest ids");
 }

@@ -337,6 +337,7 @@ macro_rules! conformance_tests {
             an_archived_parent_counts_with_its_final_state,
             an_enqueue_in_the_callers_transaction_names_parents,
             a_child_reads_its_parents_results_live_or_archived,
+            a_wide_fan_in_is_read_by_pages_that_stop_past_the_cap,
             jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is,
             no_trigger_fires_per_row_on_an_update_of_the_jobs,
             a_cancel_of_a_running_job_is_announced_to_its_holder,
