@@ -1146,3 +1146,52 @@ async fn dashboard_is_secure_by_default() {
         "{jobs}"
     );
 }
+
+/// `--no-advisory-locks --no-notifications` (PostgreSQL-compatible engines): `migrate`
+/// finishes while another session holds the advisory lock a default migration waits for,
+/// under the row lock, which it frees; and the other commands connect with the switches too.
+#[tokio::test]
+async fn migrate_without_advisory_locks_takes_the_row_lock() {
+    use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+    let db = TestDb::create(Backend::Postgres).await;
+    let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
+    // The key the default migration's advisory lock takes (store/postgres/mod.rs).
+    holder
+        .batch_execute("SELECT pg_advisory_lock(7669456951150079858)")
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        jobvisor(&url)
+            .args(["--no-advisory-locks", "--no-notifications", "migrate"])
+            .timeout(Duration::from_secs(30))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let url = db.url.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        json_of(
+            jobvisor(&url).args(["--no-notifications", "--json", "migrate", "--status"]),
+            0,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(status["up_to_date"], json!(true), "{status}");
+    holder
+        .batch_execute(
+            "SELECT pg_advisory_unlock(7669456951150079858); \
+             DO $$ BEGIN IF (SELECT holder FROM jobvisor_migrate_lock) IS NOT NULL \
+             THEN RAISE 'the row lock is still held'; END IF; END $$",
+        )
+        .await
+        .unwrap();
+}

@@ -22,6 +22,14 @@ pub(crate) struct Cli {
     /// Print JSON (stable field names) instead of tables.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// PostgreSQL-compatible engines without LISTEN/NOTIFY: neither listen nor notify
+    /// (StoreOptions::notifications(false)).
+    #[arg(long, global = true)]
+    pub(crate) no_notifications: bool,
+    /// PostgreSQL-compatible engines without advisory locks: migrate under a row lock
+    /// (StoreOptions::advisory_locks(false)); every process migrating the database must agree.
+    #[arg(long, global = true)]
+    pub(crate) no_advisory_locks: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

@@ -64,7 +64,7 @@ pub(crate) async fn serve(cli: Cli) -> Result<(), Failure> {
             });
         }
     }
-    let client = Client::new(Store::connect(url).await?);
+    let client = Client::new(Store::connect_with(url, super::store_options(&cli)).await?);
     // One dashboard for both workers: a login made on one holds on the other.
     let dashboard = Dashboard::new("", client, config);
     let server =

@@ -122,6 +122,13 @@ pub(crate) fn list_params(f: &Filter, now: chrono::DateTime<chrono::Utc>) -> Lis
     }
 }
 
+/// The store's options the command line chose (`--no-notifications`, `--no-advisory-locks`).
+pub(crate) fn store_options(cli: &Cli) -> StoreOptions {
+    StoreOptions::default()
+        .notifications(!cli.no_notifications)
+        .advisory_locks(!cli.no_advisory_locks)
+}
+
 async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Completions { shell } = &cli.command {
         let mut cmd = Cli::command();
@@ -132,7 +139,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let json = cli.json;
     if let Command::Migrate { status } = &cli.command {
         // Connecting checks the schema; a status must work on an unmigrated database.
-        let store = Store::connect_with(url, StoreOptions::default().migrate(!*status)).await;
+        let store = Store::connect_with(url, store_options(&cli).migrate(!*status)).await;
         return match (store, *status) {
             (Ok(store), _) => {
                 let applied = store.schema_version_applied().await?;
@@ -187,7 +194,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             });
         }
     }
-    let store = Store::connect(url).await?;
+    let store = Store::connect_with(url, store_options(&cli)).await?;
     if let Command::Metrics {
         listen,
         every,
