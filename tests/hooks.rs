@@ -444,6 +444,19 @@ async fn a_fenced_attempt_is_wrapped_once(backend: Backend) {
         .id;
     sim.fetch("default").await;
     sim.next_event(|e| matches!(e, Event::Started { .. })).await;
+    // `Started` is emitted just before the handler's first poll, on the handler runtime: wait
+    // until the hook is running, or the fence below could stop the attempt before it began.
+    let began = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !around
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l == "before hangs_once 1")
+    {
+        assert!(tokio::time::Instant::now() < began, "the hook never began");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     // No timers in a simulation: the lease (30 s) is not renewed, and its fence point passes.
     sim.advance(Duration::from_secs(29));
     sim.check_deadlines().await;
