@@ -216,8 +216,8 @@ impl<E: Into<JobError>> TxError<E> {
 }
 
 /// Rolls back, the body's error or the guard's failure being the one reported.
-async fn rollback<C: JobConnection, E>(conn: &mut C, why: TxError<E>) -> TxError<E> {
-    if let Err(e) = conn.rollback().await {
+async fn rollback<C: JobConnection, E>(conn: &mut C, guarded: bool, why: TxError<E>) -> TxError<E> {
+    if let Err(e) = conn.rollback(guarded).await {
         tracing::debug!(error = %e, "rollback of a handler's transaction failed");
     }
     why
@@ -394,7 +394,8 @@ impl JobContext {
         }
         let mut pooled = C::checkout(store).await.map_err(TxError::Database)?;
         let conn: &mut C = &mut pooled;
-        conn.begin()
+        let guarded = C::guarded(store);
+        conn.begin(guarded)
             .await
             .map_err(|e| TxError::Database(e.into()))?;
         let now = crate::store::bound_us(self.node_clock().bound_now());
@@ -408,11 +409,11 @@ impl JobContext {
         };
         let r = match body(tx).await {
             Ok(r) => r,
-            Err(e) => return Err(rollback(conn, TxError::RolledBack(e)).await),
+            Err(e) => return Err(rollback(conn, guarded, TxError::RolledBack(e)).await),
         };
         let result = match complete(&r) {
             Ok(v) => v,
-            Err(e) => return Err(rollback(conn, TxError::Database(e)).await),
+            Err(e) => return Err(rollback(conn, guarded, TxError::Database(e)).await),
         };
         let token = self.lease_token().as_str();
         let held = match &result {
@@ -433,16 +434,16 @@ impl JobContext {
         };
         match held {
             Ok(true) => {}
-            Ok(false) => return Err(rollback(conn, TxError::LeaseLost).await),
-            Err(e) => return Err(rollback(conn, TxError::Database(e.into())).await),
+            Ok(false) => return Err(rollback(conn, guarded, TxError::LeaseLost).await),
+            Err(e) => return Err(rollback(conn, guarded, TxError::Database(e.into())).await),
         }
         // The row is locked by the guard until the commit: no other node can take the job
         // meanwhile. Locally, no commit at or past the fence point.
         if !gate.begin_commit(self.node_clock().monotonic()) {
-            return Err(rollback(conn, TxError::LeaseLost).await);
+            return Err(rollback(conn, guarded, TxError::LeaseLost).await);
         }
         let mut ending = CommitGuard(gate, true);
-        match conn.commit().await {
+        match conn.commit(guarded).await {
             Ok(()) => {
                 ending.1 = false;
                 gate.end_commit(result);

@@ -41,13 +41,6 @@ const LOCAL_HOLDER: &str = "the case holds the queue row in a transaction of its
                             claim waits for it; on Galera a lock is its member's own, and \
                             certification aborts one of the two at commit instead of making the \
                             other wait";
-const SPLIT: &str = "OPEN DEFECT: with writers on three members under load (about 1 run in 3), a \
-                     child's enqueue returned its id, yet its job row was absent on every read \
-                     while its edge to the parent was stored: a certification abort rolled the \
-                     transaction back after the child's insert and no statement reported it, so \
-                     the statements after it committed alone. Until jobvisor detects a \
-                     transaction lost before its COMMIT, spread writers can lose such an enqueue: \
-                     use one writer member (the README's advice, and the default)";
 const APP_CONN: &str = "the case enqueues inside a transaction of its own on an application \
                         connection (one member); such a transaction can be rolled back at commit \
                         by a certification conflict (1213, seen here), and jobvisor cannot run \
@@ -88,10 +81,6 @@ const NOT_ON_GALERA: &[(&str, &str)] = &[
     ),
     ("a_connection_that_timed_out_is_closed_not_reused", PROXY),
     ("a_repeat_within_a_batch_replaces_the_first", APP_CONN),
-    (
-        "a_parents_end_racing_its_childs_enqueue_never_strands_the_child",
-        SPLIT,
-    ),
     (
         "partitions_at_their_limit_are_skipped_and_others_run",
         CONTENDED,

@@ -399,37 +399,43 @@ pub(crate) trait HandlerConnection: BackendConnection + Sized {
         driver: &Driver,
     ) -> impl Future<Output = Option<Result<Box<dyn DerefMut<Target = Self> + Send + '_>>>> + Send;
 
+    /// Whether this store's transactions run guarded (MySQL on a Galera member:
+    /// `mysql/galera_guard.rs`); passed back to the three steps below.
+    fn guarded(_driver: &Driver) -> bool {
+        false
+    }
+
     /// `BEGIN` (SQLite: `BEGIN IMMEDIATE`, so the transaction is the only writer at once).
-    fn begin(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+    fn begin(&mut self, guarded: bool) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// `COMMIT`.
-    fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+    fn commit(&mut self, guarded: bool) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// `ROLLBACK`.
-    fn rollback(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+    fn rollback(&mut self, guarded: bool) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Inserts an effect record unless its key is recorded (see the module doc): true if
     /// inserted.
     fn insert_effect(&mut self, e: &NewEffect) -> impl Future<Output = QueryResult<bool>> + Send;
 }
 
-/// `HandlerConnection`'s transaction steps for a network backend: diesel-async's own.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// `HandlerConnection`'s transaction steps for PostgreSQL: diesel-async's own.
+#[cfg(feature = "postgres")]
 macro_rules! network_transaction {
     () => {
-        async fn begin(&mut self) -> QueryResult<()> {
+        async fn begin(&mut self, _guarded: bool) -> QueryResult<()> {
             use diesel_async::TransactionManager;
             <Self as diesel_async::AsyncConnection>::TransactionManager::begin_transaction(self)
                 .await
         }
 
-        async fn commit(&mut self) -> QueryResult<()> {
+        async fn commit(&mut self, _guarded: bool) -> QueryResult<()> {
             use diesel_async::TransactionManager;
             <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(self)
                 .await
         }
 
-        async fn rollback(&mut self) -> QueryResult<()> {
+        async fn rollback(&mut self, _guarded: bool) -> QueryResult<()> {
             use diesel_async::TransactionManager;
             <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(self)
                 .await
@@ -481,7 +487,7 @@ impl BackendConnection for diesel_async::AsyncMysqlConnection {
         now: Option<i64>,
         insert_returning: bool,
     ) -> QueryResult<Vec<Option<Enqueued>>> {
-        super::mysql::enqueue(self, batch, now, insert_returning, true).await
+        super::mysql::enqueue(self, batch, now, insert_returning, true, false).await
     }
 }
 
@@ -497,7 +503,36 @@ impl HandlerConnection for diesel_async::AsyncMysqlConnection {
         }
     }
 
-    network_transaction!();
+    fn guarded(driver: &Driver) -> bool {
+        matches!(driver, Driver::Mysql(d) if d.galera)
+    }
+
+    async fn begin(&mut self, guarded: bool) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        if guarded {
+            super::mysql::galera_guard::begin(self).await
+        } else {
+            diesel_async::AnsiTransactionManager::begin_transaction(self).await
+        }
+    }
+
+    async fn commit(&mut self, guarded: bool) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        if guarded {
+            super::mysql::galera_guard::commit(self).await
+        } else {
+            diesel_async::AnsiTransactionManager::commit_transaction(self).await
+        }
+    }
+
+    async fn rollback(&mut self, guarded: bool) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        if guarded {
+            super::mysql::galera_guard::rollback(self).await
+        } else {
+            diesel_async::AnsiTransactionManager::rollback_transaction(self).await
+        }
+    }
 
     async fn insert_effect(&mut self, e: &NewEffect) -> QueryResult<bool> {
         super::mysql::insert_effect(self, e).await
@@ -535,15 +570,15 @@ impl HandlerConnection for SqliteConn {
         }
     }
 
-    async fn begin(&mut self) -> QueryResult<()> {
+    async fn begin(&mut self, _guarded: bool) -> QueryResult<()> {
         super::sqlite::begin_immediate(self).await
     }
 
-    async fn commit(&mut self) -> QueryResult<()> {
+    async fn commit(&mut self, _guarded: bool) -> QueryResult<()> {
         super::sqlite::commit(self).await
     }
 
-    async fn rollback(&mut self) -> QueryResult<()> {
+    async fn rollback(&mut self, _guarded: bool) -> QueryResult<()> {
         super::sqlite::rollback(self).await
     }
 
@@ -700,7 +735,7 @@ macro_rules! with_tx {
             #[cfg(feature = "mysql")]
             $crate::store::driver::Driver::Mysql(d) => {
                 let mut c = d.conn(false).await?;
-                $crate::store::driver::tx_retried!(c, |$conn| $body)
+                $crate::store::driver::tx_retried!(c, galera d.galera, |$conn| $body)
             }
             #[cfg(feature = "sqlite")]
             $crate::store::driver::Driver::Sqlite(d) => {
@@ -712,14 +747,25 @@ macro_rules! with_tx {
 }
 
 /// `$body` in a transaction on connection `$c`, again while the server rolls it back whole
-/// (`with_tx!`).
+/// (`with_tx!`). With `galera $g`, on MySQL: guarded when `$g` (`mysql/galera_guard.rs`).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 macro_rules! tx_retried {
-    ($c:ident, |$conn:ident| $body:expr) => {{
+    ($c:ident, galera $g:expr, |$conn:ident| $body:expr) => {{
+        let guarded: bool = $g;
+        $crate::store::driver::tx_retried!(@retry {
+            $crate::store::mysql::galera_guard::transaction!(&mut *$c, guarded, |$conn| $body)
+        })
+    }};
+    ($c:ident, |$conn:ident| $body:expr) => {
+        $crate::store::driver::tx_retried!(@retry {
+            diesel_async::AsyncConnection::transaction(&mut *$c, async |$conn| $body).await
+        })
+    };
+    (@retry $run:block) => {{
         let mut tries = 0;
         loop {
             tries += 1;
-            match diesel_async::AsyncConnection::transaction(&mut *$c, async |$conn| $body).await {
+            match $run {
                 Err(e)
                     if tries < $crate::store::retry::TRANSIENT_TRIES
                         && $crate::store::retry::RolledBack::rolled_back(&e) =>

@@ -74,6 +74,9 @@ fn is_transient_text(msg: &str) -> bool {
         // failed; a certification conflict is reported as a deadlock (1213).
         "WSREP has not yet prepared node",
         "WSREP replication failed",
+        // A guarded transaction the cluster aborted silently (`mysql/galera_guard.rs`).
+        "Cannot execute statement in a READ ONLY transaction",
+        "rolled the transaction back without reporting it",
     ];
     SIGNS.iter().any(|s| msg.contains(s))
 }

@@ -50,15 +50,20 @@ pub(crate) async fn pause_before_retry(tries: usize) {
 
 /// How the databases report a transaction they rolled back whole: PostgreSQL's deadlock
 /// victim (40P01) and serialization failure (40001); MySQL's and MariaDB's deadlock victim
-/// (1213), which is also how Galera reports a certification conflict; and a Galera member
+/// (1213), which is also how Galera reports a certification conflict; a Galera member
 /// that refuses statements while outside the primary component (1047), which applied
-/// nothing.
+/// nothing; and a guarded Galera transaction found lost (`mysql/galera_guard.rs`).
 const ROLLED_BACK: &[&str] = &[
     "deadlock detected",
     "could not serialize access",
     "Deadlock found",
     "WSREP detected deadlock",
     "WSREP has not yet prepared node",
+    // A guarded transaction on a Galera member that the cluster aborted without telling any
+    // statement (`mysql/galera_guard.rs`): a write after the abort refused (1792), or the
+    // abort found before the commit.
+    "Cannot execute statement in a READ ONLY transaction",
+    "rolled the transaction back without reporting it",
 ];
 
 /// True when an error's message says the database rolled the transaction back whole.
@@ -157,6 +162,8 @@ mod tests {
             "Deadlock found when trying to get lock; try restarting transaction",
             "WSREP detected deadlock/conflict and aborted the transaction. Try restarting the transaction",
             "WSREP has not yet prepared node for application use",
+            "Cannot execute statement in a READ ONLY transaction.",
+            "the Galera cluster rolled the transaction back without reporting it to a statement",
         ] {
             assert!(rolled_back_text(msg), "{msg}");
             let e = Error::Database(StoreError::Transient(msg.into()));

@@ -64,17 +64,22 @@ pub trait JobConnection:
         store: &Store,
     ) -> impl Future<Output = Result<Box<dyn DerefMut<Target = Self> + Send + '_>>> + Send;
 
-    /// `BEGIN` (SQLite: `BEGIN IMMEDIATE`).
+    /// Whether the store's transactions on this connection type run guarded (a Galera
+    /// member: `mysql/galera_guard.rs`), to pass to `begin`, `commit` and `rollback`.
     #[doc(hidden)]
-    fn begin(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+    fn guarded(store: &Store) -> bool;
+
+    /// `BEGIN` (SQLite: `BEGIN IMMEDIATE`; guarded on a Galera member).
+    #[doc(hidden)]
+    fn begin(&mut self, guarded: bool) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// `COMMIT`.
     #[doc(hidden)]
-    fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+    fn commit(&mut self, guarded: bool) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// `ROLLBACK`.
     #[doc(hidden)]
-    fn rollback(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+    fn rollback(&mut self, guarded: bool) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// The lease guard (see the module doc): true while the attempt holds the lease.
     #[doc(hidden)]
@@ -271,16 +276,20 @@ macro_rules! job_connection {
                 }
             }
 
-            async fn begin(&mut self) -> QueryResult<()> {
-                HandlerConnection::begin(self).await
+            fn guarded(store: &Store) -> bool {
+                <$conn as HandlerConnection>::guarded(&store.inner.driver)
             }
 
-            async fn commit(&mut self) -> QueryResult<()> {
-                HandlerConnection::commit(self).await
+            async fn begin(&mut self, guarded: bool) -> QueryResult<()> {
+                HandlerConnection::begin(self, guarded).await
             }
 
-            async fn rollback(&mut self) -> QueryResult<()> {
-                HandlerConnection::rollback(self).await
+            async fn commit(&mut self, guarded: bool) -> QueryResult<()> {
+                HandlerConnection::commit(self, guarded).await
+            }
+
+            async fn rollback(&mut self, guarded: bool) -> QueryResult<()> {
+                HandlerConnection::rollback(self, guarded).await
             }
 
             async fn hold_lease(&mut self, id: i64, token: &str) -> QueryResult<bool> {

@@ -281,15 +281,22 @@ fn mysql_session_sql(opts: &StoreOptions, mariadb: bool) -> String {
     sql
 }
 
-/// The MySQL server's `VERSION()`, e.g. `8.0.36` or `10.11.6-MariaDB-0+deb12u1`, read on a
-/// first connection that also reports the real reason a server cannot be reached.
+/// The MySQL server's `VERSION()`, e.g. `8.0.36` or `10.11.6-MariaDB-0+deb12u1`, and whether
+/// it is a Galera member (`wsrep_on`), read on a first connection that also reports the real
+/// reason a server cannot be reached.
 pub(crate) async fn server_version(
     connector: &MysqlConnector,
-) -> std::result::Result<String, String> {
+) -> std::result::Result<(String, bool), String> {
     #[derive(diesel::QueryableByName)]
     struct Version {
         #[diesel(sql_type = diesel::sql_types::Text)]
         v: String,
+    }
+    #[derive(diesel::QueryableByName)]
+    struct Variable {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        #[diesel(column_name = Value)]
+        value: String,
     }
     attempts(connector.attempt, connector.total, || async {
         let mut c = connector.open().await?;
@@ -299,7 +306,14 @@ pub(crate) async fn server_version(
         )
         .await
         .map_err(|e| format!("reading the server version: {e}"))?;
-        Ok(row.v)
+        // MySQL has no such variable (no row); MariaDB without Galera has it `OFF`.
+        let wsrep: Vec<Variable> = diesel_async::RunQueryDsl::load(
+            diesel::sql_query("SHOW VARIABLES LIKE 'wsrep_on'"),
+            &mut c,
+        )
+        .await
+        .map_err(|e| format!("reading wsrep_on: {e}"))?;
+        Ok((row.v, wsrep.first().is_some_and(|w| w.value == "ON")))
     })
     .await
 }

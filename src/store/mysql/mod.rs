@@ -44,6 +44,7 @@ use crate::job::{JobId, JobState, NewJob};
 use diesel_async::pooled_connection::RecyclingMethod;
 
 pub(crate) mod connect;
+pub(crate) mod galera_guard;
 pub(crate) mod members;
 pub(crate) mod sql;
 
@@ -64,6 +65,9 @@ pub(crate) struct MysqlDriver {
     /// MariaDB 10.6+: `INSERT … RETURNING` (MySQL has none) and `JSON_TABLE`, so an enqueue
     /// is one statement and a batch one insert.
     pub(crate) insert_returning: bool,
+    /// The server is a Galera member (`wsrep_on`): the store's transactions run guarded
+    /// ([`galera_guard`]).
+    pub(crate) galera: bool,
     /// How connections are opened (the migration connection's too).
     pub(crate) connector: MysqlConnector,
     /// The change signal's connection ([`MysqlDriver::signal_conn`]).
@@ -83,7 +87,7 @@ impl MysqlDriver {
         opts: &StoreOptions,
     ) -> std::result::Result<MysqlDriver, OpenError> {
         let connector = MysqlConnector::new(url, opts).map_err(OpenError::Url)?;
-        let version = connect::server_version(&connector).await.map_err(|r| {
+        let (version, galera) = connect::server_version(&connector).await.map_err(|r| {
             OpenError::Connect(super::errors::with_server_hint(
                 r,
                 "a MySQL or MariaDB server",
@@ -129,6 +133,7 @@ impl MysqlDriver {
             ),
             connector,
             insert_returning: connect::supports_insert_returning(&version),
+            galera,
             signal: OwnConn::new(),
         })
     }
@@ -171,16 +176,15 @@ impl MysqlDriver {
         now: Option<i64>,
     ) -> Result<Vec<Option<Enqueued>>> {
         let mut c = self.conn(false).await?;
-        let returning = self.insert_returning;
+        let (returning, galera) = (self.insert_returning, self.galera);
         Ok(if batch.len() == 1 {
             // One insert is atomic by itself, and LAST_INSERT_ID belongs to the connection:
             // no transaction, two round trips fewer.
-            enqueue(&mut c, batch, now, returning, false).await?
+            enqueue(&mut c, batch, now, returning, false, galera).await?
         } else {
-            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                enqueue(c, batch, now, returning, true).await
-            })
-            .await?
+            galera_guard::transaction!(&mut *c, galera, |c| {
+                enqueue(c, batch, now, returning, true, false).await
+            })?
         })
     }
 
@@ -213,54 +217,48 @@ impl MysqlDriver {
         let any_kind = a.kinds.is_none();
         let kinds = a.kinds.clone().unwrap_or_default();
         let mut c = self.conn(false).await?;
-        Ok(
-            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                let ids: Vec<i64> = jobs::table
-                    .select(jobs::id)
-                    .filter(ClaimQueueIs(a.queue.clone()))
-                    .filter(
-                        any_kind
-                            .into_sql::<diesel::sql_types::Bool>()
-                            .or(in_list(jobs::kind, kinds)),
-                    )
-                    .filter(jobs::run_at.le(now))
-                    .filter(diesel::dsl::not(diesel::dsl::exists(
-                        queues::table.filter(queues::name.eq(&a.queue)),
-                    )))
-                    .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
-                    .limit(limit)
-                    .for_update()
-                    .skip_locked()
-                    .load(c)
-                    .await?;
-                if ids.is_empty() {
-                    return Ok(Vec::new());
-                }
-                // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as it is.
-                diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
-                    .set(claim_set!())
-                    .execute(c)
-                    .await?;
-                jobs::table
-                    .filter(in_list(jobs::id, ids))
-                    .filter(jobs::lease_token.eq(tok))
-                    .select(ClaimRow::as_select())
-                    .load(c)
-                    .await
-            })
-            .await?,
-        )
+        Ok(galera_guard::transaction!(&mut *c, self.galera, |c| {
+            let ids: Vec<i64> = jobs::table
+                .select(jobs::id)
+                .filter(ClaimQueueIs(a.queue.clone()))
+                .filter(
+                    any_kind
+                        .into_sql::<diesel::sql_types::Bool>()
+                        .or(in_list(jobs::kind, kinds)),
+                )
+                .filter(jobs::run_at.le(now))
+                .filter(diesel::dsl::not(diesel::dsl::exists(
+                    queues::table.filter(queues::name.eq(&a.queue)),
+                )))
+                .order((jobs::priority.asc(), jobs::run_at.asc(), jobs::id.asc()))
+                .limit(limit)
+                .for_update()
+                .skip_locked()
+                .load(c)
+                .await?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            // Diesel prepares an `UPDATE` anew each time whatever its list: `eq_any` as it is.
+            diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
+                .set(claim_set!())
+                .execute(c)
+                .await?;
+            jobs::table
+                .filter(in_list(jobs::id, ids))
+                .filter(jobs::lease_token.eq(tok))
+                .select(ClaimRow::as_select())
+                .load(c)
+                .await
+        })?)
     }
 
     /// [`Driver::renew`](super::driver::Driver::renew): see [`renew`].
     pub(crate) async fn renew(&self, a: &RenewArgs<'_>) -> Result<Vec<RenewedRow>> {
         let mut c = self.lanes.renewal(a.fresh).await?;
-        Ok(
-            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                renew(c, a.leases, a.now, a.lease_us, a.grace_us).await
-            })
-            .await?,
-        )
+        Ok(galera_guard::transaction!(&mut *c, self.galera, |c| {
+            renew(c, a.leases, a.now, a.lease_us, a.grace_us).await
+        })?)
     }
 
     /// [`Driver::finalize`](super::driver::Driver::finalize): see [`finalize`].
@@ -270,12 +268,9 @@ impl MysqlDriver {
         now: Option<i64>,
     ) -> Result<HashMap<i64, (JobState, bool)>> {
         let mut c = self.conn(false).await?;
-        Ok(
-            diesel_async::AsyncConnection::transaction(&mut *c, async |c| {
-                finalize(c, items, now).await
-            })
-            .await?,
-        )
+        Ok(galera_guard::transaction!(&mut *c, self.galera, |c| {
+            finalize(c, items, now).await
+        })?)
     }
 }
 
@@ -338,6 +333,7 @@ pub(crate) async fn enqueue(
     now: Option<i64>,
     returning: bool,
     in_tx: bool,
+    galera: bool,
 ) -> diesel::QueryResult<Vec<Option<Enqueued>>> {
     let mut out = Vec::with_capacity(batch.len());
     let mut i = 0;
@@ -358,7 +354,7 @@ pub(crate) async fn enqueue(
                 insert_many_mariadb(conn, &batch[i..i + run], now).await?,
             ));
         } else {
-            out.push(enqueue_one(conn, batch[i], now, in_tx).await?);
+            out.push(enqueue_one(conn, batch[i], now, in_tx, galera).await?);
         }
         i += run.max(1);
     }
@@ -465,6 +461,8 @@ struct MysqlKeyed<'c> {
     conn: &'c mut diesel_async::AsyncMysqlConnection,
     /// `conn` is inside a transaction (the batch's, or the caller's on the outbox path).
     in_tx: bool,
+    /// Outside one, the server is a Galera member: the take-over's transaction is guarded.
+    galera: bool,
 }
 
 // MariaDB/MySQL announce by bumping the one-row counter the change signal reads.
@@ -506,10 +504,9 @@ impl KeyedSteps for MysqlKeyed<'_> {
         if self.in_tx {
             replace_hold(self.conn, holder, release, job, now).await
         } else {
-            diesel_async::AsyncConnection::transaction(&mut *self.conn, async |c| {
+            galera_guard::transaction!(&mut *self.conn, self.galera, |c| {
                 replace_hold(c, holder, release, job, now).await
             })
-            .await
         }
     }
 
@@ -531,8 +528,18 @@ async fn enqueue_one(
     j: &NewJob,
     now: Option<i64>,
     in_tx: bool,
+    galera: bool,
 ) -> diesel::QueryResult<Option<Enqueued>> {
-    enqueue_keyed(&mut MysqlKeyed { conn, in_tx }, j, now).await
+    enqueue_keyed(
+        &mut MysqlKeyed {
+            conn,
+            in_tx,
+            galera,
+        },
+        j,
+        now,
+    )
+    .await
 }
 
 /// Releases the hold of job `holder` as `release` says and inserts `j` in its place; `None`
