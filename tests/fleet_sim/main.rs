@@ -1,5 +1,6 @@
-//! The seeded fleet simulation: N real nodes, crashes, freezes, zombies and store faults in
-//! one process, one seed → one exact run, every invariant checked after each run.
+//! The seeded fleet simulation: N real nodes, crashes, freezes, zombies and store faults
+//! (writes applied late among them) in one process, one seed → one exact run, every
+//! invariant checked after each run.
 //!
 //! * `fleet_sim` (in the test command): [`CI_SEEDS`] seeds (`JOBVISOR_SIM_SEEDS` to change),
 //!   the first [`TWICE`] of them run twice: the test fails if a seed's two runs give
