@@ -22,7 +22,9 @@
 //!    never cancelled; a callback ends succeeded or dead (it was released and ran once every
 //!    member ended, liveness) and completes at most once: no execution of it starts after
 //!    the completion that counts (its result's writer) ended.
-//! 5. **Schedule.** Every job of the schedule's kind carries a fire's key (only the
+//! 5. **Fence point** (§6 invariant 9): no handler is first polled at or past its attempt's
+//!    fence point — its lease left (`JobContext::lease_left`) is above zero.
+//! 6. **Schedule.** Every job of the schedule's kind carries a fire's key (only the
 //!    schedule enqueues that kind); each fire instant has at most one job, and
 //!    with every missed fire run (`MissedFires::All`), the fires are exactly the instants
 //!    of the schedule from its first stored fire up to the last pass of the final phase —
@@ -74,6 +76,7 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
     let mut bad = Vec::new();
     limits(f, &mut bad);
     pauses(f, &mut bad);
+    fences(f, &mut bad);
     dependencies(f, &mut bad);
     schedule(f, &mut bad);
     bad
@@ -149,6 +152,16 @@ fn pauses(f: &Facts<'_>, bad: &mut Vec<String>) {
                     o.start
                 ));
             }
+        }
+    }
+}
+
+fn fences(f: &Facts<'_>, bad: &mut Vec<String>) {
+    for (o, x) in f.orders.iter().zip(f.execs) {
+        if o.lease_left.is_zero() {
+            bad.push(format!(
+                "fence: {x:?} started at or past its fence point (no lease left)"
+            ));
         }
     }
 }

@@ -44,6 +44,9 @@ pub(crate) struct Order {
     pub(crate) start: u64,
     /// The number its end took (`None`: it never ended).
     pub(crate) end: Option<u64>,
+    /// What was left of its lease before the fence point when its handler was first polled
+    /// (`JobContext::lease_left`): zero is a start at or past the fence point.
+    pub(crate) lease_left: std::time::Duration,
 }
 
 /// The executions of one run and the gates of those still waiting.
@@ -147,6 +150,7 @@ impl Journal {
             queue: ctx.queue.clone(),
             start,
             end: None,
+            lease_left: ctx.lease_left(),
         });
         inner.execs.push(Execution {
             job_id: ctx.id.0,

@@ -6,7 +6,9 @@
 //!   the first [`TWICE`] of them run twice: the test fails if a seed's two runs give
 //!   different event-log hashes, showing where the logs part. With `JOBVISOR_SIM_SEED=<n>`
 //!   it runs that one seed twice, prints its event log and fails if the runs differ;
-//!   `JOBVISOR_SIM_SKIP=3-10,15` skips those steps (a shrunk run's replay).
+//!   `JOBVISOR_SIM_SKIP=3-10,15` skips those steps (a shrunk run's replay). With
+//!   `JOBVISOR_SIM_UNTIL_FIRST=1` it stops at the first failing seed, printing
+//!   `first failing seed <n> after <s> s` (the guard catalogue, `.ci/guard-catalogue`).
 //! * `fleet_sim_for_minutes` (ignored): new seeds for `JOBVISOR_SIM_MINUTES` (default 1),
 //!   reporting seeds per minute and every failing seed.
 //! * `fleet_sim_hashes` (ignored): seeds 0..`JOBVISOR_SIM_SEEDS` (default 100) twice each,
@@ -166,6 +168,13 @@ fn fleet_sim() {
         if !r.violations.is_empty() {
             failures.push(failure(&r));
             first_failed.get_or_insert(r);
+            if env_u64("JOBVISOR_SIM_UNTIL_FIRST") == Some(1) {
+                println!(
+                    "first failing seed {seed} after {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
+                break;
+            }
             continue;
         }
         if seed < TWICE {
