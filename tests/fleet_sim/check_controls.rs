@@ -14,7 +14,8 @@
 //! 3. **Pauses.** While a queue is known paused (`controls::PauseWindow`): no claim of it
 //!    is reported (the claim checks the stored pause), and no handler of it starts on a node
 //!    after that node read the settings (the bound of §7.5: no start after the node learnt
-//!    of the pause; before that, a job it claimed earlier may still start).
+//!    of the pause; before that, a job it claimed earlier may still start) — nor while its
+//!    node's start gate for the queue is closed (read at the handler's first poll).
 //! 4. **Dependencies.** A child (or a batch's callback) starts only after every execution
 //!    of each parent ended (except, again, a frozen node's handler ended on waking, when the
 //!    child started during that freeze); under policy `cancel`, a child with a parent that
@@ -158,6 +159,12 @@ fn pauses(f: &Facts<'_>, bad: &mut Vec<String>) {
 
 fn fences(f: &Facts<'_>, bad: &mut Vec<String>) {
     for (o, x) in f.orders.iter().zip(f.execs) {
+        if o.gate_closed {
+            bad.push(format!(
+                "pause: {x:?} of {} started while its node knew the queue paused",
+                o.queue
+            ));
+        }
         if o.lease_left.is_zero() {
             bad.push(format!(
                 "fence: {x:?} started at or past its fence point (no lease left)"

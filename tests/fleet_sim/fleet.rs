@@ -137,6 +137,7 @@ impl Fleet {
                 name,
             )
         });
+        self.journal.watch_pauses(name, sim.pause_view());
         let events = sim.handle.events();
         self.nodes.push(Node {
             name: name.to_string(),

@@ -179,7 +179,18 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                         _ => Release::Panic,
                     };
                     fleet.journal.release(idx, how);
-                    format!("{step}: {name} release job {job} attempt {attempt} → {how:?}")
+                    // Sometimes the node reads its queues' settings as the handler ends: a
+                    // pause it learns then closes its start gate while the worker the
+                    // handler frees wakes a prefetched job, before the pause's give-back.
+                    let read = if rng.chance(300) {
+                        format!(
+                            ", read settings → {}",
+                            controls.read_settings(&fleet, at).await
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!("{step}: {name} release job {job} attempt {attempt} → {how:?}{read}")
                 }
             }
             76..=89 => {
