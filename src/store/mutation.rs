@@ -28,6 +28,9 @@ use crate::lease::LeaseToken;
 
 /// A guard taken out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Outside test builds the token guards' mutations are never named (their helpers are not
+// compiled) and no name is read.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub(crate) enum Mutation {
     /// A finalization applies whatever lease holds the job (invariant 1).
     FinalizeToken,
@@ -44,6 +47,7 @@ pub(crate) enum Mutation {
     FireTerm,
 }
 
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 impl Mutation {
     /// Every mutation, in the catalogue's order.
     pub(crate) const ALL: [Mutation; 6] = [
