@@ -5,7 +5,8 @@
 //! * `fleet_sim` (in the test command): [`CI_SEEDS`] seeds (`JOBVISOR_SIM_SEEDS` to change),
 //!   the first [`TWICE`] of them run twice: the test fails if a seed's two runs give
 //!   different event-log hashes, showing where the logs part. With `JOBVISOR_SIM_SEED=<n>`
-//!   it runs that one seed twice, prints its event log and fails if the runs differ;
+//!   it runs that one seed twice, prints its event log and fails if the runs differ (a
+//!   failing seed's two hashes are printed with its failure);
 //!   `JOBVISOR_SIM_SKIP=3-10,15` skips those steps (a shrunk run's replay). With
 //!   `JOBVISOR_SIM_UNTIL_FIRST=1` it stops at the first failing seed, printing
 //!   `first failing seed <n> after <s> s` (the guard catalogue, `.ci/guard-catalogue`).
@@ -145,9 +146,16 @@ fn fleet_sim() {
             r.hash, r.faults
         );
         if !r.violations.is_empty() {
+            // A failing seed is replayed too: its failure must be exactly reproducible.
+            let again = run_seed_skipping(seed, &skips);
+            let replayed = if again.hash == r.hash {
+                format!("replayed exactly: hash {:016x} twice", r.hash)
+            } else {
+                difference(&r, &again)
+            };
             let f = failure(&r);
-            eprintln!("{f}");
-            panic!("{f}\n{}", shrunk(r));
+            eprintln!("{f}\n{replayed}");
+            panic!("{f}\n{replayed}\n{}", shrunk(r));
         }
         let again = run_seed_skipping(seed, &skips);
         assert_eq!(again.hash, r.hash, "{}", difference(&r, &again));
