@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use super::queue_gate::QueueGate;
 use super::ProgressCell;
+use crate::store::mutation::{on, Mutation};
 
 /// `started` before the handler started.
 const NOT_STARTED: i64 = i64::MIN;
@@ -202,7 +203,9 @@ impl Attempt {
     /// otherwise the attempt is dropped and never starts.
     pub(crate) fn try_start(&self, now: Duration) -> bool {
         let now_us = us(now);
-        let safe = !self.lapsed(now_us) && now_us < self.start_by_us && !self.queue.paused();
+        let safe = (!self.lapsed(now_us) || on(Mutation::StartFence))
+            && (now_us < self.start_by_us || on(Mutation::StartRate))
+            && (!self.queue.paused() || on(Mutation::StartPause));
         let to = if safe {
             now_us.max(DROPPED + 1)
         } else {

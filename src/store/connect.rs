@@ -111,16 +111,6 @@ impl Store {
         &self.inner.opts
     }
 
-    /// Runs a hot-path operation under the store's statement bound (see [`super::timeout`]).
-    pub(crate) async fn bounded<T>(
-        &self,
-        op: super::timeout::Op,
-        fut: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        self.bounded_for(op, self.inner.statement_bound(), fut)
-            .await
-    }
-
     /// Runs a hot-path operation for at most `limit`; under a test's fault plan (feature
     /// `test-util`), as the plan decides. Not an `async fn`: it adds no layer (and no copy of
     /// `fut`) to the operation's future, whose size debug builds' deep call stacks feel.
@@ -136,10 +126,73 @@ impl Store {
     {
         match self.inner.faults.get() {
             Some(plan) => futures_util::future::Either::Left(Box::pin(super::faults::run(
-                plan, op, limit, fut,
+                plan,
+                op,
+                limit,
+                fut,
+                None::<fn() -> super::faults::Late>,
             ))),
             None => futures_util::future::Either::Right(super::timeout::bounded(op, limit, fut)),
         }
+    }
+
+    /// Runs a hot-path operation under the store's statement bound (see [`super::timeout`]);
+    /// under a test's fault plan (feature `test-util`), as the plan decides. `run` makes the
+    /// operation's future from a store and its parameters `p`, both owned, so that a copy
+    /// can outlive the caller ([`Fault::ApplyLate`](super::faults::Fault::ApplyLate)).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn bounded_owned<T, P, F, Fut>(
+        &self,
+        op: super::timeout::Op,
+        p: P,
+        run: F,
+    ) -> impl std::future::Future<Output = Result<T>>
+    where
+        P: super::faults::AtNow + Clone + Send + Sync + 'static,
+        F: Fn(Store, P) -> Fut + Copy + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        let limit = self.inner.statement_bound();
+        match self.inner.faults.get() {
+            Some(plan) => {
+                let (store, held) = (self.clone(), p.clone());
+                let late = move || {
+                    super::faults::Late::new(super::faults::StoreOp::of(op), move |now| {
+                        let mut held = held;
+                        held.at_now(now);
+                        Box::pin(async move { run(store, held).await.map(drop) })
+                    })
+                };
+                futures_util::future::Either::Left(Box::pin(super::faults::run(
+                    plan,
+                    op,
+                    limit,
+                    run(self.clone(), p),
+                    Some(late),
+                )))
+            }
+            None => futures_util::future::Either::Right(super::timeout::bounded(
+                op,
+                limit,
+                run(self.clone(), p),
+            )),
+        }
+    }
+
+    /// Runs a hot-path operation under the store's statement bound (see [`super::timeout`]),
+    /// given as `run` over an owned store and parameters `p`.
+    #[cfg(not(feature = "test-util"))]
+    pub(crate) fn bounded_owned<T, P, F, Fut>(
+        &self,
+        op: super::timeout::Op,
+        p: P,
+        run: F,
+    ) -> impl std::future::Future<Output = Result<T>>
+    where
+        F: Fn(Store, P) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        super::timeout::bounded(op, self.inner.statement_bound(), run(self.clone(), p))
     }
 
     /// Runs a hot-path operation for at most `limit`.

@@ -155,8 +155,10 @@ impl Store {
         &self,
         p: RenewParams,
     ) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
-        self.bounded(Op::Renew, self.renew_unbounded(p, false))
-            .await
+        self.bounded_owned(Op::Renew, p, |s, p| async move {
+            s.renew_unbounded(p, false).await
+        })
+        .await
     }
 
     /// [`job_renew_leases`](Self::job_renew_leases) as a hedge: the same statement, sent on
@@ -171,7 +173,10 @@ impl Store {
         &self,
         p: RenewParams,
     ) -> Result<Vec<(JobId, Guarded<Renewed>)>> {
-        self.bounded(Op::Renew, self.renew_unbounded(p, true)).await
+        self.bounded_owned(Op::Renew, p, |s, p| async move {
+            s.renew_unbounded(p, true).await
+        })
+        .await
     }
 
     async fn renew_unbounded(
@@ -182,6 +187,8 @@ impl Store {
         if p.leases.is_empty() {
             return Ok(Vec::new());
         }
+        #[cfg(feature = "test-util")]
+        let p = self.mutate_renew(p).await?;
         let args = RenewArgs {
             leases: &p.leases,
             lease_us: dur_us(p.lease),
@@ -253,7 +260,9 @@ impl Store {
     ) -> Result<(Vec<(JobId, Guarded<JobState>)>, Vec<String>)> {
         let now = p.now;
         let (done, parents) = self
-            .bounded(Op::Finalize, self.finalize_unbounded(p))
+            .bounded_owned(Op::Finalize, p, |s, p| async move {
+                s.finalize_unbounded(p).await
+            })
             .await?;
         if parents.is_empty() {
             return Ok((done, Vec::new()));
@@ -283,6 +292,8 @@ impl Store {
         if p.items.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
+        #[cfg(feature = "test-util")]
+        let p = self.mutate_finalize(p).await?;
         // A batch the server rolled back whole ended nothing: send it again (each row is
         // still guarded by its token).
         let now = bound(p.now);

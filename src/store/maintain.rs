@@ -660,7 +660,10 @@ impl Store {
     /// # Errors
     /// [`Error::Database`].
     pub(crate) async fn job_reclaim_expired(&self, p: ReclaimParams) -> Result<Vec<Reclaimed>> {
-        self.bounded(Op::Reclaim, self.reclaim_unbounded(p)).await
+        self.bounded_owned(Op::Reclaim, p, |s, p| async move {
+            s.reclaim_unbounded(p).await
+        })
+        .await
     }
 
     async fn reclaim_unbounded(&self, p: ReclaimParams) -> Result<Vec<Reclaimed>> {

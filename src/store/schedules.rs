@@ -34,6 +34,7 @@ use super::columns::bound;
 use super::driver::{with_conn, with_tx, with_write};
 use super::expr::DbNow;
 use super::leader_fence;
+use super::mutation::{on, Mutation};
 use super::outbox::OutboxConnection;
 use super::params::Enqueued;
 use super::rows::{dur_us, from_us};
@@ -311,7 +312,7 @@ impl Store {
         );
         let jobs = f.jobs;
         with_tx!(self, |conn| {
-            let n = match f.leader {
+            let n = match f.leader.filter(|_| !on(Mutation::FireTerm)) {
                 Some((node, term)) => {
                     diesel::update(live.filter(exists(leader_fence!(node, term, now))))
                         .set(set)

@@ -168,6 +168,14 @@ impl Simulation {
         self.handle.lease_manager()
     }
 
+    #[doc(hidden)]
+    /// This node's view of its queues' pauses, as its start gate reads it: the function
+    /// answers whether the node knows `queue` paused (false for a queue it does not serve).
+    pub fn pause_view(&self) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+        let shared = self.handle.shared.clone();
+        move |queue| shared.queue_gates.get(queue).is_some_and(|g| g.paused())
+    }
+
     /// Sends `FetchNow` to a queue's fetcher; answers how many jobs it claimed.
     pub async fn fetch(&self, queue: &str) -> usize {
         self.fetcher(queue).send(FetchNow).await.unwrap_or(0)

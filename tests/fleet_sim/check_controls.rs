@@ -14,7 +14,8 @@
 //! 3. **Pauses.** While a queue is known paused (`controls::PauseWindow`): no claim of it
 //!    is reported (the claim checks the stored pause), and no handler of it starts on a node
 //!    after that node read the settings (the bound of §7.5: no start after the node learnt
-//!    of the pause; before that, a job it claimed earlier may still start).
+//!    of the pause; before that, a job it claimed earlier may still start) — nor while its
+//!    node's start gate for the queue is closed (read at the handler's first poll).
 //! 4. **Dependencies.** A child (or a batch's callback) starts only after every execution
 //!    of each parent ended (except, again, a frozen node's handler ended on waking, when the
 //!    child started during that freeze); under policy `cancel`, a child with a parent that
@@ -22,7 +23,9 @@
 //!    never cancelled; a callback ends succeeded or dead (it was released and ran once every
 //!    member ended, liveness) and completes at most once: no execution of it starts after
 //!    the completion that counts (its result's writer) ended.
-//! 5. **Schedule.** Every job of the schedule's kind carries a fire's key (only the
+//! 5. **Fence point** (§6 invariant 9): no handler is first polled at or past its attempt's
+//!    fence point — its lease left (`JobContext::lease_left`) is above zero.
+//! 6. **Schedule.** Every job of the schedule's kind carries a fire's key (only the
 //!    schedule enqueues that kind); each fire instant has at most one job, and
 //!    with every missed fire run (`MissedFires::All`), the fires are exactly the instants
 //!    of the schedule from its first stored fire up to the last pass of the final phase —
@@ -74,6 +77,7 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
     let mut bad = Vec::new();
     limits(f, &mut bad);
     pauses(f, &mut bad);
+    fences(f, &mut bad);
     dependencies(f, &mut bad);
     schedule(f, &mut bad);
     bad
@@ -149,6 +153,22 @@ fn pauses(f: &Facts<'_>, bad: &mut Vec<String>) {
                     o.start
                 ));
             }
+        }
+    }
+}
+
+fn fences(f: &Facts<'_>, bad: &mut Vec<String>) {
+    for (o, x) in f.orders.iter().zip(f.execs) {
+        if o.gate_closed {
+            bad.push(format!(
+                "pause: {x:?} of {} started while its node knew the queue paused",
+                o.queue
+            ));
+        }
+        if o.lease_left.is_zero() {
+            bad.push(format!(
+                "fence: {x:?} started at or past its fence point (no lease left)"
+            ));
         }
     }
 }

@@ -137,6 +137,7 @@ impl Fleet {
                 name,
             )
         });
+        self.journal.watch_pauses(name, sim.pause_view());
         let events = sim.handle.events();
         self.nodes.push(Node {
             name: name.to_string(),
@@ -251,6 +252,22 @@ impl Fleet {
         }
     }
 
+    /// Lands the held writes due at `step` (every one: `None`), in the order held, each at
+    /// the database's clock now and then settled: a statement sent in time, applied late.
+    /// Logs each.
+    pub(crate) async fn land(&mut self, step: Option<usize>, log: &mut EventLog, at: &str) {
+        use jobvisor::clock::Clock as _;
+        for h in self.book.due(step) {
+            let op = h.late.op().name();
+            let how = match h.late.apply(self.clock.bound_now()).await {
+                Ok(()) => "applied",
+                Err(_) => "error",
+            };
+            log.line(format!("{at}: {}'s held {op} lands → {how}", h.node));
+            self.settle(log).await;
+        }
+    }
+
     pub(crate) fn now_us(&self) -> i64 {
         use jobvisor::clock::Clock as _;
         self.clock.now().timestamp_micros()
@@ -278,7 +295,9 @@ impl Fleet {
                 let sim = &self.nodes[i].sim;
                 let lm = sim.lease_manager();
                 let s = lm.send(GetLeaseManagerStatus).await.unwrap_or_default();
-                if s.pending > 0 {
+                // A node stalled behind a held write cannot write its finalizations: they
+                // wait for the stall to end.
+                if s.pending > 0 && !self.nodes[i].faults.stalled() {
                     pending += s.pending;
                     let _ = lm.send(FlushFinalizations).await;
                 }

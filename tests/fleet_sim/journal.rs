@@ -44,6 +44,12 @@ pub(crate) struct Order {
     pub(crate) start: u64,
     /// The number its end took (`None`: it never ended).
     pub(crate) end: Option<u64>,
+    /// What was left of its lease before the fence point when its handler was first polled
+    /// (`JobContext::lease_left`): zero is a start at or past the fence point.
+    pub(crate) lease_left: std::time::Duration,
+    /// Whether its node knew its queue paused when its handler was first polled (no await
+    /// lies between the start gate's check and that poll).
+    pub(crate) gate_closed: bool,
 }
 
 /// The executions of one run and the gates of those still waiting.
@@ -68,7 +74,12 @@ struct Inner {
     changes: usize,
     /// Nodes that crashed: a dead process runs nothing more.
     crashed: Vec<String>,
+    /// Each node's view of its queues' pauses (`Simulation::pause_view`).
+    views: BTreeMap<String, PauseView>,
 }
+
+/// A node's view of its queues' pauses.
+type PauseView = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl Journal {
     pub(crate) fn new(clock: ManualClock, seed: u64) -> Arc<Journal> {
@@ -143,10 +154,13 @@ impl Journal {
         let idx = inner.execs.len();
         inner.seq += 1;
         let start = inner.seq;
+        let gate_closed = inner.views.get(node).is_some_and(|v| v(&ctx.queue));
         inner.orders.push(Order {
             queue: ctx.queue.clone(),
             start,
             end: None,
+            lease_left: ctx.lease_left(),
+            gate_closed,
         });
         inner.execs.push(Execution {
             job_id: ctx.id.0,
@@ -181,6 +195,19 @@ impl Journal {
             inner.seq += 1;
             inner.orders[idx].end = Some(inner.seq);
         }
+    }
+
+    /// Node `node`'s view of its queues' pauses, read at each of its handlers' starts.
+    pub(crate) fn watch_pauses(
+        &self,
+        node: &str,
+        view: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) {
+        self.inner
+            .lock()
+            .unwrap()
+            .views
+            .insert(node.to_string(), Box::new(view));
     }
 
     /// Takes the next number of the run's order, for an act of the driver.

@@ -1,11 +1,15 @@
-//! The seeded fleet simulation: N real nodes, crashes, freezes, zombies and store faults in
-//! one process, one seed → one exact run, every invariant checked after each run.
+//! The seeded fleet simulation: N real nodes, crashes, freezes, zombies and store faults
+//! (writes applied late among them) in one process, one seed → one exact run, every
+//! invariant checked after each run.
 //!
 //! * `fleet_sim` (in the test command): [`CI_SEEDS`] seeds (`JOBVISOR_SIM_SEEDS` to change),
 //!   the first [`TWICE`] of them run twice: the test fails if a seed's two runs give
 //!   different event-log hashes, showing where the logs part. With `JOBVISOR_SIM_SEED=<n>`
-//!   it runs that one seed twice, prints its event log and fails if the runs differ;
-//!   `JOBVISOR_SIM_SKIP=3-10,15` skips those steps (a shrunk run's replay).
+//!   it runs that one seed twice, prints its event log and fails if the runs differ (a
+//!   failing seed's two hashes are printed with its failure);
+//!   `JOBVISOR_SIM_SKIP=3-10,15` skips those steps (a shrunk run's replay). With
+//!   `JOBVISOR_SIM_UNTIL_FIRST=1` it stops at the first failing seed, printing
+//!   `first failing seed <n> after <s> s` (the guard catalogue, `.ci/guard-catalogue`).
 //! * `fleet_sim_for_minutes` (ignored): new seeds for `JOBVISOR_SIM_MINUTES` (default 1),
 //!   reporting seeds per minute and every failing seed.
 //! * `fleet_sim_hashes` (ignored): seeds 0..`JOBVISOR_SIM_SEEDS` (default 100) twice each,
@@ -142,9 +146,16 @@ fn fleet_sim() {
             r.hash, r.faults
         );
         if !r.violations.is_empty() {
+            // A failing seed is replayed too: its failure must be exactly reproducible.
+            let again = run_seed_skipping(seed, &skips);
+            let replayed = if again.hash == r.hash {
+                format!("replayed exactly: hash {:016x} twice", r.hash)
+            } else {
+                difference(&r, &again)
+            };
             let f = failure(&r);
-            eprintln!("{f}");
-            panic!("{f}\n{}", shrunk(r));
+            eprintln!("{f}\n{replayed}");
+            panic!("{f}\n{replayed}\n{}", shrunk(r));
         }
         let again = run_seed_skipping(seed, &skips);
         assert_eq!(again.hash, r.hash, "{}", difference(&r, &again));
@@ -165,6 +176,13 @@ fn fleet_sim() {
         if !r.violations.is_empty() {
             failures.push(failure(&r));
             first_failed.get_or_insert(r);
+            if env_u64("JOBVISOR_SIM_UNTIL_FIRST") == Some(1) {
+                println!(
+                    "first failing seed {seed} after {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
+                break;
+            }
             continue;
         }
         if seed < TWICE {

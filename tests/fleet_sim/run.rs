@@ -8,9 +8,10 @@
 //! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback.
 //! A run may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes
 //! no action and has no clock event (a frozen node due to resume still resumes), and the
-//! steps after it draw what they would have drawn. After the steps, faults stop, frozen
-//! nodes resume, every queue is resumed and every node reads it, one last schedule pass
-//! fires on the leader, and the fleet is driven until every job is terminal (liveness);
+//! steps after it draw what they would have drawn. Each step first lands the writes held
+//! for it (`faults.rs`). After the steps, faults stop, frozen nodes resume, every queue is resumed and every node reads it, one last schedule pass
+//! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
+//! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`). Answers the event
 //! log's hash and what broke.
 
@@ -23,6 +24,7 @@ use serde_json::json;
 
 use crate::check_controls::Facts;
 use crate::controls::{parents, Controls, LIMITED, QUEUES};
+use crate::faults::HEAL_LANDING;
 use crate::fleet::{Fleet, Status};
 use crate::journal::Release;
 use crate::log::EventLog;
@@ -101,6 +103,11 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     let steps = (STEPS.start + rng.below(STEPS.end - STEPS.start)) as usize;
     for step in 0..steps {
         let mut rng = Rng::new(fnv(&(step as u64).to_le_bytes(), seed));
+        fleet
+            .book
+            .step
+            .store(step, std::sync::atomic::Ordering::SeqCst);
+        fleet.land(Some(step), &mut log, &step.to_string()).await;
         for i in 0..fleet.nodes.len() {
             if matches!(fleet.nodes[i].status, Status::Frozen { until, .. } if until <= step) {
                 let handler_first = rng.chance(500);
@@ -172,7 +179,18 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                         _ => Release::Panic,
                     };
                     fleet.journal.release(idx, how);
-                    format!("{step}: {name} release job {job} attempt {attempt} → {how:?}")
+                    // Sometimes the node reads its queues' settings as the handler ends: a
+                    // pause it learns then closes its start gate while the worker the
+                    // handler frees wakes a prefetched job, before the pause's give-back.
+                    let read = if rng.chance(300) {
+                        format!(
+                            ", read settings → {}",
+                            controls.read_settings(&fleet, at).await
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!("{step}: {name} release job {job} attempt {attempt} → {how:?}{read}")
                 }
             }
             76..=89 => {
@@ -274,8 +292,12 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         if controls.last_pass_us.is_none() {
             final_fire(&mut fleet, &mut controls, &mut log, round).await;
         }
+        if round >= HEAL_LANDING {
+            fleet.land(None, &mut log, &format!("heal {round}")).await;
+        }
+        let held = !fleet.book.held.lock().unwrap().is_empty();
         let jobs = all_jobs(&fleet).await;
-        if controls.last_pass_us.is_some() && jobs.iter().all(|j| j.state.is_terminal()) {
+        if !held && controls.last_pass_us.is_some() && jobs.iter().all(|j| j.state.is_terminal()) {
             done = true;
             break;
         }

@@ -61,7 +61,12 @@ impl Store {
     /// if a claimed row cannot be read (the claim itself stands, and the sweeper reclaims it
     /// when its lease expires).
     pub(crate) async fn claim(&self, p: ClaimParams) -> Result<Claimed> {
-        self.bounded(Op::Claim, self.claim_unbounded(p)).await
+        self.bounded_owned(
+            Op::Claim,
+            p,
+            |s, p| async move { s.claim_unbounded(p).await },
+        )
+        .await
     }
 
     /// [`Store::claim`], the jobs only.

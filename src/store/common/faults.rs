@@ -2,16 +2,22 @@
 //! [`Store`](crate::store::Store) is asked before each operation of the hot path and the
 //! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
 //! under the store's statement bound) what happens to it: nothing, a failure before it
-//! applies, an answer lost after it applied (commit-unknown), or an answer that arrives
-//! past the operation's bound (the caller sees the bound's timeout error while the write
-//! stood). The plan also sees each operation end, so a test can tell when none is in flight.
+//! applies, an answer lost after it applied (commit-unknown), an answer that arrives past
+//! the operation's bound (the caller sees the bound's timeout error while the write stood),
+//! or a write held and applied later ([`Late`]: sent in time, landing after its sender's
+//! lease moved on — the write every token guard exists for). The plan also sees each
+//! operation end, so a test can tell when none is in flight.
 //!
 //! Without the feature this file is not compiled and the store carries no field for it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
+use super::params::{ClaimParams, FinalizeParams, ReclaimParams, RenewParams};
 use super::timeout::{bounded, timeout_error, Op, Phase};
 use crate::error::{Error, Result, StoreError};
 
@@ -66,7 +72,75 @@ pub enum Fault {
     /// It applies, but its answer comes after the operation's bound: the caller sees the
     /// bound's timeout error although the write committed.
     PastDeadline,
+    /// It is held: the caller sees a transient error at once (its answer never comes), and
+    /// the write applies only when whoever holds the [`Late`] handed to
+    /// [`FaultPlan::hold`] applies it — a statement sent in time that lands after its
+    /// sender's lease, term or version moved on. Claims, renewals, finalizations and
+    /// reclaims can be held; for another operation it is [`Fault::LoseAnswer`].
+    ApplyLate,
 }
+
+/// The boxed future of a held write.
+type Applying = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// A write held by [`Fault::ApplyLate`]: [`apply`](Late::apply) it later — the operation runs
+/// then, as first sent, except that it reads the database's clock as of its application.
+/// Dropped without being applied, the write never lands (lost in the network).
+pub struct Late {
+    op: StoreOp,
+    apply: Box<dyn FnOnce(Option<DateTime<Utc>>) -> Applying + Send + Sync>,
+}
+
+impl Late {
+    pub(crate) fn new(
+        op: StoreOp,
+        apply: impl FnOnce(Option<DateTime<Utc>>) -> Applying + Send + Sync + 'static,
+    ) -> Late {
+        Late {
+            op,
+            apply: Box::new(apply),
+        }
+    }
+
+    /// The operation held.
+    pub fn op(&self) -> StoreOp {
+        self.op
+    }
+
+    /// Applies the write now, with `now` as the database's clock (`None`: its own), past any
+    /// fault plan and bound; answers whether it ran (not what it changed: its guards decide
+    /// that).
+    ///
+    /// # Errors
+    /// The operation's own errors.
+    pub async fn apply(self, now: Option<DateTime<Utc>>) -> Result<()> {
+        (self.apply)(now).await
+    }
+}
+
+impl std::fmt::Debug for Late {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Late")
+            .field("op", &self.op)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parameters whose database clock a held write re-reads when it lands.
+pub(crate) trait AtNow {
+    fn at_now(&mut self, now: Option<DateTime<Utc>>);
+}
+
+macro_rules! at_now {
+    ($($t:ty),*) => {$(
+        impl AtNow for $t {
+            fn at_now(&mut self, now: Option<DateTime<Utc>>) {
+                self.now = now;
+            }
+        }
+    )*};
+}
+at_now!(ClaimParams, RenewParams, FinalizeParams, ReclaimParams);
 
 /// Decides each operation's [`Fault`]; installed with `Store::inject_faults`.
 pub trait FaultPlan: Send + Sync {
@@ -74,6 +148,12 @@ pub trait FaultPlan: Send + Sync {
     fn begin(&self, op: StoreOp) -> Fault;
     /// Called as `op` ends (whatever its fault), after `begin`.
     fn end(&self, op: StoreOp);
+    /// Called with the write of an operation `begin` answered [`Fault::ApplyLate`] for,
+    /// before its caller sees its error: keep it and [`Late::apply`] it later. By default
+    /// it is dropped (the write never lands).
+    fn hold(&self, late: Late) {
+        drop(late);
+    }
 }
 
 /// The plan a store holds, if any (shared by its clones).
@@ -101,23 +181,32 @@ impl Drop for Ending {
     }
 }
 
-/// Runs `fut` (operation `op`, bound `limit`) as `plan` decides.
+/// Runs `fut` (operation `op`, bound `limit`) as `plan` decides; `late` makes the held copy
+/// of the write for [`Fault::ApplyLate`] (`None`: the operation cannot be held).
 pub(crate) async fn run<T>(
     plan: Arc<dyn FaultPlan>,
     op: Op,
     limit: Duration,
     fut: impl Future<Output = Result<T>>,
+    late: Option<impl FnOnce() -> Late>,
 ) -> Result<T> {
     let which = StoreOp::of(op);
     let fault = plan.begin(which);
-    let _ending = Ending(plan, which);
+    let ending = Ending(plan, which);
     match fault {
         Fault::None => bounded(op, limit, fut).await,
         Fault::FailBefore => Err(Error::Database(StoreError::Transient(format!(
             "{}: injected failure before it reached the database",
             which.name()
         )))),
-        Fault::LoseAnswer => {
+        Fault::ApplyLate if late.is_some() => {
+            // Its answer never comes: the caller's bound ends the wait.
+            if let Some(make) = late {
+                ending.0.hold(make());
+            }
+            Err(timeout_error(op, limit, Phase::Answer))
+        }
+        Fault::LoseAnswer | Fault::ApplyLate => {
             let _ = bounded(op, limit, fut).await;
             Err(Error::Database(StoreError::Transient(format!(
                 "{}: connection lost before the answer arrived (injected; the write may \
