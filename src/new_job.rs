@@ -187,6 +187,8 @@ pub struct NewJob {
     /// What a member before it in its sequence that ends dead or cancelled does to this job;
     /// default [`ParentPolicy::Wait`](crate::ParentPolicy::Wait) (the sequence holds).
     pub on_sequence_failure: crate::ParentPolicy,
+    /// No attempt starts at or after this instant ([`NewJob::start_by`]); default none.
+    pub start_by: Option<DateTime<Utc>>,
     /// Why the arguments of a job made from [`JobArgs`](crate::JobArgs) did not serialize
     /// (its payload is then `null`): [`NewJob::validate`] refuses it, naming `payload`.
     pub(crate) payload_error: Option<String>,
@@ -212,6 +214,7 @@ impl NewJob {
             on_parent_failure: crate::ParentPolicy::Cancel,
             sequence: None,
             on_sequence_failure: crate::ParentPolicy::Wait,
+            start_by: None,
             payload_error: None,
         }
     }
@@ -416,6 +419,7 @@ impl NewJob {
         }
         crate::dependency::validate_parents(self)?;
         crate::sequence::validate_sequence(self)?;
+        crate::deadline::validate_start_by(self)?;
         let size = payload_size(&self.payload);
         if size > max_payload_bytes {
             return Err(Error::invalid(

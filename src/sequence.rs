@@ -60,9 +60,10 @@ impl NewJob {
         self
     }
 
-    /// Whether the enqueue must take the dependency path: parents or a sequence.
+    /// Whether the enqueue must take the dependency path (`store/dependencies.rs`): parents,
+    /// a sequence, or a start-by deadline (written by a statement after the insert).
     pub(crate) fn needs_links(&self) -> bool {
-        self.has_parents() || self.sequence.is_some()
+        self.has_parents() || self.sequence.is_some() || self.start_by.is_some()
     }
 }
 

@@ -24,9 +24,11 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::columns::bound;
+use super::deadlines::deadline_write;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
 use super::retry::{pause_before_retry, TRANSIENT_TRIES};
+use super::rows::to_us;
 use super::schema::{
     jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
     jobvisor_jobs_links as links,
@@ -100,6 +102,10 @@ macro_rules! enqueue_child {
                     "a duplicate job kept disappearing while enqueueing; try again".into(),
                 ))
             })?;
+        // A start-by deadline, written after the insert (and refused if already past).
+        if let (Some(sb), false) = (job.start_by, got.duplicate) {
+            deadline_write!($conn, got.id.0, to_us(sb), $now);
+        }
         // A new member of a sequence waits for the tail it read, unless that has ended.
         let tail: Option<(i64, String)> = match &job.sequence {
             Some(key) if !got.duplicate => sequence_append!($conn, key, got.id.0),

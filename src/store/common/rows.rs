@@ -80,6 +80,17 @@ pub(crate) struct ClaimRow {
     pub(crate) run_at: i64,
     pub(crate) timeout_ms: i64,
     pub(crate) created_at: i64,
+    /// µs from the claim's "now" (the `updated_at` it just wrote) to the job's start-by
+    /// deadline; `NULL` without one. Not a column of the `table!` (at diesel's 32-column
+    /// limit): an expression on the column `start_by`.
+    #[diesel(
+        select_expression = diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::BigInt>>(
+            "start_by - updated_at"
+        ),
+        select_expression_type = diesel::expression::SqlLiteral<diesel::sql_types::Nullable<diesel::sql_types::BigInt>>,
+        sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>
+    )]
+    pub(crate) start_within: Option<i64>,
 }
 
 impl ClaimRow {
@@ -107,6 +118,7 @@ impl ClaimRow {
                 })?,
             ),
             created_at: from_us(self.created_at),
+            start_within_us: self.start_within,
             token,
         })
     }

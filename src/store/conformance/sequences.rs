@@ -136,7 +136,7 @@ pub async fn a_sequence_runs_in_enqueue_order_one_at_a_time_under_retries(b: Bac
                 for c in got {
                     let key = key_of[&c.id];
                     running.lock().unwrap().remove(key);
-                    let f = if rng.next() % 3 == 0 {
+                    let f = if rng.next().is_multiple_of(3) {
                         retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         Finalize::retry(c.id, c.token, err("flaky", 1), Duration::ZERO)
                     } else {
