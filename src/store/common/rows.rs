@@ -82,12 +82,10 @@ pub(crate) struct ClaimRow {
     pub(crate) created_at: i64,
     /// µs from the claim's "now" (the `updated_at` it just wrote) to the job's start-by
     /// deadline; `NULL` without one. Not a column of the `table!` (at diesel's 32-column
-    /// limit): an expression on the column `start_by`.
+    /// limit): `expr::StartWithin`.
     #[diesel(
-        select_expression = diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::BigInt>>(
-            "start_by - updated_at"
-        ),
-        select_expression_type = diesel::expression::SqlLiteral<diesel::sql_types::Nullable<diesel::sql_types::BigInt>>,
+        select_expression = super::expr::StartWithin,
+        select_expression_type = super::expr::StartWithin,
         sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>
     )]
     pub(crate) start_within: Option<i64>,
