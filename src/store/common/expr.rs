@@ -262,30 +262,6 @@ where
     }
 }
 
-/// `start_by - updated_at`: the µs a claimed job has left before its start-by deadline,
-/// counted from the claim's "now" (the `updated_at` the claim just wrote); `NULL` without a
-/// deadline. `start_by` is not a column of the `table!` (at diesel's 32-column limit); a type
-/// of its own, not a SQL literal, so the statements that select it keep their prepared
-/// statement cache entry (a literal has no static query id).
-#[derive(Debug, Clone, Copy, QueryId)]
-pub(crate) struct StartWithin;
-
-impl Expression for StartWithin {
-    type SqlType = Nullable<diesel::sql_types::BigInt>;
-}
-impl AppearsOnTable<jobvisor_jobs::table> for StartWithin {}
-impl SelectableExpression<jobvisor_jobs::table> for StartWithin {}
-impl<GB> ValidGrouping<GB> for StartWithin {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<DB: Backend> QueryFragment<DB> for StartWithin {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("start_by - updated_at");
-        Ok(())
-    }
-}
-
 /// `unique_hold` taken again (set to the key) for a `while_active` row, else unchanged: a
 /// manual retry's attempt to hold its key again; the unique index refuses it while another
 /// job holds the key.
