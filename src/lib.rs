@@ -28,6 +28,10 @@
 //!   and timeout (`client.enqueue(args)`, [`SchedulerBuilder::handle`]).
 //! * [`dependency`] — jobs that wait for others: [`NewJob::after`], [`ParentPolicy`],
 //!   [`Dependencies`] (a job's parents and children), [`Batch`].
+//! * [`deadline`] — start-by deadlines: [`NewJob::start_by`], a job not started by then
+//!   ends `cancelled` with the code `expired`.
+//! * [`sequence`] — ordered sequences per key: [`NewJob::sequence`], one at a time in
+//!   enqueue order.
 //! * [`lease`] — [`NodeId`] and [`ClaimId`], the public part of a claim's lease token.
 //! * `queue` — a queue's shared settings: [`QueueLimits`], [`RateLimit`], [`QueueInfo`].
 //! * [`claim`] — [`Claim`], one row of a job's execution ledger: who ran which attempt, when,
@@ -80,6 +84,7 @@ pub mod claim;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod deadline;
 pub mod dependency;
 mod done_watch;
 pub mod error;
@@ -95,6 +100,7 @@ mod parent_results;
 mod queue;
 pub mod schedule;
 pub mod scheduler;
+pub mod sequence;
 pub mod store;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]

@@ -181,6 +181,14 @@ pub struct NewJob {
     /// What a parent that ends dead or cancelled does to this job; default
     /// [`ParentPolicy::Cancel`](crate::ParentPolicy::Cancel).
     pub on_parent_failure: crate::ParentPolicy,
+    /// The ordered sequence the job joins ([`NewJob::sequence`]): it runs after the job
+    /// enqueued before it with the same key has ended; default none.
+    pub sequence: Option<String>,
+    /// What a member before it in its sequence that ends dead or cancelled does to this job;
+    /// default [`ParentPolicy::Wait`](crate::ParentPolicy::Wait) (the sequence holds).
+    pub on_sequence_failure: crate::ParentPolicy,
+    /// No attempt starts at or after this instant ([`NewJob::start_by`]); default none.
+    pub start_by: Option<DateTime<Utc>>,
     /// Why the arguments of a job made from [`JobArgs`](crate::JobArgs) did not serialize
     /// (its payload is then `null`): [`NewJob::validate`] refuses it, naming `payload`.
     pub(crate) payload_error: Option<String>,
@@ -204,6 +212,9 @@ impl NewJob {
             after: Vec::new(),
             after_keys: Vec::new(),
             on_parent_failure: crate::ParentPolicy::Cancel,
+            sequence: None,
+            on_sequence_failure: crate::ParentPolicy::Wait,
+            start_by: None,
             payload_error: None,
         }
     }
@@ -407,6 +418,8 @@ impl NewJob {
             ));
         }
         crate::dependency::validate_parents(self)?;
+        crate::sequence::validate_sequence(self)?;
+        crate::deadline::validate_start_by(self)?;
         let size = payload_size(&self.payload);
         if size > max_payload_bytes {
             return Err(Error::invalid(

@@ -74,11 +74,28 @@ pub(crate) struct Attempt {
     /// No start at or after this monotonic instant (µs) — a rate-limited claim's start
     /// margin; `i64::MAX` otherwise.
     start_by_us: i64,
+    /// The job's start-by deadline as a monotonic instant (µs): the claim's send time plus
+    /// the time the database left it at the claim (which it counted from its own later
+    /// "now", so the estimate is early, as the fence point's is); `i64::MAX` without one.
+    /// A start refused by it ends the job `expired`.
+    expire_at_us: i64,
     /// A handler's transaction and the revoke: `OPEN`, `COMMITTING`, `COMPLETED` or
     /// `CLOSED` (see the module docs).
     commit: AtomicU8,
     /// The result a completing transaction stored (what the lease manager reports).
     completed_with: std::sync::Mutex<Option<serde_json::Value>>,
+}
+
+/// What [`Attempt::start`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The handler may start: the start is recorded.
+    Started,
+    /// Not safe to start (the lease, the queue's pause, a rate margin) or taken away first:
+    /// the job is given back.
+    NotStarted,
+    /// The job's start-by deadline was reached: it ends `expired`, never started.
+    Expired,
 }
 
 /// What [`Attempt::revoke`] found.
@@ -101,15 +118,17 @@ impl Attempt {
     /// A gate whose fence point is `fence_at`, of a queue no pause reaches (a handler's
     /// context made for a test).
     pub(crate) fn new(fence_at: Duration) -> Self {
-        Self::of_claim(fence_at, Arc::default(), None)
+        Self::of_claim(fence_at, Arc::default(), None, None)
     }
 
     /// The gate of an attempt of a queue whose settings this node knows as `queue`; a job
-    /// claimed under a rate limit must start before `start_by` (monotonic).
+    /// claimed under a rate limit must start before `start_by` (monotonic), and a job with a
+    /// start-by deadline before `expire_at` (monotonic).
     pub(crate) fn of_claim(
         fence_at: Duration,
         queue: Arc<QueueGate>,
         start_by: Option<Duration>,
+        expire_at: Option<Duration>,
     ) -> Self {
         Attempt {
             fence_at_us: AtomicI64::new(us(fence_at)),
@@ -118,6 +137,7 @@ impl Attempt {
             progress: ProgressCell::default(),
             queue,
             start_by_us: start_by.map_or(i64::MAX, us),
+            expire_at_us: expire_at.map_or(i64::MAX, us),
             commit: AtomicU8::new(OPEN),
             completed_with: std::sync::Mutex::new(None),
         }
@@ -201,20 +221,37 @@ impl Attempt {
     /// Starts the handler now (`now`, monotonic) if `now` is strictly before the fence
     /// point (and the start margin of a rate-limited claim) and the queue is not paused;
     /// otherwise the attempt is dropped and never starts.
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests; the supervisor asks `start`
     pub(crate) fn try_start(&self, now: Duration) -> bool {
+        self.start(now) == Start::Started
+    }
+
+    /// [`try_start`](Self::try_start), saying why a start was refused: [`Start::Expired`]
+    /// when the job's start-by deadline was reached while the lease is still safe (this
+    /// attempt then ends the job `expired`, under its token; the lease manager's revoke finds
+    /// it dropped and gives nothing back).
+    pub(crate) fn start(&self, now: Duration) -> Start {
         let now_us = us(now);
-        let safe = (!self.lapsed(now_us) || on(Mutation::StartFence))
+        let lapsed = self.lapsed(now_us) && !on(Mutation::StartFence);
+        let expired = now_us >= self.expire_at_us;
+        let safe = !lapsed
             && (now_us < self.start_by_us || on(Mutation::StartRate))
-            && (!self.queue.paused() || on(Mutation::StartPause));
+            && (!self.queue.paused() || on(Mutation::StartPause))
+            && !expired;
         let to = if safe {
             now_us.max(DROPPED + 1)
         } else {
             DROPPED
         };
-        self.started_us
+        let won = self
+            .started_us
             .compare_exchange(NOT_STARTED, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-            && safe
+            .is_ok();
+        match (won, safe) {
+            (true, true) => Start::Started,
+            (true, false) if expired && !lapsed => Start::Expired,
+            _ => Start::NotStarted,
+        }
     }
 
     /// Records that the running handler is being self-fenced; true only for the first caller
@@ -356,28 +393,51 @@ mod tests {
     #[test]
     fn a_paused_queue_refuses_starts_and_withdraws_only_unstarted_attempts() {
         let q = Arc::new(QueueGate::default());
-        let running = Attempt::of_claim(10 * S, q.clone(), None);
+        let running = Attempt::of_claim(10 * S, q.clone(), None, None);
         assert!(running.try_start(S));
         q.set_paused(true);
-        let waiting = Attempt::of_claim(10 * S, q.clone(), None);
+        let waiting = Attempt::of_claim(10 * S, q.clone(), None, None);
         assert!(!waiting.try_start(2 * S), "paused: no start");
-        let prefetched = Attempt::of_claim(10 * S, q.clone(), None);
+        let prefetched = Attempt::of_claim(10 * S, q.clone(), None, None);
         assert!(prefetched.withdraw(), "not started: withdrawn");
         assert!(!prefetched.try_start(2 * S));
         assert_eq!(prefetched.revoke(), Revoked::AlreadyDropped);
         assert!(!running.withdraw(), "a running handler runs on");
         assert_eq!(running.fence_at_us(), us(10 * S), "and keeps its lease");
         q.set_paused(false);
-        assert!(Attempt::of_claim(10 * S, q, None).try_start(3 * S));
+        assert!(Attempt::of_claim(10 * S, q, None, None).try_start(3 * S));
     }
 
     #[test]
     fn a_rate_limited_claim_starts_only_within_its_margin() {
         let q = Arc::new(QueueGate::default());
         let by = 2 * S;
-        assert!(Attempt::of_claim(10 * S, q.clone(), Some(by)).try_start(by - US));
-        assert!(!Attempt::of_claim(10 * S, q.clone(), Some(by)).try_start(by));
-        assert!(!Attempt::of_claim(10 * S, q, Some(by)).try_start(by + US));
+        assert!(Attempt::of_claim(10 * S, q.clone(), Some(by), None).try_start(by - US));
+        assert!(!Attempt::of_claim(10 * S, q.clone(), Some(by), None).try_start(by));
+        assert!(!Attempt::of_claim(10 * S, q, Some(by), None).try_start(by + US));
+    }
+
+    #[test]
+    fn a_start_at_or_past_the_deadline_expires_the_job_unless_the_lease_lapsed() {
+        let q = Arc::new(QueueGate::default());
+        let at = 2 * S;
+        let gate = |q: &Arc<QueueGate>| Attempt::of_claim(10 * S, q.clone(), None, Some(at));
+        assert_eq!(gate(&q).start(at - US), Start::Started);
+        let expired = gate(&q);
+        assert_eq!(expired.start(at), Start::Expired);
+        assert_eq!(expired.started_us(), None, "never started");
+        assert_eq!(
+            expired.revoke(),
+            Revoked::AlreadyDropped,
+            "nothing to give back"
+        );
+        assert_eq!(gate(&q).start(at + S), Start::Expired);
+        // Past the fence point the lease may be gone: given back, not ended here.
+        assert_eq!(gate(&q).start(10 * S), Start::NotStarted);
+        // Revoked first: not this attempt's to end.
+        let revoked = gate(&q);
+        assert_eq!(revoked.revoke(), Revoked::NotStarted);
+        assert_eq!(revoked.start(at + S), Start::NotStarted);
     }
 
     #[test]

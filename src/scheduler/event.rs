@@ -133,6 +133,13 @@ pub enum Event {
         /// `Retrying` or `Dead`.
         state: JobState,
     },
+    /// The sweeper ended a job that had not started by its start-by deadline
+    /// ([`NewJob::start_by`](crate::NewJob::start_by)): `cancelled`, code `expired`. (A job
+    /// a start gate refused ends the same way, reported as [`Event::Finished`].)
+    Expired {
+        /// The job.
+        id: JobId,
+    },
     /// The heartbeat renewed this node's leases in one statement.
     LeasesRenewed {
         /// Leases renewed.
@@ -312,6 +319,12 @@ impl EventBus {
             } => {
                 crate::metrics::reclaimed(kind, reason.code());
                 tracing::warn!(job.id = id.0, job.kind = %kind, reason = reason.code(), state = %state, "reclaimed")
+            }
+            Event::Expired { id } => {
+                tracing::info!(
+                    job.id = id.0,
+                    "not started by its start-by deadline: expired"
+                )
             }
             Event::LeasesRenewed { renewed, lost } => {
                 tracing::trace!(renewed, lost, "leases renewed")

@@ -482,6 +482,9 @@ impl Fetcher {
                 fence_point(claimed_at, self.shared.config.lease),
                 self.gate.clone(),
                 rated.map(|after| claimed_at + after + crate::RATE_START_MARGIN),
+                claimed.start_within_us.map(|left| {
+                    claimed_at + Duration::from_micros(u64::try_from(left).unwrap_or(0))
+                }),
             ));
             let (id, timeout, created_at) = (claimed.id, claimed.timeout, claimed.created_at);
             let queue = &self.queue;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 use super::{report_store_error, Event, Shared, StopActor};
+use crate::job::JobId;
 use crate::store::ReclaimParams;
 
 /// Store errors are logged at most this often.
@@ -18,8 +19,9 @@ const MAX_BATCHES_PER_SWEEP: usize = 10;
 /// Parents a sweep settles at most in its backstop pass.
 const STRANDED_PER_SWEEP: u32 = 500;
 
-/// Reclaims expired and over-time jobs, settles the children of jobs that ended dead here,
-/// and settles children a crashed finalizer left (`store::dependencies`).
+/// Reclaims expired and over-time jobs, ends jobs past their start-by deadline, settles the
+/// children of jobs that ended dead here, and settles children a crashed finalizer left
+/// (`store::dependencies`).
 pub struct Sweeper {
     shared: Arc<Shared>,
     /// A sweep is in flight; overlapping ticks are skipped.
@@ -93,14 +95,22 @@ impl Handler<SweepNow> for Sweeper {
                     break;
                 }
             }
+            // Jobs not started by their start-by deadline end `expired` (`store::deadlines`),
+            // a batch a sweep: one statement when none is past.
+            let now = shared.clock.bound_now();
+            let (expired, mut released) = shared.store.job_expire_due(limit, now).await?;
+            for id in expired {
+                shared.events.emit(Event::Expired { id: JobId(id) });
+            }
             // Children of the jobs that ended dead here, then the backstop: parents whose
             // settle a crash interrupted (`store::dependencies`).
-            let now = shared.clock.bound_now();
-            let mut released = shared
-                .store
-                .job_settle_children(&ended, now)
-                .await?
-                .released;
+            released.extend(
+                shared
+                    .store
+                    .job_settle_children(&ended, now)
+                    .await?
+                    .released,
+            );
             let stranded = shared
                 .store
                 .job_settle_stranded(STRANDED_PER_SWEEP, now)

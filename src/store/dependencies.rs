@@ -24,13 +24,16 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
 use super::columns::bound;
+use super::deadlines::deadline_write;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
 use super::retry::{pause_before_retry, TRANSIENT_TRIES};
+use super::rows::to_us;
 use super::schema::{
     jobvisor_job_deps as deps, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
     jobvisor_jobs_links as links,
 };
+use super::sequences::sequence_append;
 use super::wakes::announce_due;
 use super::{Enqueued, OutboxConnection, Store};
 use crate::dependency::{Batch, Dependencies, Link, ParentPolicy};
@@ -99,7 +102,16 @@ macro_rules! enqueue_child {
                     "a duplicate job kept disappearing while enqueueing; try again".into(),
                 ))
             })?;
-        if got.duplicate || (!job.has_parents() && extra.is_empty()) {
+        // A start-by deadline, written after the insert (and refused if already past).
+        if let (Some(sb), false) = (job.start_by, got.duplicate) {
+            deadline_write!($conn, got.id.0, to_us(sb), $now);
+        }
+        // A new member of a sequence waits for the tail it read, unless that has ended.
+        let tail: Option<(i64, String)> = match &job.sequence {
+            Some(key) if !got.duplicate => sequence_append!($conn, key, got.id.0),
+            _ => None,
+        };
+        if got.duplicate || (!job.has_parents() && extra.is_empty() && tail.is_none()) {
             if !got.duplicate {
                 $due.push(job.queue.clone());
             }
@@ -198,6 +210,24 @@ macro_rules! enqueue_child {
                 if done {
                     settled.push(*p);
                 }
+            }
+            // The sequence's tail (live, not succeeded: locked, flagged and read by the
+            // append), with the job's policy for a failed member; named as a parent too,
+            // the parent's edge stands for both.
+            if let Some((t, st)) = tail.as_ref().filter(|(t, _)| !parents.contains(t)) {
+                let sp = job.on_sequence_failure;
+                let done = sp == ParentPolicy::Run && failed(st);
+                cancel |= sp == ParentPolicy::Cancel && failed(st);
+                open |= !done;
+                diesel::insert_into(deps::table)
+                    .values((
+                        deps::child_id.eq(got.id.0),
+                        deps::parent_id.eq(*t),
+                        deps::policy.eq(sp.as_str()),
+                        deps::done.eq(done),
+                    ))
+                    .execute($conn)
+                    .await?;
             }
             // The edges: one `INSERT … SELECT` from the locked parents per chunk, then the
             // parents that already ended marked counted.
@@ -393,7 +423,7 @@ impl Store {
             with_tx!(self, |conn| {
                 let mut due = Vec::new();
                 let mut out = Vec::with_capacity(members.len());
-                if members.iter().any(NewJob::has_parents) {
+                if members.iter().any(NewJob::needs_links) {
                     for job in members {
                         out.push(enqueue_child!(conn, job, &[], now, ir, due));
                     }

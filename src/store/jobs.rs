@@ -66,7 +66,7 @@ impl Store {
     ) -> Result<Vec<Enqueued>> {
         let bytes = self.validate_jobs(jobs)?;
         let limit = enqueue_bound(self.inner.statement_bound(), jobs.len(), bytes);
-        if jobs.iter().any(NewJob::has_parents) {
+        if jobs.iter().any(NewJob::needs_links) {
             // Boxed, so that this path's larger future does not size every enqueue's.
             let enqueue = self.enqueue_dependent(jobs, now);
             return Ok(Box::pin(self.bounded_for(Op::Enqueue, limit, enqueue))

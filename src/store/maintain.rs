@@ -57,7 +57,7 @@ impl Store {
         let cutoff = now.plus(-dur_us(p.older_than));
         let dead_cutoff = now.plus(-dur_us(p.dead_older_than));
         let limit = i64::from(p.limit);
-        let moved: usize = with_tx!(self, |conn| {
+        let moved: Vec<i64> = with_tx!(self, |conn| {
             let ids: Vec<i64> = SkipLocked(
                 jobs::table
                     .select(jobs::id)
@@ -93,7 +93,7 @@ impl Store {
             };
             let ids: Vec<i64> = ids.into_iter().filter(|i| !blocked.contains(i)).collect();
             if ids.is_empty() {
-                return Ok(0);
+                return Ok(Vec::new());
             }
             // A success a finalize ended has its claim on its job row only (`last_*`): it
             // joins the ledger as its job leaves the live table (`store::ledger`).
@@ -234,9 +234,16 @@ impl Store {
                 // badly wrong, and rolling back keeps every job in exactly one table.
                 return Err(diesel::result::Error::RollbackTransaction);
             }
-            Ok::<_, diesel::result::Error>(deleted)
+            Ok::<_, diesel::result::Error>(ids)
         })?;
-        Ok(moved as u64)
+        if !moved.is_empty() {
+            // After the commit, in a statement of its own: a sequence's row is locked before
+            // its tail's job row by an enqueue, so deleting it under the archived rows' locks
+            // could deadlock with one. A crash in between leaves a row whose tail is
+            // archived, which an enqueue reads as an empty sequence.
+            self.sequence_prune(&moved).await?;
+        }
+        Ok(moved.len() as u64)
     }
 
     /// Returns the space of rows that were archived (and of the row versions each transition

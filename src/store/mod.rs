@@ -55,6 +55,8 @@
 //! | queue settings (pause, limits), the change signal | `queues.rs` (the types: `crate::queue`) | portable |
 //! | reclaim, archive, prune, cancel, manual retry | `maintain.rs` | portable (diesel's query builder) |
 //! | enqueue after parents, batches, settle a parent's children, cascade cancel | `dependencies.rs` | portable, each backend's enqueue |
+//! | start-by deadlines: write at enqueue, the sweeper's expiry | `deadlines.rs` | portable |
+//! | append to an ordered sequence, prune its row | `sequences.rs` (from `dependencies.rs`'s enqueue) | portable |
 //! | get, list, counts, lags, search | `read.rs` | portable |
 //! | enqueue in the caller's transaction | `outbox.rs` | each backend's enqueue, through `driver.rs` |
 //! | a handler's transaction: lease guard, completion, effect records | `handler_tx/` | portable; `BEGIN` and the effect insert through `driver.rs` |
@@ -74,6 +76,7 @@ mod browse;
 mod claim;
 mod common;
 mod connect;
+mod deadlines;
 pub(crate) mod dependencies;
 pub(crate) mod driver;
 mod gauges;
@@ -93,6 +96,7 @@ mod postgres;
 mod queues;
 mod read;
 mod schedules;
+mod sequences;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod throughput;

@@ -232,7 +232,7 @@ impl Store {
         if p.jobs.is_empty() {
             return Ok(Vec::new());
         }
-        if p.jobs.iter().any(NewJob::has_parents) {
+        if p.jobs.iter().any(NewJob::needs_links) {
             // As `Client::enqueue` does it, in the caller's transaction: the parents locked
             // and flagged, the edges written, the child's state set from theirs — committed
             // or rolled back with the caller's rows. The jobs due at once are not woken: they

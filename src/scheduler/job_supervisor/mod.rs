@@ -45,7 +45,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::attempt::{us, Attempt};
+use super::attempt::{us, Attempt, Start};
 use super::lease_manager::JobFinished;
 use super::shared::Registered;
 use super::{Event, Shared};
@@ -291,8 +291,10 @@ impl JobSupervisor {
             // A closed semaphore only happens at teardown; run anyway rather than hang.
             let _permit = workers.acquire_owned().await.ok();
             shared.start_hold.wait().await;
-            if !gate.try_start(shared.clock.monotonic()) {
-                return Ran::NotStarted;
+            match gate.start(shared.clock.monotonic()) {
+                Start::Started => {}
+                Start::NotStarted => return Ran::NotStarted,
+                Start::Expired => return Ran::Expired,
             }
             let now = shared.clock.now();
             job_ctx.deadline = now + timeout;
@@ -352,6 +354,15 @@ impl JobSupervisor {
                     delay: Duration::ZERO,
                 };
                 self.report_as(stops, outcome, false);
+                return;
+            }
+            // Not started by its start-by deadline: ended `expired`, never started.
+            Ended::Ran(Ran::Expired) => {
+                let error = self.failure(
+                    crate::deadline::EXPIRED,
+                    "not started by its start-by deadline".into(),
+                );
+                self.report_as(stops, Finalization::Cancelled { error }, false);
                 return;
             }
             Ended::Ran(Ran::Returned(r)) => Ok(r),
@@ -539,6 +550,8 @@ pub(crate) fn panic_error(payload: &(dyn std::any::Any + Send), who: &str) -> Jo
 enum Ran {
     /// The lease was not safe to start on (or was taken away first): never started.
     NotStarted,
+    /// The job's start-by deadline was reached before it started: never started.
+    Expired,
     /// The handler returned.
     Returned(JobResult),
     /// The attempt's fence point was reached while the handler ran, and the task dropped it

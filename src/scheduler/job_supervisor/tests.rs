@@ -97,6 +97,7 @@ fn job(payload: Value) -> ClaimedJob {
         run_at: now,
         timeout: Duration::from_secs(60),
         created_at: now,
+        start_within_us: None,
         token: LeaseToken::generate(),
     }
 }

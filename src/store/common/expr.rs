@@ -504,7 +504,7 @@ macro_rules! prepared_statement {
 macro_rules! claim_columns {
     () => {
         "id, queue, kind, priority, payload, progress, attempts, max_attempts, run_at, \
-         timeout_ms, created_at"
+         timeout_ms, created_at, start_by - updated_at AS start_within"
     };
 }
 

@@ -118,6 +118,10 @@ pub struct ClaimedJob {
     pub timeout: Duration,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
+    /// µs from the claim's "now" to the job's start-by deadline
+    /// ([`NewJob::start_by`](crate::NewJob::start_by)), negative once past; `None` without
+    /// one.
+    pub start_within_us: Option<i64>,
     /// The lease token of this claim.
     pub token: LeaseToken,
 }

@@ -10,6 +10,11 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde_json::Value;
 
+use diesel::expression::{
+    is_aggregate, AppearsOnTable, Expression, SelectableExpression, ValidGrouping,
+};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+
 use super::params::ClaimedJob;
 use super::schema::{jobvisor_jobs, jobvisor_jobs_archive};
 use crate::error::{Error, Result};
@@ -57,6 +62,30 @@ pub(crate) struct JobRow {
     pub(crate) progress: Option<Value>,
 }
 
+/// `start_by - updated_at`: the µs a claimed job has left before its start-by deadline,
+/// counted from the claim's "now" (the `updated_at` the claim just wrote); `NULL` without a
+/// deadline. `start_by` is not a column of the `table!` (at diesel's 32-column limit); a type
+/// of its own, not a SQL literal, so the statements that select it keep their prepared
+/// statement cache entry (a literal has no static query id).
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct StartWithin;
+
+impl Expression for StartWithin {
+    type SqlType = diesel::sql_types::Nullable<diesel::sql_types::BigInt>;
+}
+impl AppearsOnTable<jobvisor_jobs::table> for StartWithin {}
+impl SelectableExpression<jobvisor_jobs::table> for StartWithin {}
+impl<GB> ValidGrouping<GB> for StartWithin {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<DB: diesel::backend::Backend> QueryFragment<DB> for StartWithin {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("start_by - updated_at");
+        Ok(())
+    }
+}
+
 /// What a claim reads of each row it takes: what the attempt runs with, and the claim
 /// order. Nothing else: every column returned costs the server and the client per job (a
 /// full row is 31 columns, this is 11), and the rest of the row stays the store's until a
@@ -80,6 +109,15 @@ pub(crate) struct ClaimRow {
     pub(crate) run_at: i64,
     pub(crate) timeout_ms: i64,
     pub(crate) created_at: i64,
+    /// µs from the claim's "now" (the `updated_at` it just wrote) to the job's start-by
+    /// deadline; `NULL` without one. Not a column of the `table!` (at diesel's 32-column
+    /// limit): [`StartWithin`].
+    #[diesel(
+        select_expression = StartWithin,
+        select_expression_type = StartWithin,
+        sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>
+    )]
+    pub(crate) start_within: Option<i64>,
 }
 
 impl ClaimRow {
@@ -107,6 +145,7 @@ impl ClaimRow {
                 })?,
             ),
             created_at: from_us(self.created_at),
+            start_within_us: self.start_within,
             token,
         })
     }

@@ -259,6 +259,28 @@ diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs, jobvisor_job_deps);
 diesel::allow_tables_to_appear_in_same_query!(jobvisor_jobs_archive, jobvisor_job_deps);
 
 diesel::table! {
+    /// The live jobs' columns start-by deadlines need (see `store::deadlines`), with
+    /// `start_by`: `jobvisor_jobs` itself is at diesel's 32-column limit.
+    #[sql_name = "jobvisor_jobs"]
+    jobvisor_jobs_deadlines (id) {
+        id -> BigInt,
+        state -> Text,
+        run_at -> BigInt,
+        start_by -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// Ordered sequences (see `store::sequences`): one row per sequence key with the last job
+    /// enqueued in it and, after an enqueue's update, the one before it.
+    jobvisor_sequences (sequence_key) {
+        sequence_key -> Text,
+        last_job_id -> BigInt,
+        prev_job_id -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
     /// The audit log (see `store::audit`): one row per operator action.
     jobvisor_audit (id) {
         id -> BigInt,

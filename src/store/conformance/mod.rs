@@ -10,7 +10,7 @@
 //! One file per entity: `enqueue`, `claim`, `lease` (renewal, fencing), `finalize`,
 //! `maintenance` (reclaim, archive, prune), `control` (cancel, manual retry), `reads` (get,
 //! list, counts, the database clock), `bad_input` (bad input, bad URLs, corrupt rows,
-//! concurrent migrations), `migrations` (jobvisor's migration records beside an application's), `partition` (partition keys), `unique` (unique-key scopes), `replace` (replace or skip on a duplicate key), `gauges` (the database-wide
+//! concurrent migrations), `migrations` (jobvisor's migration records beside an application's), `partition` (partition keys), `unique` (unique-key scopes), `replace` (replace or skip on a duplicate key), `sequences` (ordered sequences per key), `deadlines` (start-by deadlines), `gauges` (the database-wide
 //! gauges' turns and counts), `handler_tx` (a handler's own transaction: lease-fenced
 //! completion, effect records), `ledger` (the execution ledger), `cut` (silent network cuts through [`proxy`]). A new store operation gets its
 //! cases in the file of its entity, listed in [`conformance_tests!`](crate::conformance_tests).
@@ -39,6 +39,7 @@ mod bad_input;
 mod claim;
 mod control;
 mod cut;
+mod deadlines;
 mod dependencies;
 mod deploy;
 mod done;
@@ -60,6 +61,7 @@ mod rate;
 mod reads;
 mod replace;
 mod schedules;
+mod sequences;
 mod unique;
 mod wakes;
 
@@ -72,6 +74,7 @@ pub use bad_input::*;
 pub use claim::*;
 pub use control::*;
 pub use cut::*;
+pub use deadlines::*;
 pub use dependencies::*;
 pub use deploy::*;
 pub use done::*;
@@ -92,6 +95,7 @@ pub use rate::*;
 pub use reads::*;
 pub use replace::*;
 pub use schedules::*;
+pub use sequences::*;
 pub use unique::*;
 pub use wakes::*;
 
@@ -338,6 +342,15 @@ macro_rules! conformance_tests {
             an_enqueue_in_the_callers_transaction_names_parents,
             a_child_reads_its_parents_results_live_or_archived,
             a_wide_fan_in_is_read_by_pages_that_stop_past_the_cap,
+            a_sequence_runs_in_enqueue_order_one_at_a_time_under_retries,
+            a_failed_member_holds_the_sequence_by_its_policy,
+            concurrent_enqueuers_of_one_sequence_form_one_chain_in_commit_order,
+            a_tail_ending_while_the_next_member_is_enqueued_never_strands_it,
+            batches_keep_their_order_and_keys_run_in_parallel,
+            an_archived_tail_takes_its_sequence_row_with_it,
+            a_claim_returns_the_time_left_before_the_deadline,
+            the_sweeper_ends_jobs_past_their_deadline_and_leaves_the_rest,
+            deadlines_that_could_never_be_met_are_refused,
             jobs_made_due_without_a_new_id_are_announced_and_nothing_else_is,
             no_trigger_fires_per_row_on_an_update_of_the_jobs,
             a_cancel_of_a_running_job_is_announced_to_its_holder,
