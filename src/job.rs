@@ -297,6 +297,15 @@ pub struct Job {
     /// Partition key (a tenant, an account), if the job was given one.
     #[serde(default)]
     pub partition: Option<String>,
+    /// The sequence it is a member of ([`NewJob::sequence`]), if any: it runs after the
+    /// member enqueued before it, which is among its parents
+    /// ([`Client::dependencies`](crate::Client::dependencies)).
+    #[serde(default)]
+    pub sequence: Option<String>,
+    /// Its start-by deadline ([`NewJob::start_by`]): not started by then, it never starts and
+    /// ends `cancelled` with the code [`EXPIRED`](crate::deadline::EXPIRED).
+    #[serde(default)]
+    pub start_by: Option<DateTime<Utc>>,
     /// Where it is in its life.
     pub state: JobState,
     /// Smaller runs first.
@@ -382,6 +391,8 @@ mod tests {
             unique_until: Some(at(60)),
             unique_held: true,
             partition: Some("acct:42".into()),
+            sequence: Some("doc:7".into()),
+            start_by: Some(at(5)),
             state: JobState::Succeeded,
             priority: 1,
             payload: json!({"to": "a@example.com"}),
@@ -421,6 +432,8 @@ mod tests {
         assert_eq!(v["lease"]["owner"], json!("node-a"));
         assert_eq!(v["unique_scope"], json!({"for": 60000}));
         assert_eq!(v["finished_at"], json!("2027-01-15T08:00:03Z"));
+        assert_eq!(v["sequence"], json!("doc:7"));
+        assert_eq!(v["start_by"], json!("2027-01-15T08:00:05Z"));
         let back: Job = serde_json::from_value(v).unwrap();
         assert_eq!(back, job);
     }

@@ -512,6 +512,10 @@ pub struct ScheduleInfo {
     pub declared_at: DateTime<Utc>,
     /// Declared in code or added at run time.
     pub origin: ScheduleOrigin,
+    /// For a run-time schedule: when a node last declared a schedule of the same name in code,
+    /// which was not stored because this one holds the name (the one in code does not run:
+    /// remove this one, or rename the one in code). `None` if no node has.
+    pub shadowed_at: Option<DateTime<Utc>>,
 }
 
 impl ScheduleInfo {

@@ -788,6 +788,34 @@ async fn get_shows_dependencies_and_cancel_cascades() {
     // A `run` child would be released by a plain cancel; the cascade cancels it.
     assert_eq!(client.get(child).await.unwrap().state, JobState::Cancelled);
     assert_eq!(client.get(parent).await.unwrap().state, JobState::Cancelled);
+
+    // A sequence member with a start-by deadline shows both, as text and as JSON.
+    let by = chrono::Utc::now() + chrono::Duration::hours(3);
+    let member = NewJob::new("m", json!({})).sequence("doc:7").start_by(by);
+    let member = client.enqueue(member).await.unwrap().id;
+    let v = json_of(
+        jobvisor(&url).args(["get", &member.0.to_string(), "--json"]),
+        0,
+    );
+    assert_eq!(v["sequence"], json!("doc:7"), "{v}");
+    let shown: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(v["start_by"].clone()).unwrap();
+    assert_eq!(shown.timestamp_micros(), by.timestamp_micros(), "{v}");
+    let out = jobvisor(&url)
+        .args(["get", &member.0.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = |k: &str| text.lines().find(|l| l.starts_with(k)).map(str::to_string);
+    assert_eq!(
+        line("sequence").as_deref(),
+        Some("sequence       doc:7"),
+        "{text}"
+    );
+    assert!(
+        line("start by").is_some_and(|l| l.contains(&by.format("%Y-%m-%dT%H:%M:%S").to_string())),
+        "{text}"
+    );
 }
 
 #[test]

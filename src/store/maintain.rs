@@ -15,7 +15,9 @@ use super::expr::{
     DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,
 };
 use super::ledger::LedgerRow;
-use super::rows::{dur_us, from_us};
+use super::rows::{
+    dur_us, from_us, ArchiveSequenceKey, ArchiveStartBy, JobsSequenceKey, JobsStartBy,
+};
 use super::schema::{
     jobvisor_claims as ledger_rows, jobvisor_effects as effects, jobvisor_job_deps as deps,
     jobvisor_jobs as jobs, jobvisor_jobs_archive as archive, jobvisor_jobs_last as last,
@@ -183,6 +185,7 @@ impl Store {
                                 jobs::unique_scope,
                                 jobs::progress,
                             ),
+                            (JobsStartBy, JobsSequenceKey),
                         )),
                 )
                 .into_columns((
@@ -222,6 +225,7 @@ impl Store {
                         archive::unique_scope,
                         archive::progress,
                     ),
+                    (ArchiveStartBy, ArchiveSequenceKey),
                 ))
                 .execute(conn)
                 .await?;

@@ -20,7 +20,8 @@
 //! * **Origin**: a row is `code` (the above) or `runtime` (added through the client: `Put`,
 //!   `schedule_remove`). Syncs and retirement touch code rows only, so a deploy never
 //!   overwrites or retires a run-time schedule; a run-time write of a live code name is
-//!   refused, and a name declared in code that a run-time row holds is not stored (logged).
+//!   refused, and a name declared in code that a run-time row holds is not stored (logged,
+//!   and stamped on that row as `shadowed_at`, so the reads show it).
 //!   Both are fired alike, by the guarded fire above.
 
 use std::time::Duration;
@@ -83,6 +84,7 @@ type Row = (
     Option<i64>,
     i64,
     String,
+    Option<i64>,
 );
 
 /// `origin` of a schedule declared in code.
@@ -167,6 +169,15 @@ impl Store {
                     .optional()?;
                 if origin.as_deref() == Some(RUNTIME) {
                     // Added at run time: a deploy never overwrites it (ARCHITECTURE.md §7.10).
+                    // The row says so, for the schedules page and `jobvisor schedules`.
+                    diesel::update(
+                        s::table
+                            .filter(s::name.eq(&c.name))
+                            .filter(s::origin.eq(RUNTIME)),
+                    )
+                    .set(s::shadowed_at.eq(Some(at)))
+                    .execute(conn)
+                    .await?;
                     tracing::warn!(
                         schedule = %c.name,
                         "schedule declared in code not stored: a schedule of that name was \
@@ -352,6 +363,7 @@ impl Store {
                     s::retired_at,
                     s::declared_at,
                     s::origin,
+                    s::shadowed_at,
                 ))
                 .order(s::name.asc())
                 .load(conn)
@@ -605,8 +617,20 @@ fn corrupt(name: &str, reason: String) -> Error {
 }
 
 fn info(r: Row) -> Result<ScheduleInfo> {
-    let (name, spec, time_zone, template, missed, next, last, paused, retired, declared, origin) =
-        r;
+    let (
+        name,
+        spec,
+        time_zone,
+        template,
+        missed,
+        next,
+        last,
+        paused,
+        retired,
+        declared,
+        origin,
+        shadowed,
+    ) = r;
     let origin = ScheduleOrigin::from_text(&origin)
         .ok_or_else(|| corrupt(&name, format!("unknown origin {origin:?}")))?;
     let t = Template::from_text(&template).map_err(|r| corrupt(&name, r))?;
@@ -625,6 +649,7 @@ fn info(r: Row) -> Result<ScheduleInfo> {
         retired_at: retired.map(from_us),
         declared_at: from_us(declared),
         origin,
+        shadowed_at: shadowed.map(from_us),
     })
 }
 

@@ -36,6 +36,11 @@ macro_rules! sequence_append {
         };
         let key: &str = $key;
         let id: i64 = $id;
+        // The member keeps its key on its own row, for reads (`Job::sequence`).
+        diesel::update(sq_jobs::table.filter(sq_jobs::id.eq(id)))
+            .set($crate::store::rows::JobsSequenceKey.eq(Some(key)))
+            .execute($conn)
+            .await?;
         let moved = diesel::update(sq::table.filter(sq::sequence_key.eq(key)))
             .set((
                 sq::prev_job_id.eq(sq::last_job_id.nullable()),

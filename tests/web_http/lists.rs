@@ -423,6 +423,34 @@ pub(crate) async fn runtime_schedules_are_added_and_removed(b: Backend) {
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
     assert!(r.body.contains("declared in code"), "{}", r.body);
 
+    // A node whose code declares a schedule of that name: not stored, and the page says so.
+    assert!(!r.body.contains("shadows the one in code"), "{}", r.body);
+    let other = Simulation::on_store(db.store().await, clock.clone(), "b", move |b| {
+        b.handler(
+            "tick",
+            handler_fn(|_: Value, _ctx| async { JobOutcome::success(()) }),
+        )
+        .periodic(Schedule::every(
+            "added",
+            minute,
+            NewJob::new("tick", json!({})),
+        ))
+    });
+    other.sync_schedules().await.unwrap();
+    let r = get(&app, &cookie, "/d/schedules").await;
+    assert!(
+        r.body.contains("shadows the one in code (declared"),
+        "{}",
+        r.body
+    );
+    let listed = sim.client.schedules().await.unwrap();
+    let added = listed.iter().find(|s| s.name == "added").unwrap();
+    assert_eq!(
+        (added.origin, added.shadowed_at.is_some()),
+        (jobvisor::ScheduleOrigin::Runtime, true)
+    );
+    drop(other);
+
     let r = call(&app, post("/d/schedules/remove", vec![("name", "added")])).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert!(r.body.contains("schedule added removed"), "{}", r.body);

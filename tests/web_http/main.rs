@@ -28,6 +28,7 @@ const RO_TOKEN: &str = "read-only-horse-battery-staple";
 const XSS_KIND: &str = "<script>alert('kind')</script>";
 const XSS_PAYLOAD: &str = "<script>alert('payload')</script>";
 const XSS_ERROR: &str = "<img src=x onerror=alert('error')>";
+const XSS_SEQUENCE: &str = "acct:<b>42</b>";
 
 /// A database with: a dead job whose kind, payload and error are hostile markup; a pending
 /// job; a running job (with its lease token, which must never be shown).
@@ -48,7 +49,9 @@ async fn env(b: Backend) -> Env {
         .enqueue(
             NewJob::new(XSS_KIND, json!({ "x": XSS_PAYLOAD }))
                 .queue("hostile")
-                .max_attempts(1),
+                .max_attempts(1)
+                .sequence(XSS_SEQUENCE)
+                .start_by(chrono::Utc::now() + chrono::Duration::hours(2)),
         )
         .await
         .unwrap()
@@ -711,6 +714,16 @@ async fn job_fields_are_escaped(b: Backend) {
     assert!(
         r.body.contains("&lt;script&gt;alert('payload')"),
         "payload shown, escaped"
+    );
+    assert!(
+        r.body
+            .contains("<dd id=\"job-sequence\">acct:&lt;b&gt;42&lt;/b&gt;</dd>"),
+        "sequence key shown, escaped"
+    );
+    let start_by = &r.body[r.body.find("<dd id=\"job-start-by\">").expect("start by")..];
+    assert!(
+        start_by[..start_by.find("</dd>").unwrap()].contains("in 1h 59m"),
+        "deadline shown with the time left: {start_by:.120}"
     );
     // The execution ledger: who ran the claim and how it ended, its error escaped too.
     let claims = &r.body[r

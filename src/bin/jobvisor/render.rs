@@ -112,6 +112,12 @@ pub(crate) fn job_text(j: &Job) -> String {
     if let Some(k) = &j.unique_key {
         line("unique key", k.clone());
     }
+    if let Some(k) = &j.sequence {
+        line("sequence", k.clone());
+    }
+    if let Some(t) = j.start_by {
+        line("start by", ts(t));
+    }
     line("priority", j.priority.to_string());
     line("attempts", format!("{} of {}", j.attempts, j.max_attempts));
     line("run at", ts(j.run_at));

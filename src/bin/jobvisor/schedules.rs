@@ -25,6 +25,7 @@ fn schedule_json(s: &ScheduleInfo) -> Value {
         "paused_at": ts(s.paused_at),
         "retired_at": ts(s.retired_at),
         "origin": s.origin,
+        "shadowed_at": ts(s.shadowed_at),
     })
 }
 
@@ -46,8 +47,14 @@ fn line(s: &ScheduleInfo) -> String {
     } else {
         "active"
     };
+    // A node declares one of this name in code, which does not run while this one holds it.
+    let shadows = if s.shadowed_at.is_some() {
+        ", shadows the one in code"
+    } else {
+        ""
+    };
     format!(
-        "{:<24} {:<18} {:<16} {:<20} {:<20} {state}\n",
+        "{:<24} {:<18} {:<16} {:<20} {:<20} {state}{shadows}\n",
         s.name,
         s.spec_text(),
         s.time_zone,

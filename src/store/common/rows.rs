@@ -60,7 +60,90 @@ pub(crate) struct JobRow {
     pub(crate) unique_until: Option<i64>,
     pub(crate) unique_scope: Option<String>,
     pub(crate) progress: Option<Value>,
+    #[diesel(embed)]
+    pub(crate) unlisted: Unlisted,
 }
+
+/// A job's columns that are not in its table's `table!` (see [`unlisted_column!`]), nested
+/// so a row's selection stays within diesel's 32 elements.
+#[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
+#[diesel(table_name = jobvisor_jobs)]
+pub(crate) struct Unlisted {
+    #[diesel(
+        select_expression = JobsStartBy,
+        sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>
+    )]
+    pub(crate) start_by: Option<i64>,
+    #[diesel(
+        select_expression = JobsSequenceKey,
+        sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>
+    )]
+    pub(crate) sequence_key: Option<String>,
+}
+
+/// A column of a jobs table that its `table!` does not list (both are at diesel's 32-column
+/// limit), as an expression of that table: a type of its own, not a SQL literal, so the
+/// statements that select it keep their prepared statement cache entry (a literal has no
+/// static query id). Qualified by the table's name, as diesel writes its own columns; a
+/// `diesel::Column`, so an update sets it and an insert lists it by name.
+macro_rules! unlisted_column {
+    ($(#[$doc:meta])* $name:ident, $table:ident, $column:literal, $ty:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, QueryId)]
+        pub(crate) struct $name;
+
+        impl Expression for $name {
+            type SqlType = $ty;
+        }
+        // A column to diesel, so an update can set it and an insert list it.
+        impl diesel::Column for $name {
+            type Table = $table::table;
+            const NAME: &'static str = $column;
+        }
+        impl AppearsOnTable<$table::table> for $name {}
+        impl SelectableExpression<$table::table> for $name {}
+        impl<GB> ValidGrouping<GB> for $name {
+            type IsAggregate = is_aggregate::Never;
+        }
+
+        impl<DB: diesel::backend::Backend> QueryFragment<DB> for $name {
+            fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                out.push_identifier(stringify!($table))?;
+                out.push_sql(".");
+                out.push_identifier($column)
+            }
+        }
+    };
+}
+
+unlisted_column!(
+    /// A live job's start-by deadline (µs), `NULL` without one.
+    JobsStartBy,
+    jobvisor_jobs,
+    "start_by",
+    diesel::sql_types::Nullable<diesel::sql_types::BigInt>
+);
+unlisted_column!(
+    /// A live job's sequence key, `NULL` outside a sequence.
+    JobsSequenceKey,
+    jobvisor_jobs,
+    "sequence_key",
+    diesel::sql_types::Nullable<diesel::sql_types::Text>
+);
+unlisted_column!(
+    /// An archived job's start-by deadline (µs), copied with its row.
+    ArchiveStartBy,
+    jobvisor_jobs_archive,
+    "start_by",
+    diesel::sql_types::Nullable<diesel::sql_types::BigInt>
+);
+unlisted_column!(
+    /// An archived job's sequence key, copied with its row.
+    ArchiveSequenceKey,
+    jobvisor_jobs_archive,
+    "sequence_key",
+    diesel::sql_types::Nullable<diesel::sql_types::Text>
+);
 
 /// `start_by - updated_at`: the µs a claimed job has left before its start-by deadline,
 /// counted from the claim's "now" (the `updated_at` the claim just wrote); `NULL` without a
@@ -202,6 +285,10 @@ pub(crate) struct ArchivedJobColumns {
     pub(crate) unique_until: Option<i64>,
     pub(crate) unique_scope: Option<String>,
     pub(crate) progress: Option<Value>,
+    #[diesel(select_expression = ArchiveStartBy)]
+    pub(crate) start_by: Option<i64>,
+    #[diesel(select_expression = ArchiveSequenceKey)]
+    pub(crate) sequence_key: Option<String>,
 }
 
 impl From<ArchivedJobColumns> for JobRow {
@@ -239,6 +326,10 @@ impl From<ArchivedJobColumns> for JobRow {
             unique_hold: None,
             unique_until: a.unique_until,
             unique_scope: a.unique_scope,
+            unlisted: Unlisted {
+                start_by: a.start_by,
+                sequence_key: a.sequence_key,
+            },
         }
     }
 }
@@ -337,6 +428,8 @@ impl JobRow {
             unique_until: self.unique_until.map(from_us),
             unique_held: self.unique_hold.is_some(),
             partition: self.partition_key,
+            sequence: self.unlisted.sequence_key,
+            start_by: self.unlisted.start_by.map(from_us),
             progress: self.progress,
             state,
             priority: i16::try_from(self.priority)

@@ -157,6 +157,7 @@ diesel::table! {
         updated_at -> BigInt,
         declared_at -> BigInt,
         origin -> Text,
+        shadowed_at -> Nullable<BigInt>,
     }
 }
 

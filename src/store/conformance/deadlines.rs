@@ -128,3 +128,33 @@ pub async fn deadlines_that_could_never_be_met_are_refused(b: Backend) {
     let ok = t.enqueue(job(7).start_by(at(21)), 20).await;
     assert_eq!(t.get(ok).await.state, JobState::Pending);
 }
+
+/// A job reads back its start-by deadline, live and archived (the job page and `Client::get`
+/// show it, and an expired job's page says what it missed); a job without one reads none.
+pub async fn a_jobs_deadline_is_read_back_live_and_archived(b: Backend) {
+    let t = Bundle::new(b).await;
+    let deadline = t.at(30).unwrap();
+    let expiring = t.enqueue(job(1).start_by(deadline), 0).await;
+    let plain = t.enqueue(job(2), 0).await;
+    assert_eq!(t.get(expiring).await.start_by, Some(deadline));
+    assert_eq!(t.get(plain).await.start_by, None);
+    assert_eq!(expire(&t, 30).await, vec![expiring]);
+    let moved = t
+        .store
+        .job_archive(ArchiveParams {
+            older_than: Duration::ZERO,
+            dead_older_than: Duration::ZERO,
+            limit: 100,
+            now: t.at(40),
+        })
+        .await
+        .unwrap();
+    assert_eq!(moved, 1);
+    let j = t.get(expiring).await;
+    assert!(j.archived_at.is_some());
+    assert_eq!(
+        (j.start_by, code(&j)),
+        (Some(deadline), Some(crate::deadline::EXPIRED))
+    );
+    assert_eq!(t.get(plain).await.start_by, None);
+}

@@ -444,9 +444,15 @@ pub async fn runtime_schedules_are_added_changed_removed_and_never_retired_by_a_
     );
 
     // Nodes that do not declare it, hours on, at start and refreshing; then a node whose
-    // code declares a schedule of its name: it stays, as added and changed.
+    // code declares a schedule of its name: it stays, as added and changed, and says it
+    // shadows that one.
     sync(vec![hourly()], SyncMode::Start, 10 * MIN).await;
     sync(vec![hourly()], SyncMode::Refresh, 600 * MIN).await;
+    assert_eq!(
+        info("rt").await.unwrap().shadowed_at,
+        None,
+        "nothing shadowed"
+    );
     let code_rt = compiled(Schedule::every(
         "rt",
         Duration::from_secs(1),
@@ -472,6 +478,10 @@ pub async fn runtime_schedules_are_added_changed_removed_and_never_retired_by_a_
         ),
         "neither retired nor overwritten by a sync"
     );
+    // The rows say which run-time schedule keeps one of code from being stored, and since
+    // when it was last declared (the refresh's stamp).
+    assert_eq!(kept.shadowed_at, t.at(602 * MIN), "shadows the code's one");
+    assert_eq!(info("hourly").await.unwrap().shadowed_at, None);
     assert!(t
         .store
         .schedules_due(t.at(602 * MIN))

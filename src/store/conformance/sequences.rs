@@ -422,3 +422,43 @@ pub async fn an_archived_tail_takes_its_sequence_row_with_it(b: Backend) {
     assert_eq!(state(&t, b2).await, JobState::Pending);
     assert_eq!(t.store.sequence_last("p").await.unwrap(), Some(b2.0));
 }
+
+/// A member's job reads back its sequence key, live and archived (the job page and
+/// `Client::get` show it), and a job outside a sequence reads back none; the key is the
+/// enqueue's even for a member that joined a sequence already holding others.
+pub async fn a_members_sequence_key_is_read_back_live_and_archived(b: Backend) {
+    let t = Bundle::new(b).await;
+    let first = t.enqueue(member("acct:1", 1), 0).await;
+    let second = t.enqueue(member("acct:1", 2), 0).await;
+    let plain = t.enqueue(NewJob::new("s", json!(0)).queue("seq"), 0).await;
+    for (id, key) in [
+        (first, Some("acct:1")),
+        (second, Some("acct:1")),
+        (plain, None),
+    ] {
+        assert_eq!(t.get(id).await.sequence.as_deref(), key, "live job {id}");
+    }
+    run(&t, first, 1, JobState::Succeeded).await;
+    run(&t, second, 2, JobState::Succeeded).await;
+    run(&t, plain, 3, JobState::Succeeded).await;
+    let moved = t
+        .store
+        .job_archive(ArchiveParams {
+            older_than: Duration::ZERO,
+            dead_older_than: Duration::ZERO,
+            limit: 100,
+            now: t.at(10),
+        })
+        .await
+        .unwrap();
+    assert_eq!(moved, 3);
+    for (id, key) in [
+        (first, Some("acct:1")),
+        (second, Some("acct:1")),
+        (plain, None),
+    ] {
+        let j = t.get(id).await;
+        assert!(j.archived_at.is_some(), "job {id} archived");
+        assert_eq!(j.sequence.as_deref(), key, "archived job {id}");
+    }
+}

@@ -457,6 +457,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     // Later migrations are reverted first (newest first), then everything runs again.
     let later = match b {
         Backend::Postgres => vec![
+            include_str!("../../../migrations/postgres/2026-12-18-000033_shown_fields/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-17-000032_start_by/down.sql"),
             include_str!("../../../migrations/postgres/2026-12-17-000031_sequences/down.sql"),
             include_str!(
@@ -497,6 +498,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/postgres/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Mysql => vec![
+            include_str!("../../../migrations/mysql/2026-12-18-000033_shown_fields/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-17-000032_start_by/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-17-000031_sequences/down.sql"),
             include_str!("../../../migrations/mysql/2026-12-16-000030_runtime_schedules/down.sql"),
@@ -518,6 +520,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
             include_str!("../../../migrations/mysql/2026-11-25-000008_queues/down.sql"),
         ],
         Backend::Sqlite => vec![
+            include_str!("../../../migrations/sqlite/2026-12-18-000033_shown_fields/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-17-000032_start_by/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-17-000031_sequences/down.sql"),
             include_str!("../../../migrations/sqlite/2026-12-16-000030_runtime_schedules/down.sql"),
@@ -541,12 +544,12 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
         ],
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
-    // The latest is the start-by deadlines (000032), on every backend. PostgreSQL has its quiet
+    // The latest is the kept sequence keys and deadlines (000033), on every backend. PostgreSQL has its quiet
     // enqueues and HOT renewals (000029) and the waits registry (000028), which only it has
     // (the others' waits poll). PostgreSQL alone has the
     // drop of the release trigger (000023); MariaDB has no partial indexes, so the
     // dashboard's dead-jobs index (000021) is not among its own.
-    let expected = "20261217000032";
+    let expected = "20261218000033";
     assert_eq!(
         latest, expected,
         "a newer migration: revert it here too, newest first"
@@ -565,7 +568,8 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261206000019', '20261207000020', '20261208000021', \
                            '20261209000022', '20261210000023', '20261212000025', \
                            '20261213000026', '20261214000027', '20261215000028', \
-                           '20261215000029', '20261216000030', '20261217000031', '20261217000032')",
+                           '20261215000029', '20261216000030', '20261217000031', '20261217000032', \
+                           '20261218000033')",
     )
     .await
     .unwrap();

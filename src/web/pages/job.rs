@@ -167,6 +167,8 @@ fn render(state: &Data, req: &HttpRequest, ctx: &Ctx, job: &Job, story: &Story) 
             dt { "partition" } dd { (job.partition.as_deref().unwrap_or("—")) }
             dt { "unique key" } dd { (job.unique_key.as_deref().unwrap_or("—"))
                 @if job.unique_held { " (held)" } }
+            dt { "sequence" } dd #job-sequence { (job.sequence.as_deref().unwrap_or("—")) }
+            dt { "start by" } dd #job-start-by { @if let Some(t) = job.start_by { (ts(t)) " (" (age(now, t)) ")" } @else { "—" } }
             dt { "attempts" } dd { (job.attempts) " of " (job.max_attempts)
                 @if job.refunds > 0 { " (" (job.refunds) " given back)" } }
             dt { "run at" } dd { (ts(job.run_at)) " (" (age(now, job.run_at)) ")" }

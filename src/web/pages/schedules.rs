@@ -59,7 +59,8 @@ async fn render(state: &Data, req: &HttpRequest, ctx: &Ctx) -> Result<HttpRespon
             tbody {
                 @for (s, fs) in schedules.iter().zip(&fires) {
                     tr {
-                        td { (s.name) @if s.origin == ScheduleOrigin::Runtime { " " span.muted { "(run time)" } } }
+                        td { (s.name) @if s.origin == ScheduleOrigin::Runtime { " " span.muted { "(run time)" } }
+                            @if let Some(t) = s.shadowed_at { br; span.shadowed title="a node declares a schedule of this name in code; it is not stored while this one holds the name: remove this one, or rename the one in code" { "shadows the one in code (declared " (age(now, t)) ")" } } }
                         td { code { (s.spec_text()) } " " span.muted { (s.time_zone) } }
                         td { (s.kind) " / " (s.queue) }
                         td { (ts_opt(s.next_fire_at)) @if let Some(t) = s.next_fire_at { " (" (age(now, t)) ")" } }
