@@ -19,6 +19,14 @@
 //! prefetch for longer than their timeout. A claimed job that never started must neither be
 //! timed out nor lose its attempt for it.
 //!
+//! With each wave also go dependent jobs (`deps.rs`: a chain, a fan-in batch and a join,
+//! each completing in its own transaction), two ordered sequences of eight members (a
+//! fresh key each, one member failing once so that its retry holds the sequence) and six
+//! jobs with a start-by deadline, some comfortable, some 300 ms away ahead of or behind the
+//! quick jobs' backlog so that some expire (`sequences.rs`): members must run one at a time,
+//! in order, each after the one before succeeded, and all succeed; no deadline job may start
+//! at or after its deadline, and each ends succeeded or cancelled `expired`.
+//!
 //! The nodes also declare a periodic schedule (every second, every missed fire run) and a
 //! reconciler (every 2 s, one job per row of the side table `crash_wanted`), under a 3 s
 //! leader lease, both enqueueing into a queue no node works. Every half second the driver
@@ -1020,9 +1028,9 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
     );
     let q = &verdict.seqs;
     println!(
-        "crash test [{backend:?}] sequences: sequences={} members={} (all succeeded) \
-         orders={} (each after the one before succeeded and stopped) executions={} (none \
-         overlapping) planned_failures={} paused_tails={} min_handover_us={:?}",
+        "crash test [{backend:?}] sequences: sequences={} members={} (each must succeed) \
+         orders={} (each after the one before succeeded and stopped) executions={} (none may \
+         overlap) planned_failures={} paused_tails={} min_handover_us={:?}",
         q.sequences,
         q.members,
         q.orders,
@@ -1033,7 +1041,7 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
     );
     println!(
         "crash test [{backend:?}] deadlines: deadline_jobs={} succeeded={} expired={} \
-         (none started at or after its deadline) min_margin_us={:?}",
+         (none may start at or after its deadline) min_margin_us={:?}",
         q.deadline_jobs, q.in_time, q.expired, q.min_margin_us
     );
     println!(
