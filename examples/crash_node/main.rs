@@ -19,7 +19,9 @@
 //! identifies the claim.
 //!
 //! The payload steers the handler: `work_ms` is how long it works (else a random 0 to
-//! `--max-work-ms`, default 50 ms), and `timeout_ms` is the job's timeout as enqueued, from
+//! `--max-work-ms`, default 50 ms), `fail_first` makes its first attempt fail (code
+//! `planned`, to be retried) once it has worked, without recording a completion, and
+//! `timeout_ms` is the job's timeout as enqueued, from
 //! which the handler derives when the runtime started the attempt (`JobContext::deadline`
 //! minus the timeout) and records it with the start.
 //!
@@ -453,6 +455,13 @@ impl JobHandler for Crashy {
             if now_fence > fence_at + 1_000 {
                 fence_at = guard.fence("seen");
             }
+        }
+        if payload["fail_first"].as_bool() == Some(true) && attempt == 1 {
+            // A planned failure, to be retried: its end is journaled by the guard (the
+            // execution did not complete).
+            return Err(
+                JobError::retry("a planned failure of the first attempt").with_code("planned")
+            );
         }
         let ended = now_us();
         let found = record(&ctx, "completion", || {

@@ -63,6 +63,8 @@ pub(crate) struct Verdict {
     pub(crate) stats: Stats,
     /// The dependency rules' counts (`deps.rs`).
     pub(crate) deps: DepStats,
+    /// The sequence and deadline rules' counts (`sequences.rs`).
+    pub(crate) seqs: SeqStats,
     /// The execution ledger's cross-check counts (`harness::ledger`).
     pub(crate) ledger: LedgerStats,
 }
@@ -81,7 +83,31 @@ pub(crate) struct World<'a> {
     pub(crate) claims: &'a Claims,
 }
 
-impl World<'_> {
+impl<'a> World<'a> {
+    /// What the nodes' rows, the freezes and the journals' claims say.
+    pub(crate) fn new(
+        nodes: &'a [NodeRow],
+        freezes: &'a [FreezeRow],
+        claims: &'a Claims,
+    ) -> World<'a> {
+        let mut world = World {
+            gone: nodes
+                .iter()
+                .map(|n| (n.node.as_str(), n.gone_at_us))
+                .collect(),
+            freezes: HashMap::new(),
+            claims,
+        };
+        for f in freezes {
+            world
+                .freezes
+                .entry(f.node.as_str())
+                .or_default()
+                .push((f.frozen_at_us, f.resumed_at_us));
+        }
+        world
+    }
+
     /// Whether `x`, running until `end`, ran past `t` only because its node was frozen: a
     /// freeze of its node began after `x` started and by `t`, and `x` ended within
     /// [`PAUSE_TAIL_US`] of the node being continued. A freeze begins when the node was seen
@@ -158,21 +184,7 @@ pub(crate) fn check(
     claims: &Claims,
 ) -> Verdict {
     let mut v = Verdict::default();
-    let mut world = World {
-        gone: nodes
-            .iter()
-            .map(|n| (n.node.as_str(), n.gone_at_us))
-            .collect(),
-        freezes: HashMap::new(),
-        claims,
-    };
-    for f in freezes {
-        world
-            .freezes
-            .entry(f.node.as_str())
-            .or_default()
-            .push((f.frozen_at_us, f.resumed_at_us));
-    }
+    let world = World::new(nodes, freezes, claims);
     let mut by_job: HashMap<i64, Vec<&Execution>> = HashMap::new();
     for e in execs {
         by_job.entry(e.job_id).or_default().push(e);
@@ -195,15 +207,24 @@ pub(crate) fn check(
 pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &mut Verdict) {
     let id = job.id;
     let kind = job.kind.as_str();
-    let mix = kind != CRASHY;
+    let mix = MIX.iter().any(|m| m.kind == kind);
     let bad = &mut v.violations;
+    // A deadline job (`sequences.rs`) that was not started by its deadline ends cancelled
+    // `expired`: never started, or not again after an attempt that was lost.
+    let expired = kind == DEADLINE_KIND
+        && job.state == JobState::Cancelled
+        && job
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.code == jobvisor::deadline::EXPIRED);
     // Invariant 2: exactly one terminal state. For the quick jobs that must be success — a
     // handler that never fails, with 100 attempts allowed, has no other honest outcome. A
     // mix job may also be dead, having used up its few attempts on timeouts and lost leases
-    // (the rules below say which of those count).
+    // (the rules below say which of those count); a deadline job may have expired.
     match job.state {
         JobState::Succeeded => v.stats.succeeded += 1,
         JobState::Dead if mix => v.stats.dead += 1,
+        JobState::Cancelled if expired => {}
         _ => {
             bad.push(format!(
                 "job {id} ({kind}) is {} after the run (attempts {}, last error {:?})",
@@ -223,7 +244,7 @@ pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &
     // A child's settles add to its version (see `JobFacts::waited`): no parity for it, and
     // `claims` below is an upper bound.
     let paired = job.waited || (job.version - 1) % 2 == 0;
-    if job.version < 1 || !paired || (job.version - 1) / 2 < a || a < 1 {
+    if job.version < 1 || !paired || (job.version - 1) / 2 < a || (a < 1 && !expired) {
         bad.push(format!(
             "job {id}: version {} does not pair every claim with one end for {a} attempts",
             job.version
@@ -238,14 +259,18 @@ pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &
     // last one ended in exactly one counted failure, recorded once, in order; a refund
     // (`not_started`) repeats the number the next counted failure or the success will carry.
     // A zombie's refused finalization would show up here as a second entry or another code.
+    // A sequence member's planned failure (`sequences.rs`) is counted like any other.
     let allowed: &[&str] = if mix {
         &["lease_expired", "fenced", "timeout"]
+    } else if kind == SEQ_KIND {
+        &["lease_expired", "fenced", PLANNED]
     } else {
         &["lease_expired", "fenced"]
     };
     let mut counted = 0i64;
     for (i, e) in job.errors.iter().enumerate() {
-        let refund = e.code == "not_started";
+        // An expiry ends the job without an attempt, like a refund gives one back.
+        let refund = e.code == "not_started" || (expired && e.code == jobvisor::deadline::EXPIRED);
         let expected = counted + 1;
         if i64::from(e.attempt) != expected
             || e.at.is_none()
@@ -271,14 +296,21 @@ pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &
             counted += 1;
         }
     }
-    let want = if succeeded { a - 1 } else { a };
+    // An expiry at a node's start gate ends the attempt it claimed, uncounted, as a success
+    // would; one by the sweeper ends a job between attempts.
+    let gate_expired = expired
+        && job
+            .errors
+            .last()
+            .is_some_and(|e| e.code == jobvisor::deadline::EXPIRED);
+    let want = if succeeded || gate_expired { a - 1 } else { a };
     if counted != want {
         bad.push(format!(
             "job {id} ({kind}, {}): {counted} counted errors for {a} attempts: {:?}",
             job.state, job.errors
         ));
     }
-    if !succeeded && a < i64::from(job.max_attempts) {
+    if !succeeded && !expired && a < i64::from(job.max_attempts) {
         bad.push(format!(
             "job {id} ({kind}) is dead after {a} of its {} attempts",
             job.max_attempts
@@ -295,13 +327,21 @@ pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &
         .filter(|(i, e)| e.completed == 1 && outcome.writer != Some(*i))
         .count();
 
-    // Claims and executions: see `check`.
+    // Claims and executions: see `check`. A job that expired after a refund never claims
+    // the refunded number again.
+    let top = a + i64::from(
+        expired
+            && job
+                .errors
+                .last()
+                .is_some_and(|e| e.code == "not_started" && i64::from(e.attempt) == a + 1),
+    );
     if let Some(e) = list
         .iter()
-        .find(|e| e.attempt < 1 || i64::from(e.attempt) > a)
+        .find(|e| e.attempt < 1 || i64::from(e.attempt) > top)
     {
         bad.push(format!(
-            "job {id}: execution {e:?} has an attempt outside 1..={a}"
+            "job {id}: execution {e:?} has an attempt outside 1..={top}"
         ));
     }
     if list.len() > claims {
@@ -400,7 +440,7 @@ pub(crate) fn check_job(job: &JobFacts, list: &[&Execution], w: &World<'_>, v: &
     // number ended) and before the failure was recorded; a timeout needs one that ran for
     // the job's timeout.
     for (i, e) in job.errors.iter().enumerate() {
-        if e.code == "not_started" {
+        if e.code == "not_started" || (expired && e.code == jobvisor::deadline::EXPIRED) {
             continue;
         }
         let at = at_us(e);

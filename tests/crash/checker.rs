@@ -1,4 +1,4 @@
-//! The checks, checked: each rule of `check.rs` catches the fault it is there for.
+//! The checks, checked: each rule of `check.rs` and `sequences.rs` catches the fault it is there for.
 
 use super::*;
 use crate::harness::{CRASHY_TIMEOUT, MAX_ATTEMPTS};
@@ -924,4 +924,110 @@ fn only_a_mix_job_may_die_and_only_of_its_attempts() {
     let mut quick = dead;
     quick.kind = CRASHY.into();
     assert_eq!(check(&[quick], &e, &nodes).violations.len(), 1);
+}
+
+/// A sequence member or deadline job `id` that ended `state` at `finished`.
+fn seq_facts(id: i64, kind: &str, state: JobState, finished: i64) -> JobFacts {
+    let mut j = job(1, &[], finished, "b");
+    j.id = JobId(id);
+    j.kind = kind.into();
+    j.state = state;
+    if state != JobState::Succeeded {
+        j.result = None;
+        j.last_error = Some(JobFailure::new(jobvisor::deadline::EXPIRED, "expired", 1));
+    }
+    j
+}
+
+fn seq_exec(id: i64, start: i64, end: i64) -> Execution {
+    Execution {
+        job_id: id,
+        ..exec(1, "b", start, Some(end), true)
+    }
+}
+
+fn member(id: i64, place: usize) -> SeqJob {
+    SeqJob {
+        id,
+        sequence: Some(("k".into(), place)),
+        start_by_us: None,
+        fails_once: false,
+    }
+}
+
+#[test]
+fn sequence_and_deadline_rules_catch_their_faults() {
+    let (n, claims) = (nodes(), Claims::new());
+    let world = World::new(&n, &[], &claims);
+    let seqs = [member(1, 0), member(2, 1)];
+    let first = seq_facts(1, SEQ_KIND, JobState::Succeeded, T0 + 500_000);
+    let second = seq_facts(2, SEQ_KIND, JobState::Succeeded, T0 + 2_000_000);
+    let jobs = [first.clone(), second];
+    // In order: the second starts after the first succeeded.
+    let good = [
+        seq_exec(1, T0, T0 + 400_000),
+        seq_exec(2, T0 + 600_000, T0 + 900_000),
+    ];
+    let (bad, stats) = check_sequences(&seqs, &jobs, &good, &world);
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!((stats.sequences, stats.orders, stats.executions), (1, 1, 2));
+    // The second starts while the first still runs, before it succeeded.
+    let early = [
+        seq_exec(1, T0, T0 + 400_000),
+        seq_exec(2, T0 + 300_000, T0 + 900_000),
+    ];
+    let (bad, _) = check_sequences(&seqs, &jobs, &early, &world);
+    assert_eq!(
+        bad.iter()
+            .filter(|l| l.starts_with("[sequence order]"))
+            .count(),
+        2
+    );
+    assert_eq!(
+        bad.iter()
+            .filter(|l| l.starts_with("[sequence overlap]"))
+            .count(),
+        1
+    );
+    // A member that never succeeded.
+    let dead = [
+        first,
+        seq_facts(2, SEQ_KIND, JobState::Dead, T0 + 2_000_000),
+    ];
+    let (bad, _) = check_sequences(&seqs, &dead, &good[..1], &world);
+    assert!(
+        bad.iter().any(|l| l.starts_with("[sequence liveness]")),
+        "{bad:?}"
+    );
+    // Deadlines: one started after its deadline, one expired without starting.
+    let deadline = |id| SeqJob {
+        id,
+        sequence: None,
+        start_by_us: Some(T0 + 1_000_000),
+        fails_once: false,
+    };
+    let seqs = [deadline(3), deadline(4)];
+    let jobs = [
+        seq_facts(3, DEADLINE_KIND, JobState::Succeeded, T0 + 2_000_000),
+        seq_facts(4, DEADLINE_KIND, JobState::Cancelled, T0 + 1_000_000),
+    ];
+    let (bad, stats) = check_sequences(
+        &seqs,
+        &jobs,
+        &[seq_exec(3, T0 + 1_500_000, T0 + 1_600_000)],
+        &world,
+    );
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].starts_with("[deadline] job 3"), "{bad:?}");
+    assert_eq!(
+        (stats.deadline_jobs, stats.in_time, stats.expired),
+        (2, 1, 1)
+    );
+    let (bad, _) = check_sequences(
+        &seqs,
+        &jobs,
+        &[seq_exec(3, T0 + 900_000, T0 + 1_600_000)],
+        &world,
+    );
+    assert!(bad.is_empty(), "{bad:?}");
 }

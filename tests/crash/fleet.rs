@@ -165,6 +165,7 @@ impl Fleet {
             .arg(MIX_PREFETCH.to_string())
             .args(["--kind", CRASHY])
             .args(MIX.iter().flat_map(|m| ["--kind", m.kind]))
+            .args(["--kind", SEQ_KIND, "--kind", DEADLINE_KIND])
             .arg("--schedule-ms")
             .arg(SCHEDULE_EVERY.as_millis().to_string())
             .arg("--reconcile-ms")

@@ -19,6 +19,14 @@
 //! prefetch for longer than their timeout. A claimed job that never started must neither be
 //! timed out nor lose its attempt for it.
 //!
+//! With each wave also go dependent jobs (`deps.rs`: a chain, a fan-in batch and a join,
+//! each completing in its own transaction), two ordered sequences of eight members (a
+//! fresh key each, one member failing once so that its retry holds the sequence) and six
+//! jobs with a start-by deadline, some comfortable, some 300 ms away ahead of or behind the
+//! quick jobs' backlog so that some expire (`sequences.rs`): members must run one at a time,
+//! in order, each after the one before succeeded, and all succeed; no deadline job may start
+//! at or after its deadline, and each ends succeeded or cancelled `expired`.
+//!
 //! The nodes also declare a periodic schedule (every second, every missed fire run) and a
 //! reconciler (every 2 s, one job per row of the side table `crash_wanted`), under a 3 s
 //! leader lease, both enqueueing into a queue no node works. Every half second the driver
@@ -88,6 +96,7 @@ mod fleet;
 mod galera;
 mod periodic;
 mod report;
+mod sequences;
 
 use check::*;
 use deps::*;
@@ -95,6 +104,7 @@ use fleet::*;
 use galera::*;
 use periodic::*;
 use report::*;
+use sequences::*;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -454,6 +464,11 @@ struct Run {
     dep_rng: Rng,
     /// The chains, batches and joins enqueued with the mix's waves.
     deps: Vec<DepJob>,
+    /// Draws the sequences' and deadline jobs' work times and failing members (a stream of
+    /// its own too).
+    seq_rng: Rng,
+    /// The sequence members and deadline jobs enqueued with the mix's waves.
+    seqs: Vec<SeqJob>,
     enqueued: usize,
     nodes_started_us: i64,
     /// Business rows added for the reconciler.
@@ -549,6 +564,7 @@ async fn start(backend: Target) -> Run {
     // the number of kills and freezes.
     let work_rng = Rng(s.seed ^ 0x6D69_7800);
     let dep_rng = Rng(s.seed ^ 0x6465_7073);
+    let seq_rng = Rng(s.seed ^ 0x7365_7173);
     eprintln!(
         "crash test [{backend:?}]: seed {} ({}), journals and logs in {}",
         s.seed,
@@ -587,6 +603,8 @@ async fn start(backend: Target) -> Run {
         work_rng,
         dep_rng,
         deps: Vec::new(),
+        seq_rng,
+        seqs: Vec::new(),
         enqueued,
         nodes_started_us,
         wanted: 0,
@@ -661,6 +679,8 @@ async fn drive(run: &mut Run) {
                 run.enqueued += n;
                 run.enqueued +=
                     enqueue_deps(&run.store, &mut run.dep_rng, waves, &mut run.deps).await;
+                run.enqueued +=
+                    enqueue_sequences(&run.store, &mut run.seq_rng, waves, &mut run.seqs).await;
                 next_wave = Instant::now() + MIX_EVERY;
             }
         }
@@ -816,11 +836,14 @@ async fn collect(run: &mut Run) -> Collected {
     let nodes = retry("reading nodes", || run.side.nodes()).await;
     let freezes = retry("reading freezes", || run.side.freezes()).await;
     let effects = retry("reading business rows", || run.side.effects()).await;
+    // Sequence members wait for the member before them; a deadline job's expiry by the
+    // sweeper ends it with one version bump, not two: both only bound their claims.
     let waited: std::collections::HashSet<i64> = run
         .deps
         .iter()
         .filter(|d| !d.parents.is_empty())
         .map(|d| d.id)
+        .chain(run.seqs.iter().map(|s| s.id))
         .collect();
     let facts: Vec<JobFacts> = jobs
         .iter()
@@ -876,6 +899,10 @@ fn judge(run: &mut Run, c: &Collected) -> Verdict {
     let (dep_faults, dep_stats) = check_deps(&run.deps, facts, execs, effects);
     verdict.violations.extend(dep_faults);
     verdict.deps = dep_stats;
+    let world = World::new(nodes, freezes, &journals.claims);
+    let (seq_faults, seq_stats) = check_sequences(&run.seqs, facts, execs, &world);
+    verdict.violations.extend(seq_faults);
+    verdict.seqs = seq_stats;
     verdict
         .violations
         .splice(0..0, std::mem::take(&mut run.problems));
@@ -998,6 +1025,24 @@ fn report(run: Run, c: &Collected, verdict: Verdict) {
         d.edges,
         d.effects,
         d.min_release_gap_us
+    );
+    let q = &verdict.seqs;
+    println!(
+        "crash test [{backend:?}] sequences: sequences={} members={} (each must succeed) \
+         orders={} (each after the one before succeeded and stopped) executions={} (none may \
+         overlap) planned_failures={} paused_tails={} min_handover_us={:?}",
+        q.sequences,
+        q.members,
+        q.orders,
+        q.executions,
+        q.planned_failures,
+        q.paused_tails,
+        q.min_handover_us
+    );
+    println!(
+        "crash test [{backend:?}] deadlines: deadline_jobs={} succeeded={} expired={} \
+         (none may start at or after its deadline) min_margin_us={:?}",
+        q.deadline_jobs, q.in_time, q.expired, q.min_margin_us
     );
     println!(
         "crash test [{backend:?}] periodic: fires={fires} (one job each, none missing, \
