@@ -12,7 +12,8 @@
 //! 3. No write of an attempt accepted after its lease was lost: a result is its final
 //!    attempt's, written by an execution that completed, and none started after it.
 //! 4. Attempts counted as documented: an attempt counts only when its handler started (no
-//!    more attempts than executions), no execution ran an attempt the job does not count
+//!    more attempts than executions, but for the claim a start gate refused past a start-by
+//!    deadline, which ends the job `expired` and counts), no execution ran an attempt the job does not count
 //!    (`attempts` ≥ every execution's attempt), `attempts` ≤ `max_attempts`, and a dead job
 //!    (our handlers only retry) used every attempt and kept an error for each.
 //! 5. Liveness (in the run): every job terminal once faults stop.
@@ -75,7 +76,17 @@ pub(crate) fn check(
             .iter()
             .filter(|e| e.code == "not_started")
             .count();
-        if refunds < job.max_attempts as usize && job.attempts as usize > list.len() {
+        // A job its start gate ended `expired` counts that last claim, never started (§7.2:
+        // a claim counts; the gate ends the job instead of giving it back).
+        let gate_expired = usize::from(
+            job.state == JobState::Cancelled
+                && job
+                    .last_error
+                    .as_ref()
+                    .is_some_and(|e| e.code == jobvisor::deadline::EXPIRED),
+        );
+        if refunds < job.max_attempts as usize && job.attempts as usize > list.len() + gate_expired
+        {
             bad.push(format!(
                 "attempts: job {id} counts {} attempts but only {} executions started",
                 job.attempts,
