@@ -130,7 +130,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         }
         fleet.clock_event(&mut rng, step, &mut log);
         let live = fleet.drivable();
-        let roll = rng.below(132);
+        let roll = rng.below(135);
         let at = *rng.pick(&live);
         let name = fleet.nodes[at].name.clone();
         let sim = &fleet.nodes[at].sim;
@@ -274,8 +274,9 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                         .await;
                 format!("{step}: {name} {line}")
             }
-            129..=131 => {
-                let op = runtime_schedule::act(sim, &mut rng, fleet.now_us()).await;
+            129..=134 => {
+                let op =
+                    runtime_schedule::act(sim, &mut rng, &controls.runtime, fleet.now_us()).await;
                 controls.runtime.push(op);
                 format!(
                     "{step}: {name} schedule {RUNTIME} {:?} → {:?}",

@@ -1,8 +1,8 @@
 //! The run-time schedule the seed drives (`Client::add_schedule`, `change_schedule`,
 //! `remove_schedule`): [`RUNTIME`], a fixed interval (one of [`INTERVALS`], epoch-aligned as
 //! every `Schedule::every`) enqueuing [`RUNTIME_KIND`] with every missed fire run. A step
-//! adds it, changes its interval or removes it through a node's client, under the store
-//! faults; the driver records each act ([`RuntimeOp`]): when it was sent and answered on the
+//! adds it, changes its interval or removes it through a node's client (mostly what
+//! applies to it as the driver knows it), under the store faults; the driver records each act ([`RuntimeOp`]): when it was sent and answered on the
 //! shared clock, and whether it surely applied (its answer, with the next fire stored), surely
 //! did not (refused as invalid: the schedule already there, or not there) or may have (no
 //! answer: a write lost or held to land later). The checks (`check_controls.rs`) trust what
@@ -63,14 +63,38 @@ fn schedule(every: Duration) -> Schedule {
     .missed(MissedFires::All { max: 1_000 })
 }
 
-/// One act the seed draws, through `sim`'s client at shared clock `now_us` (the driver's
-/// steps do not move the clock while they wait): added or changed to an interval, or removed.
-pub(crate) async fn act(sim: &Simulation, rng: &mut Rng, now_us: i64) -> RuntimeOp {
+/// Whether the schedule is there after the acts `ops`, as far as the driver knows (`None`:
+/// not known).
+fn present(ops: &[RuntimeOp]) -> Option<bool> {
+    let last = ops.last()?;
+    match (last.answer, last.ask) {
+        (Answer::Unknown, _) => None,
+        (Answer::Applied(_), Ask::Remove) | (Answer::Refused, Ask::Change(_) | Ask::Remove) => {
+            Some(false)
+        }
+        (Answer::Applied(_), _) | (Answer::Refused, Ask::Add(_)) => Some(true),
+    }
+}
+
+/// One act the seed draws after the acts `ops`, through `sim`'s client at shared clock
+/// `now_us` (the driver's steps do not move the clock while they wait): mostly what applies
+/// to the schedule as the driver knows it — an add when it is not there, a change of
+/// interval or a removal when it is — and now and then one that is refused.
+pub(crate) async fn act(
+    sim: &Simulation,
+    rng: &mut Rng,
+    ops: &[RuntimeOp],
+    now_us: i64,
+) -> RuntimeOp {
     let every = *rng.pick(&INTERVALS);
-    let ask = match rng.below(10) {
-        0..=3 => Ask::Add(every),
-        4..=6 => Ask::Change(every),
-        _ => Ask::Remove,
+    let ask = match (present(ops), rng.below(10)) {
+        (_, 0) => Ask::Add(every),
+        (_, 1) => Ask::Remove,
+        (Some(false), _) => Ask::Add(every),
+        (Some(true), 2..=5) => Ask::Change(every),
+        (Some(true), _) => Ask::Remove,
+        (None, 2..=5) => Ask::Add(every),
+        (None, _) => Ask::Remove,
     };
     let res = match ask {
         Ask::Add(d) => sim
