@@ -130,7 +130,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         }
         fleet.clock_event(&mut rng, step, &mut log);
         let live = fleet.drivable();
-        let roll = rng.below(135);
+        let roll = rng.below(129);
         let at = *rng.pick(&live);
         let name = fleet.nodes[at].name.clone();
         let sim = &fleet.nodes[at].sim;
@@ -261,20 +261,20 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                 let line = enqueue_dependent(sim, &mut rng, &mut answered, &mut made).await;
                 format!("{step}: {name} {line}")
             }
-            120..=124 => {
+            120..=122 => {
                 let line =
                     sequences::enqueue_members(sim, &mut rng, &keys, &mut answered, &mut made)
                         .await;
                 format!("{step}: {name} {line}")
             }
-            125..=128 => {
+            123..=125 => {
                 let now = fleet.now_us();
                 let line =
                     deadlines::enqueue_deadlined(sim, &mut rng, now, &mut answered, &mut made)
                         .await;
                 format!("{step}: {name} {line}")
             }
-            129..=134 => {
+            126..=128 => {
                 let op =
                     runtime_schedule::act(sim, &mut rng, &controls.runtime, fleet.now_us()).await;
                 controls.runtime.push(op);

@@ -23,7 +23,7 @@ pub(crate) const RUNTIME: &str = "rt";
 pub(crate) const RUNTIME_KIND: &str = "rtick";
 /// The intervals the seed picks from (not multiples of each other, nor of the declared
 /// schedule's).
-pub(crate) const INTERVALS: [Duration; 2] = [Duration::from_secs(7), Duration::from_secs(11)];
+pub(crate) const INTERVALS: [Duration; 2] = [Duration::from_secs(29), Duration::from_secs(41)];
 
 /// What an act asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

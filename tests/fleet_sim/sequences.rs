@@ -1,7 +1,7 @@
 //! The ordered sequences the seed drives (`NewJob::sequence`): the run draws two or three
 //! keys, each with one failure policy (`on_sequence_failure`) for all its members — the
 //! first key `wait` (the default), the others `wait`, `run` or `cancel` as the seed picks —
-//! and a step enqueues one to three members of one key through a node's client, each a
+//! and a step enqueues one or two members of one key through a node's client, each a
 //! `work` job on either queue whose payload names its key and policy (so the checks,
 //! `check_sequences.rs`, read them from the final rows, a member whose answer was lost
 //! included). A `wait` member has [`WAIT_ATTEMPTS`] attempts, so it fails and retries
@@ -54,7 +54,7 @@ pub(crate) fn draw(rng: &mut Rng) -> Vec<SequenceKey> {
         .collect()
 }
 
-/// Enqueues one to three members of one of `keys` through `sim`'s client; answers the log
+/// Enqueues one or two members of one of `keys` through `sim`'s client; answers the log
 /// line.
 pub(crate) async fn enqueue_members(
     sim: &Simulation,
@@ -65,7 +65,7 @@ pub(crate) async fn enqueue_members(
 ) -> String {
     let k = rng.pick(keys).clone();
     let mut ids = Vec::new();
-    for _ in 0..1 + rng.below(3) {
+    for _ in 0..1 + rng.below(2) {
         *made += 1;
         let attempts = if k.policy == ParentPolicy::Wait {
             WAIT_ATTEMPTS
