@@ -233,7 +233,7 @@ impl Attempt {
     pub(crate) fn start(&self, now: Duration) -> Start {
         let now_us = us(now);
         let lapsed = self.lapsed(now_us) && !on(Mutation::StartFence);
-        let expired = now_us >= self.expire_at_us;
+        let expired = now_us >= self.expire_at_us && !on(Mutation::StartDeadline);
         let safe = !lapsed
             && (now_us < self.start_by_us || on(Mutation::StartRate))
             && (!self.queue.paused() || on(Mutation::StartPause))

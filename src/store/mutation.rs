@@ -45,18 +45,24 @@ pub(crate) enum Mutation {
     StartRate,
     /// A schedule fires with no leader's term checked (invariants 10, 11).
     FireTerm,
+    /// A sequence member waits for no member before it (§7.14: one at a time, in order).
+    SequenceGate,
+    /// A handler starts at or past its job's start-by deadline (§7.15).
+    StartDeadline,
 }
 
 #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 impl Mutation {
     /// Every mutation, in the catalogue's order.
-    pub(crate) const ALL: [Mutation; 6] = [
+    pub(crate) const ALL: [Mutation; 8] = [
         Mutation::FinalizeToken,
         Mutation::RenewToken,
         Mutation::StartFence,
         Mutation::StartPause,
         Mutation::StartRate,
         Mutation::FireTerm,
+        Mutation::SequenceGate,
+        Mutation::StartDeadline,
     ];
 
     /// Its name in `JOBVISOR_MUTATION`.
@@ -68,6 +74,8 @@ impl Mutation {
             Mutation::StartPause => "start-pause",
             Mutation::StartRate => "start-rate",
             Mutation::FireTerm => "fire-term",
+            Mutation::SequenceGate => "sequence-gate",
+            Mutation::StartDeadline => "start-deadline",
         }
     }
 }

@@ -91,7 +91,8 @@ macro_rules! sequence_append {
                 .first::<Option<i64>>($conn)
                 .await?
         };
-        match prev {
+        let gated = !$crate::store::mutation::on($crate::store::mutation::Mutation::SequenceGate);
+        match prev.filter(|_| gated) {
             None => None,
             Some(tail) => {
                 // Lock and flag first, read after: a tail that ends later sees the flag.

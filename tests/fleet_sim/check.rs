@@ -12,8 +12,10 @@
 //! 3. No write of an attempt accepted after its lease was lost: a result is its final
 //!    attempt's, written by an execution that completed, and none started after it.
 //! 4. Attempts counted as documented: an attempt counts only when its handler started (no
-//!    more attempts than executions), no execution ran an attempt the job does not count
-//!    (`attempts` ≥ every execution's attempt), `attempts` ≤ `max_attempts`, and a dead job
+//!    more attempts than executions, but for the claim a start gate refused past a start-by
+//!    deadline, which ends the job `expired` and counts), no execution ran an attempt the job does not count
+//!    (`attempts` ≥ every execution's attempt, but for one given back unstarted, §7.2, of a
+//!    job that then expired), `attempts` ≤ `max_attempts`, and a dead job
 //!    (our handlers only retry) used every attempt and kept an error for each.
 //! 5. Liveness (in the run): every job terminal once faults stop.
 
@@ -75,7 +77,11 @@ pub(crate) fn check(
             .iter()
             .filter(|e| e.code == "not_started")
             .count();
-        if refunds < job.max_attempts as usize && job.attempts as usize > list.len() {
+        // A job its start gate ended `expired` counts that last claim, never started (§7.2:
+        // a claim counts; the gate ends the job instead of giving it back).
+        let gate_expired = usize::from(expired(job));
+        if refunds < job.max_attempts as usize && job.attempts as usize > list.len() + gate_expired
+        {
             bad.push(format!(
                 "attempts: job {id} counts {} attempts but only {} executions started",
                 job.attempts,
@@ -83,7 +89,10 @@ pub(crate) fn check(
             ));
         }
         let top = list.iter().map(|e| e.attempt).max().unwrap_or(0);
-        if i64::from(top) > i64::from(job.attempts) {
+        // An attempt given back with no start recorded (its node died first, §7.2) is not
+        // counted; its number is reused by the next claim — unless the job expired first.
+        let given_back = i64::from(refunds > 0 && expired(job));
+        if i64::from(top) > i64::from(job.attempts) + given_back {
             bad.push(format!(
                 "attempts: job {id} counts {} attempts but attempt {top} ran",
                 job.attempts
@@ -115,4 +124,13 @@ pub(crate) fn check(
         }
     }
     bad
+}
+
+/// Whether `job` ended `cancelled` past its start-by deadline (`expired`).
+fn expired(job: &Job) -> bool {
+    job.state == JobState::Cancelled
+        && job
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.code == jobvisor::deadline::EXPIRED)
 }

@@ -29,7 +29,14 @@
 //!    schedule enqueues that kind); each fire instant has at most one job, and
 //!    with every missed fire run (`MissedFires::All`), the fires are exactly the instants
 //!    of the schedule from its first stored fire up to the last pass of the final phase —
-//!    none missed, none off the schedule (§7.10: exactly one job per fire).
+//!    none missed, none off the schedule (§7.10: exactly one job per fire). The run-time
+//!    schedule (`runtime_schedule.rs`, kind `rtick`) alike: each fire instant has at most
+//!    one job and is an instant of one of its intervals; after an add or change known to
+//!    have applied (every act before it known too), the fires until the next act are its
+//!    interval's — exactly those up to the final pass if it is the last act; after a removal
+//!    known to have applied, no fire of an instant past it and no fire's job created past it
+//!    until the next act (§7.10: no fire after `remove_schedule` returns; the doc names no
+//!    further bound).
 
 use std::collections::BTreeMap;
 
@@ -42,6 +49,7 @@ use crate::harness::invariants::outcome;
 use crate::harness::journal::JobFacts;
 use crate::harness::side::Execution;
 use crate::journal::Order;
+use crate::runtime_schedule::{Answer, Ask, INTERVALS, RUNTIME, RUNTIME_KIND};
 
 /// What the checks read.
 pub(crate) struct Facts<'a> {
@@ -56,7 +64,7 @@ pub(crate) struct Facts<'a> {
 impl Facts<'_> {
     /// Whether execution `e` may be left out at manual time `t`: its node was frozen then
     /// and the execution ended as the node resumed.
-    fn frozen_then(&self, e: usize, t: i64) -> bool {
+    pub(crate) fn frozen_then(&self, e: usize, t: i64) -> bool {
         let x = &self.execs[e];
         self.freezes.iter().any(|(node, from, to)| {
             *node == x.node && x.ended_at_us == Some(*to) && (*from..=*to).contains(&t)
@@ -64,7 +72,7 @@ impl Facts<'_> {
     }
 
     /// Whether execution `e` was running when execution `y` started (in the run's order).
-    fn running_at_start_of(&self, e: usize, y: usize) -> bool {
+    pub(crate) fn running_at_start_of(&self, e: usize, y: usize) -> bool {
         let (oe, oy) = (&self.orders[e], &self.orders[y]);
         oe.start < oy.start
             && oe.end.is_none_or(|end| end > oy.start)
@@ -268,9 +276,18 @@ fn schedule(f: &Facts<'_>, bad: &mut Vec<String>) {
         bad.push("schedule: no pass fired in the final phase".into());
         return;
     };
-    let prefix = format!("schedule:{SCHEDULE}@");
-    let mut fires: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for j in f.jobs.iter().filter(|j| j.kind == "tick") {
+    let fires = fires_of(f, SCHEDULE, "tick", bad);
+    let every = i64::try_from(SCHEDULE_EVERY.as_micros()).unwrap();
+    exact(SCHEDULE, &fires, f.controls.first_fire_us, every, last, bad);
+    runtime_schedule(f, &fires_of(f, RUNTIME, RUNTIME_KIND, bad), last, bad);
+}
+
+/// The fires of schedule `name` (its only kind `kind`): instant (µs) → (job, created µs).
+/// Flags a job of the kind without a fire's key and a fire with more than one job.
+fn fires_of(f: &Facts<'_>, name: &str, kind: &str, bad: &mut Vec<String>) -> Fires {
+    let prefix = format!("schedule:{name}@");
+    let mut fires = Fires::new();
+    for j in f.jobs.iter().filter(|j| j.kind == kind) {
         let at = j
             .unique_key
             .as_deref()
@@ -278,20 +295,32 @@ fn schedule(f: &Facts<'_>, bad: &mut Vec<String>) {
             .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok());
         let Some(at) = at else {
             bad.push(format!(
-                "schedule: job {} of kind tick has no fire's key: {:?}",
+                "schedule: job {} of kind {kind} has no fire's key of {name}: {:?}",
                 j.id.0, j.unique_key
             ));
             continue;
         };
-        fires.entry(at.timestamp_micros()).or_default().push(j.id.0);
+        fires
+            .entry(at.timestamp_micros())
+            .or_default()
+            .push((j.id.0, j.created_at.timestamp_micros()));
     }
-    for (at, ids) in &fires {
-        if ids.len() > 1 {
-            bad.push(format!("schedule: the fire at {at} µs has jobs {ids:?}"));
+    for (at, jobs) in &fires {
+        if jobs.len() > 1 {
+            bad.push(format!(
+                "schedule {name}: the fire at {at} µs has jobs {jobs:?}"
+            ));
         }
     }
-    let every = i64::try_from(SCHEDULE_EVERY.as_micros()).unwrap();
-    let first = f.controls.first_fire_us;
+    fires
+}
+
+/// A schedule's fires: instant (µs) → its jobs (id, created µs).
+type Fires = BTreeMap<i64, Vec<(i64, i64)>>;
+
+/// With every missed fire run, the fires from `first` on are exactly the instants `first +
+/// k × every` up to `last` (none missed, none off the schedule).
+fn exact(name: &str, fires: &Fires, first: i64, every: i64, last: i64, bad: &mut Vec<String>) {
     let expected: Vec<i64> = (0..)
         .map(|k| first + k * every)
         .take_while(|t| *t <= last)
@@ -300,8 +329,75 @@ fn schedule(f: &Facts<'_>, bad: &mut Vec<String>) {
     let extra: Vec<&i64> = fires.keys().filter(|t| !expected.contains(t)).collect();
     if !missed.is_empty() || !extra.is_empty() {
         bad.push(format!(
-            "schedule: fires from {first} to {last} µs every {every} µs: missed {missed:?}, \
-             not of the schedule {extra:?}"
+            "schedule {name}: fires from {first} to {last} µs every {every} µs: missed \
+             {missed:?}, not of the schedule {extra:?}"
         ));
+    }
+}
+
+/// The run-time schedule (item 6 for a schedule added, changed and removed at run time):
+/// every fire is an instant of one of its intervals; after each act that surely applied,
+/// every act before it sure too (`runtime_schedule.rs`), until the next act is sent: after an
+/// add or a change, every fire from then on is an instant of its interval, and if it is the
+/// last act, the fires from its stored next fire to the final pass are exactly that
+/// interval's; after a removal, no fire of an instant past it and no fire's job created past
+/// it (§7.10: no fire after the removal returns).
+fn runtime_schedule(f: &Facts<'_>, fires: &Fires, last: i64, bad: &mut Vec<String>) {
+    let intervals: Vec<i64> = INTERVALS
+        .iter()
+        .map(|d| i64::try_from(d.as_micros()).unwrap())
+        .collect();
+    for t in fires.keys() {
+        if !intervals.iter().any(|i| t % i == 0) {
+            bad.push(format!(
+                "schedule {RUNTIME}: the fire at {t} µs is an instant of none of {INTERVALS:?}"
+            ));
+        }
+    }
+    let ops = &f.controls.runtime;
+    for (k, op) in ops.iter().enumerate() {
+        if ops[..k].iter().any(|o| o.answer == Answer::Unknown) {
+            break;
+        }
+        let Answer::Applied(next) = op.answer else {
+            continue;
+        };
+        let until = ops.get(k + 1).map_or(i64::MAX, |o| o.at_us);
+        let during = fires.range(op.at_us + 1..until.max(op.at_us + 1));
+        match op.ask {
+            Ask::Add(d) | Ask::Change(d) => {
+                let every = i64::try_from(d.as_micros()).unwrap();
+                for (t, _) in during {
+                    if t % every != 0 {
+                        bad.push(format!(
+                            "schedule {RUNTIME}: the fire at {t} µs is off the interval {d:?} \
+                             set at {} µs ({:?})",
+                            op.at_us, op.ask
+                        ));
+                    }
+                }
+                if let (Some(first), None) = (next, ops.get(k + 1)) {
+                    // An unchanged interval keeps a next fire that may be due already.
+                    let from = first.min(op.at_us + 1);
+                    let after: Fires = fires.range(from..).map(|(t, j)| (*t, j.clone())).collect();
+                    exact(RUNTIME, &after, first, every, last, bad);
+                }
+            }
+            Ask::Remove => {
+                for (t, jobs) in fires {
+                    let late: Vec<&(i64, i64)> = jobs
+                        .iter()
+                        .filter(|(_, created)| *created > op.at_us && *created < until)
+                        .collect();
+                    if (*t > op.at_us && *t < until) || !late.is_empty() {
+                        bad.push(format!(
+                            "schedule {RUNTIME}: the fire at {t} µs (jobs {jobs:?}) came after \
+                             its removal at {} µs",
+                            op.at_us
+                        ));
+                    }
+                }
+            }
+        }
     }
 }

@@ -15,7 +15,11 @@
 //!   journal's order.
 //! * **Schedule.** Every node declares [`SCHEDULE`], every [`SCHEDULE_EVERY`] with every
 //!   missed fire run ([`MissedFires::All`]); the run stores it once at start and records its
-//!   first fire, and the final phase records the instant of the last pass that fired.
+//!   first fire, and the final phase records the instant of the last pass that fired. Beside
+//!   it the seed adds, changes and removes a schedule at run time through a node's client
+//!   (`runtime_schedule.rs`), recorded in [`Controls::runtime`].
+//! * **Sequences and deadlines** are jobs, not settings: `sequences.rs` and `deadlines.rs`
+//!   enqueue them, their payloads say what the checks need.
 //! * **Dependencies.** Children (`child`, policy `cancel` or `run`) and batches (members
 //!   `work`, callback `callback`): their parents are read back from the database at the
 //!   end (`Client::dependencies`), so a child whose enqueue answer was lost is checked too.
@@ -34,13 +38,14 @@ use crate::fleet::{Fleet, Status};
 use crate::journal::Journal;
 use crate::log::EventLog;
 use crate::rng::Rng;
+use crate::runtime_schedule::{RuntimeOp, RUNTIME_KIND};
 
 /// The queue with shared limits.
 pub(crate) const LIMITED: &str = "limited";
 /// The queues every node serves.
 pub(crate) const QUEUES: [&str; 2] = ["default", LIMITED];
 /// The kinds every node runs, all with the journaling handler.
-const KINDS: [&str; 4] = ["work", "tick", "child", "callback"];
+const KINDS: [&str; 5] = ["work", "tick", "child", "callback", RUNTIME_KIND];
 /// The schedule every node declares.
 pub(crate) const SCHEDULE: &str = "tick";
 /// Its interval.
@@ -127,6 +132,8 @@ pub(crate) struct Controls {
     pub(crate) first_fire_us: i64,
     /// The manual clock at the last pass of the final phase that fired, µs.
     pub(crate) last_pass_us: Option<i64>,
+    /// The acts on the run-time schedule, in order.
+    pub(crate) runtime: Vec<RuntimeOp>,
     events: Vec<(String, broadcast::Receiver<Event>)>,
 }
 
@@ -180,6 +187,7 @@ impl Controls {
             claims: Vec::new(),
             first_fire_us,
             last_pass_us: None,
+            runtime: Vec::new(),
             events: Vec::new(),
         };
         controls.listen(fleet);

@@ -41,8 +41,14 @@
 //! Layout: `fleet.rs` (the nodes and settling), `clock.rs` (a node's clock), `run.rs` (one
 //! seed's steps), `shrink.rs` (the skip sets and the shrink), `journal.rs` (the handlers'
 //! executions and gates), `faults.rs` (the store faults), `controls.rs` (the queues, limits,
-//! pauses, schedule and dependencies the seed drives), `check.rs` and `check_controls.rs`
-//! (the invariants), `log.rs` (the event log and its hash), `rng.rs` (the generator).
+//! pauses, schedule and dependencies the seed drives), `sequences.rs` (ordered sequences:
+//! two or three keys a run, policies `wait`, `run`, `cancel`), `deadlines.rs` (jobs with
+//! start-by deadlines, short ones often missed), `runtime_schedule.rs` (a schedule added,
+//! changed and removed at run time through a node's client), `check.rs`,
+//! `check_controls.rs`, `check_sequences.rs` (members in enqueue order, one at a time, the
+//! failure policies) and `check_deadlines.rs` (never started at or past the deadline;
+//! never started → cancelled `expired`) (the invariants), `log.rs` (the event log and its
+//! hash), `rng.rs` (the generator).
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
@@ -51,14 +57,19 @@ mod harness;
 
 mod check;
 mod check_controls;
+mod check_deadlines;
+mod check_sequences;
 mod clock;
 mod controls;
+mod deadlines;
 mod faults;
 mod fleet;
 mod journal;
 mod log;
 mod rng;
 mod run;
+mod runtime_schedule;
+mod sequences;
 mod shrink;
 
 use std::time::{Duration, Instant};

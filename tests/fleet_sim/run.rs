@@ -5,14 +5,18 @@
 //! queue, with priorities, delays, unique keys), fetch a queue, renew, check deadlines,
 //! sweep, release a waiting handler, advance the clock, freeze, crash or start a node,
 //! pause or resume a queue, have a node read its queues' settings, elect and fire the
-//! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback.
+//! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback,
+//! enqueue members of an ordered sequence (`sequences.rs`, keys drawn once per run) or jobs
+//! with start-by deadlines (`deadlines.rs`), add, change or remove the run-time schedule
+//! (`runtime_schedule.rs`).
 //! A run may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes
 //! no action and has no clock event (a frozen node due to resume still resumes), and the
 //! steps after it draw what they would have drawn. Each step first lands the writes held
 //! for it (`faults.rs`). After the steps, faults stop, frozen nodes resume, every queue is resumed and every node reads it, one last schedule pass
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
-//! then the invariants are checked (`check.rs`, `check_controls.rs`). Answers the event
+//! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
+//! `check_deadlines.rs`). Answers the event
 //! log's hash and what broke.
 
 use std::collections::BTreeSet;
@@ -29,7 +33,9 @@ use crate::fleet::{Fleet, Status};
 use crate::journal::Release;
 use crate::log::EventLog;
 use crate::rng::{fnv, Rng};
+use crate::runtime_schedule::{self, RUNTIME};
 use crate::shrink::Skips;
+use crate::{deadlines, sequences};
 
 /// Steps of the faulty phase.
 const STEPS: std::ops::Range<u64> = 60..120;
@@ -97,6 +103,8 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         "seed {seed}: {nodes} nodes, {per_mille}‰ store faults"
     ));
     let mut controls = Controls::set_up(&fleet, &mut rng, &mut log).await;
+    let keys = sequences::draw(&mut rng);
+    log.line(format!("sequences {keys:?}"));
     let mut answered = BTreeSet::new();
     let mut made = 0u64;
     let mut restarts = 0usize;
@@ -122,7 +130,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         }
         fleet.clock_event(&mut rng, step, &mut log);
         let live = fleet.drivable();
-        let roll = rng.below(120);
+        let roll = rng.below(129);
         let at = *rng.pick(&live);
         let name = fleet.nodes[at].name.clone();
         let sim = &fleet.nodes[at].sim;
@@ -253,6 +261,28 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                 let line = enqueue_dependent(sim, &mut rng, &mut answered, &mut made).await;
                 format!("{step}: {name} {line}")
             }
+            120..=122 => {
+                let line =
+                    sequences::enqueue_members(sim, &mut rng, &keys, &mut answered, &mut made)
+                        .await;
+                format!("{step}: {name} {line}")
+            }
+            123..=125 => {
+                let now = fleet.now_us();
+                let line =
+                    deadlines::enqueue_deadlined(sim, &mut rng, now, &mut answered, &mut made)
+                        .await;
+                format!("{step}: {name} {line}")
+            }
+            126..=128 => {
+                let op =
+                    runtime_schedule::act(sim, &mut rng, &controls.runtime, fleet.now_us()).await;
+                controls.runtime.push(op);
+                format!(
+                    "{step}: {name} schedule {RUNTIME} {:?} → {:?}",
+                    op.ask, op.answer
+                )
+            }
             _ => format!("{step}: {name} idle"),
         };
         log.line(line);
@@ -344,14 +374,18 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         &fleet.freezes,
     ));
     let parents = parents(&fleet.nodes[fleet.drivable()[0]].sim.client, &jobs).await;
-    violations.extend(crate::check_controls::check(&Facts {
+    let orders = fleet.journal.orders();
+    let facts = Facts {
         jobs: &jobs,
         execs: &execs,
-        orders: &fleet.journal.orders(),
+        orders: &orders,
         freezes: &fleet.freezes,
         controls: &controls,
         parents: &parents,
-    }));
+    };
+    violations.extend(crate::check_controls::check(&facts));
+    violations.extend(crate::check_sequences::check(&facts));
+    violations.extend(crate::check_deadlines::check(&facts));
     for j in &jobs {
         log.line(format!(
             "job {}: {} attempts {} result {:?}",
