@@ -32,7 +32,7 @@ use crate::faults::HEAL_LANDING;
 use crate::fleet::{Fleet, Status};
 use crate::journal::Release;
 use crate::log::EventLog;
-use crate::rng::{fnv, Rng};
+use crate::rng::{fnv, Rng, FNV_START};
 use crate::runtime_schedule::{self, RUNTIME};
 use crate::shrink::Skips;
 use crate::{deadlines, sequences};
@@ -110,7 +110,14 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     let mut restarts = 0usize;
     let steps = (STEPS.start + rng.below(STEPS.end - STEPS.start)) as usize;
     for step in 0..steps {
-        let mut rng = Rng::new(fnv(&(step as u64).to_le_bytes(), seed));
+        // The seed is hashed before the step: hashing the step's bytes from the seed itself
+        // gave `(seed ^ step) · P⁸` (its other bytes are zero), so step s of seed a drew what
+        // step s' of seed b drew whenever a ^ s = b ^ s' — every seed replayed the same few
+        // hundred step draws in another order.
+        let mut rng = Rng::new(fnv(
+            &(step as u64).to_le_bytes(),
+            fnv(&seed.to_le_bytes(), FNV_START),
+        ));
         fleet
             .book
             .step
