@@ -20,8 +20,10 @@ use jobvisor::testing::{Fault, FaultPlan, Late, StoreOp};
 
 use crate::rng::{fnv, Rng, FNV_START};
 
-/// How many steps after it was sent a held write lands.
-const HOLD_STEPS: std::ops::Range<u64> = 10..60;
+/// How many steps after it was sent a held write lands: long enough that its sender's
+/// leases often lapse and their jobs are claimed again before it lands (with 10..60 no CI
+/// seed caught a finalization without its token guard once each seed drew its own steps).
+const HOLD_STEPS: std::ops::Range<u64> = 30..90;
 /// The round of the final phase from which the writes still held land.
 pub(crate) const HEAL_LANDING: usize = 12;
 
