@@ -1,6 +1,7 @@
 //! The crash test's ordered sequences and start-by deadlines: with every wave of the mix,
-//! [`SEQUENCES_PER_WAVE`] sequences (`NewJob::sequence`, a fresh key each, policy `Wait`),
-//! each of [`MEMBERS`] members that work 50–300 ms — one of them failing once, on its first
+//! [`SEQUENCES_PER_WAVE`] sequences (`NewJob::sequence`, policy `Wait`) of [`MEMBERS`]
+//! members each — the first appended to one key for the whole run ([`LONG_KEY`]), the others
+//! a fresh key each — members that work 50–300 ms — one of them failing once, on its first
 //! attempt, so that it waits for its retry and holds the sequence — and a handful of jobs
 //! with a start-by deadline (`NewJob::start_by`): some due comfortably before theirs, some
 //! due now with a deadline 300 ms away, ahead of the quick jobs' backlog or behind it, so
@@ -38,6 +39,8 @@ pub(crate) const PLANNED: &str = "planned";
 const SEQUENCES_PER_WAVE: usize = 2;
 /// Members per sequence.
 const MEMBERS: usize = 8;
+/// The key of the sequence every wave appends to.
+const LONG_KEY: &str = "crash-seq-long";
 /// A member works this long, uniformly at random in between: long enough that kills and
 /// freezes land in the middle of sequences.
 const MEMBER_WORK: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(300));
@@ -97,10 +100,17 @@ pub(crate) async fn enqueue_sequences(
     let client = Client::new(store.clone());
     let before = seqs.len();
     for s in 0..SEQUENCES_PER_WAVE {
-        let key = format!("crash-seq-{wave}-{s}");
+        // The first sequence is one key for the whole run, each wave appending to it (64
+        // members across every kill, freeze and restart); the others are fresh keys.
+        let (key, first_place) = if s == 0 {
+            (LONG_KEY.to_string(), wave * MEMBERS)
+        } else {
+            (format!("crash-seq-{wave}-{s}"), 0)
+        };
         let failing = rng.below(MEMBERS);
-        for place in 0..MEMBERS {
-            let fails_once = place == failing;
+        for i in 0..MEMBERS {
+            let place = first_place + i;
+            let fails_once = i == failing;
             let job = payload(SEQ_KIND, wave, ms(rng, MEMBER_WORK), fails_once)
                 .priority(AHEAD)
                 .sequence(key.clone());
