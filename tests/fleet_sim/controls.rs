@@ -134,6 +134,8 @@ pub(crate) struct Controls {
     pub(crate) last_pass_us: Option<i64>,
     /// The acts on the run-time schedule, in order.
     pub(crate) runtime: Vec<RuntimeOp>,
+    /// The replacing enqueues answered `replaced` (`replace.rs`), in order.
+    pub(crate) replaces: Vec<crate::replace::Act>,
     events: Vec<(String, broadcast::Receiver<Event>)>,
 }
 
@@ -188,6 +190,7 @@ impl Controls {
             first_fire_us,
             last_pass_us: None,
             runtime: Vec::new(),
+            replaces: Vec::new(),
             events: Vec::new(),
         };
         controls.listen(fleet);

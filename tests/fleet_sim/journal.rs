@@ -50,6 +50,8 @@ pub(crate) struct Order {
     /// Whether its node knew its queue paused when its handler was first polled (no await
     /// lies between the start gate's check and that poll).
     pub(crate) gate_closed: bool,
+    /// The `n` of the payload it ran with (a replacing enqueue changes a job's payload).
+    pub(crate) payload_n: Option<i64>,
 }
 
 /// The executions of one run and the gates of those still waiting.
@@ -101,14 +103,15 @@ impl Journal {
     pub(crate) fn handler(self: &Arc<Self>, node: &str) -> impl JobHandler {
         let journal = self.clone();
         let node = node.to_string();
-        handler_fn(move |_: Value, ctx: JobContext| {
+        handler_fn(move |payload: Value, ctx: JobContext| {
             let journal = journal.clone();
             let node = node.clone();
             async move {
                 let claim = ctx.claim_id().to_string();
                 // A crashed node's actors that outlived it (a supervisor that got its worker
                 // as the crash ended another handler) run nothing: its process is gone.
-                let Some((idx, gate)) = journal.start(&node, &ctx, &claim) else {
+                let n = payload.get("n").and_then(Value::as_i64);
+                let Some((idx, gate)) = journal.start(&node, &ctx, &claim, n) else {
                     return std::future::pending().await;
                 };
                 let _end = EndOnDrop(journal.clone(), idx);
@@ -144,6 +147,7 @@ impl Journal {
         node: &str,
         ctx: &JobContext,
         claim: &str,
+        payload_n: Option<i64>,
     ) -> Option<(usize, oneshot::Receiver<Release>)> {
         let now = self.now_us();
         let (tx, rx) = oneshot::channel();
@@ -161,6 +165,7 @@ impl Journal {
             end: None,
             lease_left: ctx.lease_left(),
             gate_closed,
+            payload_n,
         });
         inner.execs.push(Execution {
             job_id: ctx.id.0,

@@ -43,12 +43,14 @@
 //! executions and gates), `faults.rs` (the store faults), `controls.rs` (the queues, limits,
 //! pauses, schedule and dependencies the seed drives), `sequences.rs` (ordered sequences:
 //! two or three keys a run, policies `wait`, `run`, `cancel`), `deadlines.rs` (jobs with
-//! start-by deadlines, short ones often missed), `runtime_schedule.rs` (a schedule added,
-//! changed and removed at run time through a node's client), `check.rs`,
+//! start-by deadlines, short ones often missed), `replace.rs` (a debounce key's jobs
+//! replacing or cancelling its pending holder), `runtime_schedule.rs` (a schedule added,
+//! changed and removed at run time through a node's client); the invariants: `check.rs`,
 //! `check_controls.rs`, `check_sequences.rs` (members in enqueue order, one at a time, the
-//! failure policies) and `check_deadlines.rs` (never started at or past the deadline;
-//! never started → cancelled `expired`) (the invariants), `log.rs` (the event log and its
-//! hash), `rng.rs` (the generator).
+//! failure policies), `check_deadlines.rs` (never started at or past the deadline; never
+//! started → cancelled `expired`) and `check_replace.rs` (no replaced payload and no
+//! cancelled holder runs after the answer); `log.rs` (the event log and its hash), `rng.rs`
+//! (the generator).
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
@@ -58,6 +60,7 @@ mod harness;
 mod check;
 mod check_controls;
 mod check_deadlines;
+mod check_replace;
 mod check_sequences;
 mod clock;
 mod controls;
@@ -66,6 +69,7 @@ mod faults;
 mod fleet;
 mod journal;
 mod log;
+mod replace;
 mod rng;
 mod run;
 mod runtime_schedule;

@@ -2,7 +2,8 @@
 //! queue's limits (`controls.rs`), then each step's clock event and action, from a
 //! generator of the step's own (seeded by the seed and the step's number, so what a step
 //! draws does not depend on what earlier steps drew). Actions: enqueue plain jobs (on either
-//! queue, with priorities, delays, unique keys), fetch a queue, renew, check deadlines,
+//! queue, with priorities, delays, unique keys — a debounce key's job replaces or cancels
+//! the pending holder, `replace.rs`), fetch a queue, renew, check deadlines,
 //! sweep, release a waiting handler, advance the clock, freeze, crash or start a node,
 //! pause or resume a queue, have a node read its queues' settings, elect and fire the
 //! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback,
@@ -16,14 +17,14 @@
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
-//! `check_deadlines.rs`). Answers the event
+//! `check_deadlines.rs`, `check_replace.rs`). Answers the event
 //! log's hash and what broke.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jobvisor::testing::Simulation;
-use jobvisor::{Job, JobId, ListParams, NewJob, ParentPolicy};
+use jobvisor::{Job, JobId, ListParams, NewJob, ParentPolicy, UniqueScope};
 use serde_json::json;
 
 use crate::check_controls::Facts;
@@ -35,7 +36,7 @@ use crate::log::EventLog;
 use crate::rng::{fnv, Rng, FNV_START};
 use crate::runtime_schedule::{self, RUNTIME};
 use crate::shrink::Skips;
-use crate::{deadlines, sequences};
+use crate::{deadlines, replace, sequences};
 
 /// Steps of the faulty phase.
 const STEPS: std::ops::Range<u64> = 60..120;
@@ -156,13 +157,37 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                     if rng.chance(250) {
                         job = job.delay(Duration::from_secs(1 + rng.below(10)));
                     }
+                    let mut keyed = None;
                     if rng.chance(200) {
-                        job = job.unique_key(format!("k{}", rng.below(4)));
+                        let mut key = format!("k{}", rng.below(4));
+                        let (how, debounce) = replace::draw(seed, made);
+                        if let Some(d) = debounce {
+                            // A debounce key, held while its job is live (`replace.rs`).
+                            key = replace::DEBOUNCE_KEY.to_string();
+                            job = job.delay(d).unique_scope(UniqueScope::WhileActive);
+                        }
+                        job = job.unique_key(key.clone()).on_duplicate(how);
+                        keyed = Some((key, how));
                     }
                     match sim.client.enqueue(job).await {
                         Ok(e) => {
+                            if let (true, Some((key, how))) = (e.replaced, keyed) {
+                                controls.replaces.push(replace::Act {
+                                    how,
+                                    id: e.id.0,
+                                    key,
+                                    n: i64::try_from(made).unwrap(),
+                                    mark: fleet.journal.mark(),
+                                });
+                            }
                             answered.insert(e.id.0);
-                            ids.push(format!("{}{}", e.id.0, if e.duplicate { "=" } else { "" }));
+                            // `~`: replaced (`replace.rs`), `=`: the holder kept.
+                            let mark = match (e.replaced, e.duplicate) {
+                                (true, _) => "~",
+                                (false, true) => "=",
+                                (false, false) => "",
+                            };
+                            ids.push(format!("{}{mark}", e.id.0));
                         }
                         Err(_) => ids.push("error".into()),
                     }
@@ -393,6 +418,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     violations.extend(crate::check_controls::check(&facts));
     violations.extend(crate::check_sequences::check(&facts));
     violations.extend(crate::check_deadlines::check(&facts));
+    violations.extend(crate::check_replace::check(&facts));
     for j in &jobs {
         log.line(format!(
             "job {}: {} attempts {} result {:?}",
