@@ -35,8 +35,10 @@ async fn updates(conn: &mut AsyncPgConnection, want: i64) -> Updates {
             .await
             .unwrap();
         let u: Updates = diesel::sql_query(
+            // The test's own table, by the search path: the shared database holds other
+            // tests' schemas, each with a `jobvisor_jobs` of its own.
             "SELECT n_tup_upd AS upd, n_tup_hot_upd AS hot FROM pg_stat_user_tables
-             WHERE relname = 'jobvisor_jobs'",
+             WHERE relid = 'jobvisor_jobs'::regclass",
         )
         .get_result(conn)
         .await
