@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use jobvisor::testing::{base_url, postgres_switches_off, unique_name, TestDb};
 use jobvisor::{
     handler_fn, Backend, Client, JobError, JobOutcome, JobState, NewJob, QueueConfig, Scheduler,
-    Store, StoreOptions,
+    SchedulerConfig, Store, StoreOptions,
 };
 use serde_json::{json, Value};
 
@@ -235,13 +235,22 @@ async fn nothing_is_notified_and_the_wake_counter_moves_instead() {
 
 /// A node whose store neither listens nor is notified starts a job another process
 /// enqueued within the change signal's poll (80 ms) and a little, and its running handler
-/// hears a cancel asked elsewhere as quickly: 20 of each, all within 1 s.
+/// hears a cancel asked elsewhere as quickly: 20 of each, all within 3 s, where the queue's
+/// poll (30 s) and the node's heartbeat (30 s), the ways left without the signal, take longer.
+/// (A bound of 1 s against the default 1 s poll failed once with the binary's 125 tests
+/// running at once on two cores.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_is_woken_and_a_cancel_heard_by_the_change_signal() {
     postgres_switches_off();
     let db = TestDb::create(Backend::Postgres).await;
     let scheduler = Scheduler::builder(db.store().await)
-        .queue("default", QueueConfig::default().concurrency(4))
+        .config(SchedulerConfig::default().node_heartbeat_every(Duration::from_secs(30)))
+        .queue(
+            "default",
+            QueueConfig::default()
+                .concurrency(4)
+                .poll_interval(Duration::from_secs(30)),
+        )
         .handler(
             "hold",
             handler_fn(|_: Value, ctx| async move {
@@ -284,8 +293,8 @@ async fn a_node_is_woken_and_a_cancel_heard_by_the_change_signal() {
         "without notifications: slowest start {worst_start:?}, slowest cancel {worst_cancel:?}"
     );
     assert!(
-        worst_start < Duration::from_secs(1) && worst_cancel < Duration::from_secs(1),
-        "slowest start {worst_start:?}, slowest cancel {worst_cancel:?}; expected both under 1 s"
+        worst_start < Duration::from_secs(3) && worst_cancel < Duration::from_secs(3),
+        "slowest start {worst_start:?}, slowest cancel {worst_cancel:?}; expected both under 3 s"
     );
 }
 

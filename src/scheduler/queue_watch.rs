@@ -13,7 +13,8 @@
 //!   one committed late (the count moved), or a moved wake counter (a job another process made due without a new id: a
 //!   dependency child released, a retry by hand, a refunded reclaim), wakes the node's
 //!   fetchers that have idle workers, so such a job is picked up within the signal interval
-//!   rather than at the next poll. A moved wake counter also has the lease manager renew its
+//!   rather than at the next poll. The first reading, a baseline, wakes them too: a job
+//!   committed between their first claims and it shows in no later change. A moved wake counter also has the lease manager renew its
 //!   leases at once ([`CancelAsked`]): a cancel of a running job moves it too.
 //!
 //! What it does with a change of a queue this node serves:
@@ -200,7 +201,11 @@ impl QueueWatch {
                     let appeared =
                         act.ids
                             .read(signal.newest_job, signal.above_floor, Instant::now());
-                    if appeared || before.is_some_and(|b| b.wakes != signal.wakes) {
+                    // The first reading is only a baseline, and a job another process
+                    // committed after the fetchers' first claims but before it would wait a
+                    // whole poll: they look once more.
+                    let first = before.is_none();
+                    if appeared || first || before.is_some_and(|b| b.wakes != signal.wakes) {
                         for f in act.elsewhere.values() {
                             f.do_send(NewJobsElsewhere);
                         }
