@@ -5,12 +5,16 @@
 //! renewal that is not HOT can only be one that changed an indexed column: an index keyed
 //! (or filtered) by `lease_expires_at`, `heartbeat_at`, `started_at`, `first_started_at`,
 //! `timeout_at` or `progress` fails this test.
+//!
+//! And the dead row versions a job's claim and end leave (neither can be HOT: each moves the
+//! job between partial indexes) are vacuumed after a fixed count, not a share of a table that
+//! grows with the retained jobs.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
 
-use diesel::sql_types::BigInt;
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use jobvisor::testing::{ClaimParams, LeaseRef, RenewParams, StoreEngine as _, TestDb};
 use jobvisor::{Backend, NewJob, NodeId};
@@ -106,5 +110,38 @@ async fn renewals_starts_and_progress_are_heap_only_updates() {
     assert_eq!(
         u.hot, RENEWALS,
         "every renewal is a HOT update (the claim is not): {u:?}"
+    );
+}
+
+#[derive(diesel::QueryableByName, Debug)]
+struct Options {
+    #[diesel(sql_type = Nullable<Text>)]
+    options: Option<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_table_is_vacuumed_after_a_fixed_count_of_dead_versions() {
+    let db = TestDb::create(Backend::Postgres).await;
+    let _store = db.store().await; // the schema
+    let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let o: Options = diesel::sql_query(
+        "SELECT array_to_string(reloptions, ',') AS options FROM pg_class
+         WHERE oid = 'jobvisor_jobs'::regclass",
+    )
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    let options = o.options.unwrap_or_default();
+    let mut set: Vec<&str> = options.split(',').collect();
+    set.sort_unstable();
+    // 10,000 dead versions whatever the table holds: the server's default, 50 + 20 % of the
+    // live rows, lets 14 million pile up under a day of jobs retained at 800 a second.
+    assert_eq!(
+        set,
+        [
+            "autovacuum_vacuum_scale_factor=0",
+            "autovacuum_vacuum_threshold=10000"
+        ],
+        "the live table's storage options"
     );
 }
