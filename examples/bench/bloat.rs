@@ -16,6 +16,10 @@ use jobvisor::Backend;
 
 use crate::scale::{sqlite_conn, SqliteAsync};
 
+/// MariaDB's InnoDB history list length, server-wide.
+const HISTORY_LIST: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS a, 0 AS b, 0 AS c \
+     FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_HISTORY_LIST_LENGTH'";
+
 /// One reading of the figures; the fields a backend has no equivalent of are `None`.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Bloat {
@@ -84,6 +88,44 @@ impl Bloat {
     }
 }
 
+/// The figure that rises and falls within an interval, read every second: PostgreSQL's dead
+/// tuples (autovacuum takes them once a round, `autovacuum_naptime`, so one reading per
+/// interval shows whichever phase of that cycle it lands on) and MariaDB's history list.
+/// Its mean and peak over the interval.
+#[derive(Default)]
+pub(crate) struct Swing {
+    max: i64,
+    sum: i64,
+    n: i64,
+}
+
+impl Swing {
+    pub(crate) fn add(&mut self, v: i64) {
+        self.max = self.max.max(v);
+        self.sum += v;
+        self.n += 1;
+    }
+
+    /// The backend's columns: (header, value) pairs.
+    pub(crate) fn columns(&self, backend: Backend) -> Vec<(&'static str, String)> {
+        let mean = if self.n > 0 {
+            (self.sum / self.n).to_string()
+        } else {
+            "-".to_string()
+        };
+        let max = if self.n > 0 {
+            self.max.to_string()
+        } else {
+            "-".to_string()
+        };
+        match backend {
+            Backend::Postgres => vec![("dead mean", mean), ("dead max", max)],
+            Backend::Mysql => vec![("history mean", mean), ("history max", max)],
+            Backend::Sqlite => Vec::new(),
+        }
+    }
+}
+
 /// A connection that reads [`Bloat`].
 pub(crate) enum BloatProbe {
     Pg(tokio_postgres::Client),
@@ -119,6 +161,31 @@ impl BloatProbe {
                 sqlite_conn(url).await,
                 url.trim_start_matches("sqlite://").to_string(),
             ),
+        }
+    }
+
+    /// The [`Swing`] figure now (SQLite: none).
+    pub(crate) async fn swing(&mut self) -> Option<i64> {
+        match self {
+            BloatProbe::Pg(client) => Some(
+                client
+                    .query_one(
+                        "SELECT n_dead_tup FROM pg_stat_user_tables \
+                         WHERE relid = 'jobvisor_jobs'::regclass",
+                        &[],
+                    )
+                    .await
+                    .expect("pg_stat_user_tables")
+                    .get(0),
+            ),
+            BloatProbe::Mysql(conn) => {
+                let h: Three = diesel::sql_query(HISTORY_LIST)
+                    .get_result(conn)
+                    .await
+                    .expect("Innodb_history_list_length");
+                Some(h.a)
+            }
+            BloatProbe::Sqlite(..) => None,
         }
     }
 
@@ -159,14 +226,10 @@ impl BloatProbe {
                 .get_result(conn)
                 .await
                 .expect("information_schema.TABLES");
-                let h: Three = diesel::sql_query(
-                    "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS a, 0 AS b, 0 AS c \
-                     FROM information_schema.GLOBAL_STATUS \
-                     WHERE VARIABLE_NAME = 'INNODB_HISTORY_LIST_LENGTH'",
-                )
-                .get_result(conn)
-                .await
-                .expect("Innodb_history_list_length");
+                let h: Three = diesel::sql_query(HISTORY_LIST)
+                    .get_result(conn)
+                    .await
+                    .expect("Innodb_history_list_length");
                 Bloat {
                     table_bytes: t.a,
                     index_bytes: t.b,

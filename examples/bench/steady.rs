@@ -1,6 +1,7 @@
 //! The `steady` modes (only when named): jobs arrive at a fixed rate for a set time while a node
 //! runs them, and every interval (default a minute) a row of the run prints — what arrived and
-//! finished, the pickup, the jobs table's bloat (`bloat.rs`) and this process's CPU.
+//! finished, the pickup, the jobs table's bloat (`bloat.rs`; dead tuples or the history list
+//! also read every second, their mean and peak) and this process's CPU.
 //!
 //! * Arrivals are an open loop: a pacer stamps job `i` due at `t0 + i / rate` — it sleeps until
 //!   that instant, or sends at once when behind — and hands it to 10 producer tasks (raw SQL:
@@ -32,7 +33,7 @@ use jobvisor::{handler_fn, Backend, Client, JobOutcome, NewJob, QueueConfig, Sch
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::bloat::BloatProbe;
+use crate::bloat::{BloatProbe, Swing};
 use crate::modes::percentile;
 use crate::raw::RawInserter;
 
@@ -210,7 +211,17 @@ async fn watch(
     let mut rows = Vec::new();
     for k in 1..=intervals {
         let end = (t0 + s.every * k).min(t0 + s.duration);
-        tokio::time::sleep_until(end).await;
+        let mut swing = Swing::default();
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= end {
+                break;
+            }
+            tokio::time::sleep_until((now + Duration::from_secs(1)).min(end)).await;
+            if let Some(v) = probe.swing().await {
+                swing.add(v);
+            }
+        }
         let secs = (end - (t0 + s.every * (k - 1))).as_secs_f64();
         let enqueued = tally.enqueued.swap(0, Relaxed);
         let done = completed();
@@ -243,6 +254,7 @@ async fn watch(
             ("p99 ms", pct(0.99)),
         ];
         cols.extend(bloat.columns(backend, &prev));
+        cols.extend(swing.columns(backend));
         cols.push(("CPU s", format!("{:.1}", cpu - cpu_before)));
         if k == 1 {
             print_header(label, &cols);
