@@ -10,7 +10,9 @@
 //!    does not count while its node was frozen: its lease may have lapsed and its job been
 //!    claimed again, as the overlap rule of `check.rs` excuses.
 //! 2. **Rate limit** (when the seed set one): any `rate + 1` starts of the limited queue span
-//!    at least the period (manual clock).
+//!    at least the period (manual clock); and as the limiter counts a job when it is claimed,
+//!    none starts later than the start margin after its claim (read from its lease left at
+//!    the first poll; checked with a bound of 1 s).
 //! 3. **Pauses.** While a queue is known paused (`controls::PauseWindow`): no claim of it
 //!    is reported (the claim checks the stored pause), and no handler of it starts on a node
 //!    after that node read the settings (the bound of §7.5: no start after the node learnt
@@ -39,6 +41,7 @@
 //!    further bound).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use jobvisor::{Job, JobState, ParentPolicy};
 
@@ -50,6 +53,14 @@ use crate::harness::journal::JobFacts;
 use crate::harness::side::Execution;
 use crate::journal::Order;
 use crate::runtime_schedule::{Answer, Ask, INTERVALS, RUNTIME, RUNTIME_KIND};
+
+/// A claim's lease left before its fence point as it is answered: the simulation's 30 s
+/// lease less the fence margin (a sixth of it, at most 5 s).
+const FRESH_LEASE_LEFT: Duration = Duration::from_secs(25);
+/// The longest a rate-limited claim's handler is taken to wait for its start here: the
+/// start margin (50 ms) plus the claim's own real time, with room to spare — a stall as a
+/// claim's answer arrives (`faults.rs`) lasts 60 ms to 3.9 s.
+const LATE_RATED_START: Duration = Duration::from_secs(1);
 
 /// What the checks read.
 pub(crate) struct Facts<'a> {
@@ -114,6 +125,21 @@ fn limits(f: &Facts<'_>, bad: &mut Vec<String>) {
     let Some(rate) = f.controls.limits.rate else {
         return;
     };
+    // The limiter counts a job as it is claimed, so each claimed job starts within the
+    // start margin of its claim or goes back unstarted (`RATE_START_MARGIN`): at its first
+    // poll a handler's lease left is the fresh claim's, less what passed since the claim
+    // (a renewal in between only makes it look fresher).
+    for &e in &limited {
+        let waited = FRESH_LEASE_LEFT.saturating_sub(f.orders[e].lease_left);
+        if waited > LATE_RATED_START {
+            bad.push(format!(
+                "rate limit {rate} per {RATE_PERIOD:?}: {:?} started {} ms after its claim, \
+                 past the start margin",
+                f.execs[e],
+                waited.as_millis()
+            ));
+        }
+    }
     let period = i64::try_from(RATE_PERIOD.as_micros()).unwrap();
     let mut starts: Vec<i64> = limited.iter().map(|e| f.execs[*e].started_at_us).collect();
     starts.sort_unstable();

@@ -10,12 +10,18 @@
 //! apply (not counted as injected), so it cannot renew, its fence points pass and its leases
 //! expire — and the write lands after its sender's lease moved on, as a statement stuck in a
 //! socket buffer or a proxy does.
+//! A node may also stall as a claim's answer arrives ([`STALLS`]: a pause of its process,
+//! a starved thread): the shared clock moves on before the node acts on the answer, so its
+//! handlers start late — past the rate-limited claim's start margin, or past the fence
+//! point — unless the start gate refuses them. Nothing else runs meanwhile; the driver then
+//! fires every node's deadline check, as their timers would have in that time.
 //! All plans of a run share one [`Book`]: the operations in flight (the driver waits for
-//! none), the faults injected and the writes held.
+//! none), the faults injected, the writes held and the stalls.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use jobvisor::clock::ManualClock;
 use jobvisor::testing::{Fault, FaultPlan, Late, StoreOp};
 
 use crate::rng::{fnv, Rng, FNV_START};
@@ -26,6 +32,18 @@ use crate::rng::{fnv, Rng, FNV_START};
 const HOLD_STEPS: std::ops::Range<u64> = 30..90;
 /// The round of the final phase from which the writes still held land.
 pub(crate) const HEAL_LANDING: usize = 12;
+/// A renewal meets a fault this many times as often as another operation (the extra ones
+/// all held).
+const RENEW_HELD: u64 = 3;
+/// Stalls per thousand claims answered (drawn from a generator of the node's own, apart
+/// from the faults', so a seed's faults are what they were without stalls).
+const STALL_PER_MILLE: u64 = 60;
+/// How long a stall lasts: half of them past the rate-limited start margin (50 ms) but well
+/// inside the lease, half past the fence point (25 s of a 30 s lease) but not past the
+/// lease itself, so the job is still the stalled node's in the database when it would start.
+pub(crate) const STALLS: [std::ops::Range<u64>; 2] = [60..3_900, 25_100..29_500];
+/// Salt of a node's stall generator.
+const STALL_SALT: u64 = 0x57a1_1ed0_c1a1_3e75;
 
 /// What every node's plan shares.
 #[derive(Debug, Default)]
@@ -42,6 +60,8 @@ pub(crate) struct Book {
     pub(crate) step: AtomicUsize,
     /// Writes held, in the order held.
     pub(crate) held: Mutex<Vec<Held>>,
+    /// Stalls not yet seen by the driver: the node and how long, in ms.
+    pub(crate) stalls: Mutex<Vec<(String, u64)>>,
 }
 
 /// A write held by [`Fault::ApplyLate`].
@@ -72,6 +92,10 @@ pub(crate) struct NodeFaults {
     book: Arc<Book>,
     node: String,
     rng: Mutex<Rng>,
+    /// Draws the stalls, apart from `rng`.
+    stall_rng: Mutex<Rng>,
+    /// The run's clock, moved by a stall.
+    clock: ManualClock,
     /// Faults per thousand operations.
     per_mille: u64,
     dead: AtomicBool,
@@ -80,11 +104,22 @@ pub(crate) struct NodeFaults {
 }
 
 impl NodeFaults {
-    pub(crate) fn new(book: Arc<Book>, seed: u64, node: &str, per_mille: u64) -> NodeFaults {
+    pub(crate) fn new(
+        book: Arc<Book>,
+        clock: ManualClock,
+        seed: u64,
+        node: &str,
+        per_mille: u64,
+    ) -> NodeFaults {
         NodeFaults {
             book,
             node: node.to_string(),
             rng: Mutex::new(Rng::new(fnv(node.as_bytes(), FNV_START ^ seed))),
+            stall_rng: Mutex::new(Rng::new(fnv(
+                node.as_bytes(),
+                FNV_START ^ seed ^ STALL_SALT,
+            ))),
+            clock,
             per_mille,
             dead: AtomicBool::new(false),
             stalled_until: AtomicUsize::new(0),
@@ -103,8 +138,33 @@ impl NodeFaults {
     }
 }
 
+impl NodeFaults {
+    /// As a claim's answer arrives: maybe stall, moving the run's clock on before the node
+    /// acts on the answer (not while faults are off, nor on a dead or stalled node).
+    fn stall(&self) {
+        let mut rng = self.stall_rng.lock().unwrap();
+        // Drawn on every claim, so whether faults are on changes no later draw.
+        let (roll, long) = (rng.below(1000), rng.chance(500));
+        let range = &STALLS[usize::from(long)];
+        let ms = range.start + rng.below(range.end - range.start);
+        if roll >= STALL_PER_MILLE
+            || !self.book.on.load(Ordering::SeqCst)
+            || self.dead.load(Ordering::SeqCst)
+            || self.stalled()
+        {
+            return;
+        }
+        self.clock.advance(std::time::Duration::from_millis(ms));
+        self.book
+            .stalls
+            .lock()
+            .unwrap()
+            .push((self.node.clone(), ms));
+    }
+}
+
 impl FaultPlan for NodeFaults {
-    fn begin(&self, _op: StoreOp) -> Fault {
+    fn begin(&self, op: StoreOp) -> Fault {
         self.book.in_flight.fetch_add(1, Ordering::SeqCst);
         self.book.begun.fetch_add(1, Ordering::SeqCst);
         if self.dead.load(Ordering::SeqCst) {
@@ -119,6 +179,13 @@ impl FaultPlan for NodeFaults {
         }
         if self.stalled() {
             return Fault::FailBefore;
+        }
+        // A renewal is also held at twice the rate again: a node renews a few times a run,
+        // and a renewal landing on the lease of its job's next holder is the write the
+        // renewal's token guard exists for (`check_landing.rs`).
+        if op == StoreOp::Renew && roll >= self.per_mille && roll < RENEW_HELD * self.per_mille {
+            self.book.injected.fetch_add(1, Ordering::SeqCst);
+            return Fault::ApplyLate;
         }
         if roll >= self.per_mille {
             return Fault::None;
@@ -149,7 +216,10 @@ impl FaultPlan for NodeFaults {
         });
     }
 
-    fn end(&self, _op: StoreOp) {
+    fn end(&self, op: StoreOp) {
+        if op == StoreOp::Claim {
+            self.stall();
+        }
         self.book.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -22,9 +22,9 @@ use jobvisor::clock::ManualClock;
 use jobvisor::scheduler::Event;
 use jobvisor::testing::{
     sim_config, FlushFinalizations, GetFetcherStatus, GetLeaseManagerStatus, Simulation,
-    StoreEngine as _,
+    StoreEngine as _, StoreOp,
 };
-use jobvisor::{Store, StoreOptions};
+use jobvisor::{Job, ListParams, Store, StoreOptions};
 use tokio::sync::broadcast;
 
 use crate::clock::{NodeClock, MAX_JUMP_S, MAX_RATE_PPM};
@@ -61,6 +61,18 @@ pub(crate) struct Node {
     pub(crate) status: Status,
 }
 
+/// What a frozen node does first as it wakes, before its deadline check (`Deadlines`:
+/// nothing else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// One of its waiting handlers returns.
+    Handler,
+    /// Its renewal goes out.
+    Renewal,
+    /// Nothing: the deadline check comes first.
+    Deadlines,
+}
+
 /// The nodes, their database, clock, journal and fault book.
 pub(crate) struct Fleet {
     url: String,
@@ -71,6 +83,8 @@ pub(crate) struct Fleet {
     pub(crate) nodes: Vec<Node>,
     /// Each freeze: the node, from and to on the manual clock.
     pub(crate) freezes: Vec<(String, i64, i64)>,
+    /// What the checks made as writes landed found (`check_landing.rs`).
+    pub(crate) violations: Vec<String>,
     per_mille: u64,
     /// Lines for the event log at the next settle (the clocks of nodes started).
     notes: Vec<String>,
@@ -100,6 +114,7 @@ impl Fleet {
             book: Arc::default(),
             nodes: Vec::new(),
             freezes: Vec::new(),
+            violations: Vec::new(),
             per_mille,
             notes: Vec::new(),
             _dir: dir,
@@ -118,6 +133,7 @@ impl Fleet {
             .unwrap();
         let faults = Arc::new(NodeFaults::new(
             self.book.clone(),
+            self.clock.clone(),
             self.seed,
             name,
             self.per_mille,
@@ -202,17 +218,11 @@ impl Fleet {
         self.nodes[i].status = Status::Frozen { until, since_us };
     }
 
-    /// Resumes node `i` (frozen) as a zombie. With `handler_first`, one of its waiting
-    /// handlers takes its last step on waking (it returns success) before anything else;
-    /// then its overdue timers fire — the deadline check, which stops the handlers whose
-    /// fence point passed while it slept. Logs it and settles.
-    pub(crate) async fn resume(
-        &mut self,
-        i: usize,
-        handler_first: bool,
-        log: &mut EventLog,
-        at: &str,
-    ) {
+    /// Resumes node `i` (frozen) as a zombie: first, as `wake` says, one of its waiting
+    /// handlers takes its last step (it returns success), or its overdue renewal fires, or
+    /// nothing; then its overdue deadline check, which stops the handlers whose fence point
+    /// passed while it slept. Logs it and settles.
+    pub(crate) async fn resume(&mut self, i: usize, wake: Wake, log: &mut EventLog, at: &str) {
         let Status::Frozen { since_us, .. } = self.nodes[i].status else {
             return;
         };
@@ -221,14 +231,27 @@ impl Fleet {
             .push((self.nodes[i].name.clone(), since_us, now));
         self.nodes[i].status = Status::Live;
         let name = self.nodes[i].name.clone();
-        if let Some((idx, job, attempt)) = self.journal.waiting(&name).first().copied() {
-            if handler_first {
-                self.journal.release(idx, Release::Success);
+        match wake {
+            Wake::Handler => {
+                if let Some((idx, job, attempt)) = self.journal.waiting(&name).first().copied() {
+                    self.journal.release(idx, Release::Success);
+                    log.line(format!(
+                        "{at}: {name} wakes; its handler of job {job} attempt {attempt} returns"
+                    ));
+                    self.settle(log).await;
+                }
+            }
+            Wake::Renewal => {
+                // Timers overdue together fire in any order: a renewal of leases whose
+                // fence point passed in the sleep may go out before the deadline check.
+                let r = self.nodes[i].sim.renew().await;
                 log.line(format!(
-                    "{at}: {name} wakes; its handler of job {job} attempt {attempt} returns"
+                    "{at}: {name} wakes; its renewal → renewed {} lost {}",
+                    r.renewed, r.lost
                 ));
                 self.settle(log).await;
             }
+            Wake::Deadlines => {}
         }
         let stopped = self.nodes[i].sim.check_deadlines().await;
         log.line(format!(
@@ -258,14 +281,56 @@ impl Fleet {
     pub(crate) async fn land(&mut self, step: Option<usize>, log: &mut EventLog, at: &str) {
         use jobvisor::clock::Clock as _;
         for h in self.book.due(step) {
-            let op = h.late.op().name();
+            let op = h.late.op();
+            // What a renewal changes is checked around its landing (`check_landing.rs`).
+            let before = if op == StoreOp::Renew {
+                Some(self.all_jobs().await)
+            } else {
+                None
+            };
             let how = match h.late.apply(self.clock.bound_now()).await {
                 Ok(()) => "applied",
                 Err(_) => "error",
             };
-            log.line(format!("{at}: {}'s held {op} lands → {how}", h.node));
+            if let Some(before) = before {
+                let after = self.all_jobs().await;
+                self.violations
+                    .extend(crate::check_landing::check(&h.node, &before, &after));
+            }
+            log.line(format!(
+                "{at}: {}'s held {} lands → {how}",
+                h.node,
+                op.name()
+            ));
             self.settle(log).await;
         }
+    }
+
+    /// Every job in the database, read through the first node not crashed (a read is
+    /// never a store fault's operation).
+    pub(crate) async fn all_jobs(&self) -> Vec<Job> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.status != Status::Crashed)
+            .unwrap_or(&self.nodes[0]);
+        let client = &node.sim.client;
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let page = client
+                .list(ListParams {
+                    after,
+                    limit: 1000,
+                    ..ListParams::default()
+                })
+                .await
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            out.extend(page);
+        }
+        out
     }
 
     pub(crate) fn now_us(&self) -> i64 {
@@ -283,8 +348,32 @@ impl Fleet {
         self.journal.crashed(&node.name);
     }
 
-    /// Waits until the fleet is quiescent, then logs what the live nodes reported.
+    /// Waits until the fleet is quiescent, then logs what the live nodes reported. After a
+    /// stall (`faults.rs`: the clock moved on as a claim's answer arrived), every live
+    /// node's deadline check fires, as its timer would have in that time, one node at a
+    /// time, each settled before the next.
     pub(crate) async fn settle(&mut self, log: &mut EventLog) {
+        loop {
+            self.settle_once(log).await;
+            let stalls = std::mem::take(&mut *self.book.stalls.lock().unwrap());
+            if stalls.is_empty() {
+                return;
+            }
+            for (node, ms) in stalls {
+                log.line(format!(
+                    "  {node}: stalls {ms} ms as a claim's answer arrives"
+                ));
+            }
+            for i in self.drivable() {
+                let stopped = self.nodes[i].sim.check_deadlines().await;
+                log.line(format!("  {}: deadlines → {stopped}", self.nodes[i].name));
+                self.settle_once(log).await;
+            }
+        }
+    }
+
+    /// [`settle`](Self::settle), stalls aside.
+    async fn settle_once(&mut self, log: &mut EventLog) {
         let started = Instant::now();
         let mut last = None;
         let mut stable = 0;

@@ -115,6 +115,9 @@ impl Journal {
                     return std::future::pending().await;
                 };
                 let _end = EndOnDrop(journal.clone(), idx);
+                // Rides on the next renewal: a landing that changes it is checked
+                // (`check_landing.rs`).
+                let _ = ctx.progress(json!({ "node": node, "attempt": ctx.attempt }));
                 let key = format!("{node}/{}/{}", ctx.id, ctx.attempt);
                 let hangs = fnv(key.as_bytes(), FNV_START ^ journal.seed).is_multiple_of(4);
                 let release = if hangs {

@@ -1,5 +1,5 @@
 //! The seeded fleet simulation: N real nodes, crashes, freezes, zombies and store faults
-//! (writes applied late among them) in one process, one seed → one exact run, every
+//! (writes applied late among them, and stalls as a claim's answer arrives) in one process, one seed → one exact run, every
 //! invariant checked after each run.
 //!
 //! * `fleet_sim` (in the test command): [`CI_SEEDS`] seeds (`JOBVISOR_SIM_SEEDS` to change),
@@ -49,7 +49,8 @@
 //! `check_controls.rs`, `check_sequences.rs` (members in enqueue order, one at a time, the
 //! failure policies), `check_deadlines.rs` (never started at or past the deadline; never
 //! started → cancelled `expired`) and `check_replace.rs` (no replaced payload and no
-//! cancelled holder runs after the answer); `log.rs` (the event log and its hash), `rng.rs`
+//! cancelled holder runs after the answer), `check_landing.rs` (a held renewal that lands
+//! changes only its sender's own leases); `log.rs` (the event log and its hash), `rng.rs`
 //! (the generator).
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
@@ -60,6 +61,7 @@ mod harness;
 mod check;
 mod check_controls;
 mod check_deadlines;
+mod check_landing;
 mod check_replace;
 mod check_sequences;
 mod clock;

@@ -17,20 +17,20 @@
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
-//! `check_deadlines.rs`, `check_replace.rs`). Answers the event
+//! `check_deadlines.rs`, `check_replace.rs`; `check_landing.rs` as each held renewal lands). Answers the event
 //! log's hash and what broke.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jobvisor::testing::Simulation;
-use jobvisor::{Job, JobId, ListParams, NewJob, ParentPolicy, UniqueScope};
+use jobvisor::{Job, JobId, NewJob, ParentPolicy, UniqueScope};
 use serde_json::json;
 
 use crate::check_controls::Facts;
 use crate::controls::{parents, Controls, LIMITED, QUEUES};
 use crate::faults::HEAL_LANDING;
-use crate::fleet::{Fleet, Status};
+use crate::fleet::{Fleet, Status, Wake};
 use crate::journal::Release;
 use crate::log::EventLog;
 use crate::rng::{fnv, Rng, FNV_START};
@@ -126,10 +126,8 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         fleet.land(Some(step), &mut log, &step.to_string()).await;
         for i in 0..fleet.nodes.len() {
             if matches!(fleet.nodes[i].status, Status::Frozen { until, .. } if until <= step) {
-                let handler_first = rng.chance(500);
-                fleet
-                    .resume(i, handler_first, &mut log, &step.to_string())
-                    .await;
+                let wake = *rng.pick(&[Wake::Handler, Wake::Renewal, Wake::Deadlines]);
+                fleet.resume(i, wake, &mut log, &step.to_string()).await;
             }
         }
         if skips.contains(step) {
@@ -328,7 +326,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         .on
         .store(false, std::sync::atomic::Ordering::SeqCst);
     for i in 0..fleet.nodes.len() {
-        fleet.resume(i, false, &mut log, "heal").await;
+        fleet.resume(i, Wake::Deadlines, &mut log, "heal").await;
     }
     if fleet.drivable().is_empty() {
         fleet.add_node("last").await;
@@ -398,6 +396,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             ));
         }
     }
+    violations.append(&mut fleet.violations);
     let execs = fleet.journal.executions();
     violations.extend(crate::check::check(
         &jobs,
@@ -463,26 +462,9 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     }
 }
 
-/// Every job in the database, read through a node that is not crashed.
+/// Every job in the database.
 async fn all_jobs(fleet: &Fleet) -> Vec<Job> {
-    let i = fleet.drivable()[0];
-    let client = &fleet.nodes[i].sim.client;
-    let mut out = Vec::new();
-    let mut after = None;
-    loop {
-        let page = client
-            .list(ListParams {
-                after,
-                limit: 1000,
-                ..ListParams::default()
-            })
-            .await
-            .unwrap();
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        out.extend(page);
-    }
-    out
+    fleet.all_jobs().await
 }
 
 /// Enqueues, through `sim`'s client, a child of one or two recent jobs (policy `cancel` or
