@@ -65,7 +65,9 @@ fn budget(backend: Backend, how: Drain) -> (f64, f64) {
         // MariaDB's finalize reads the claim's node and instant in its locking read and binds
         // them for the row's `last_*` (the execution ledger): +40 a job one at a time
         // (686.9–690.0 before), as mysql_async allocates each result column's definition.
-        (Backend::Mysql, Drain::OneAtATime) => (736.0, 726.0),
+        // Five runs since: 734.5–736.1 (736.1 in a CI run, over a budget of 736.0 that had no
+        // room for the spread), so the highest plus the spread, 1.6.
+        (Backend::Mysql, Drain::OneAtATime) => (737.7, 726.0),
         (Backend::Mysql, Drain::Default) => (195.0, 120.0),
         (Backend::Sqlite, Drain::OneAtATime) => (89.8, 88.0),
         (Backend::Sqlite, Drain::Default) => (15.0, 11.0),
