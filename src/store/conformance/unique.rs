@@ -458,6 +458,9 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     let later = match b {
         Backend::Postgres => vec![
             include_str!(
+                "../../../migrations/postgres/2026-12-20-000035_running_index_without_deduplication/down.sql"
+            ),
+            include_str!(
                 "../../../migrations/postgres/2026-12-19-000034_vacuum_threshold/down.sql"
             ),
             include_str!("../../../migrations/postgres/2026-12-18-000033_shown_fields/down.sql"),
@@ -548,12 +551,13 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
     };
     let latest = t.store.schema_version_applied().await.unwrap().unwrap();
     // The latest is the kept sequence keys and deadlines (000033) on MariaDB and SQLite, the
-    // live table's vacuum threshold (000034) on PostgreSQL, which alone has it, as it alone has
-    // its quiet enqueues and HOT renewals (000029) and the waits registry (000028) (the others'
-    // waits poll) and the drop of the release trigger (000023); MariaDB has no partial
+    // running index without deduplication (000035) on PostgreSQL, which alone has B-tree
+    // deduplication and the live table's vacuum threshold (000034), as it alone has its quiet
+    // enqueues and HOT renewals (000029) and the waits registry (000028) (the others' waits
+    // poll) and the drop of the release trigger (000023); MariaDB has no partial
     // indexes, so the dashboard's dead-jobs index (000021) is not among its own.
     let expected = match b {
-        Backend::Postgres => "20261219000034",
+        Backend::Postgres => "20261220000035",
         _ => "20261218000033",
     };
     assert_eq!(
@@ -575,7 +579,7 @@ pub async fn keyed_jobs_from_before_scopes_keep_their_key_after_the_migration(b:
                            '20261209000022', '20261210000023', '20261212000025', \
                            '20261213000026', '20261214000027', '20261215000028', \
                            '20261215000029', '20261216000030', '20261217000031', '20261217000032', \
-                           '20261218000033', '20261219000034')",
+                           '20261218000033', '20261219000034', '20261220000035')",
     )
     .await
     .unwrap();
