@@ -324,9 +324,36 @@ pub(crate) fn fence_point(sent_at: Duration, lease: Duration) -> Duration {
     (sent_at + lease).saturating_sub(fence_margin(lease))
 }
 
+/// The share of a start-by deadline's time left that the start gate gives up, a tenth: the
+/// time left is counted on this node's monotonic clock, and one that runs up to 10 % slow
+/// (the drift the fence margin also covers) must still never start a job at or past its
+/// deadline (invariant 15). A job claimed more than about 28 s before its deadline starts or
+/// is given back by its fence point first, untouched by this.
+const DEADLINE_RATE_TOLERANCE: u32 = 10;
+
+/// The instant (monotonic) from which a claim sent at `sent_at` whose job must start within
+/// `left_us` of the database's claim is not started but ends expired: the send time (early,
+/// as the fence point) plus nine tenths of the time left (see
+/// [`DEADLINE_RATE_TOLERANCE`]); the send time itself for a deadline already past.
+pub(crate) fn expire_point(sent_at: Duration, left_us: i64) -> Duration {
+    let left = Duration::from_micros(u64::try_from(left_us).unwrap_or(0));
+    sent_at + left - left / DEADLINE_RATE_TOLERANCE
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_is_met_on_a_monotonic_clock_a_tenth_slow() {
+        assert_eq!(expire_point(10 * S, 20_000_000), 28 * S);
+        assert_eq!(expire_point(10 * S, -5), 10 * S, "already past: at once");
+        // Real time from the send to the expire point, on a clock running 10 % slow
+        // (0.9 s of its time a second): exactly the time left, never more.
+        let left = 20 * S;
+        let node_span = expire_point(Duration::ZERO, 20_000_000);
+        assert!(node_span.mul_f64(1.0 / 0.9) <= left + US);
+    }
 
     const S: Duration = Duration::from_secs(1);
     const US: Duration = Duration::from_micros(1);

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::Semaphore;
 
-use super::attempt::{fence_point, Attempt};
+use super::attempt::{expire_point, fence_point, Attempt};
 use super::fair_share::{node_cap, SHARE_RETRY_FOR, SHARE_RETRY_MAX, SHARE_RETRY_MIN};
 use super::job_supervisor::JobSupervisor;
 use super::lease_manager::{JobFinished, TrackLease, TrackLeases};
@@ -482,9 +482,9 @@ impl Fetcher {
                 fence_point(claimed_at, self.shared.config.lease),
                 self.gate.clone(),
                 rated.map(|after| claimed_at + after + crate::RATE_START_MARGIN),
-                claimed.start_within_us.map(|left| {
-                    claimed_at + Duration::from_micros(u64::try_from(left).unwrap_or(0))
-                }),
+                claimed
+                    .start_within_us
+                    .map(|left| expire_point(claimed_at, left)),
             ));
             let (id, timeout, created_at) = (claimed.id, claimed.timeout, claimed.created_at);
             let queue = &self.queue;

@@ -7,11 +7,12 @@
 //! 2. **Expired, not failed nor run.** A job that never started ends `cancelled` with the
 //!    code `expired` (it is terminal by the end of the run, liveness); it is never
 //!    `succeeded` or `dead` unless it started before its deadline; and it is never ended
-//!    `expired` before its deadline.
+//!    `expired` before its deadline, less what its node's monotonic clock may have run fast.
 
 use jobvisor::JobState;
 
 use crate::check_controls::Facts;
+use crate::clock::MAX_RATE_PPM;
 
 /// Every rule broken, one line each.
 pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
@@ -43,7 +44,14 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
                 j.last_error.as_ref().map(|e| &e.code)
             ));
         }
-        if expired && j.updated_at.timestamp_micros() < deadline {
+        // The start gate counts nine tenths of a claim's time left on its node's monotonic
+        // clock, from the claim's send time (§7.15: early, as the fence point, so that a clock
+        // 10 % slow never starts a job late), and the model's clocks run up to MAX_RATE_PPM
+        // (10 %) fast: a job may expire up to 1 − 0.9 / 1.1 ≈ 18 % of its time left early,
+        // bounded here by a fifth of the time from its enqueue to its deadline.
+        let early =
+            (deadline - j.created_at.timestamp_micros()).max(0) * 2 * MAX_RATE_PPM / 1_000_000;
+        if expired && j.updated_at.timestamp_micros() < deadline - early {
             bad.push(format!(
                 "start-by: job {id} ended expired at {} µs, before its deadline {deadline} µs",
                 j.updated_at.timestamp_micros()
