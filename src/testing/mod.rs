@@ -66,7 +66,7 @@ pub mod internal {
         DEFAULT_MYSQL_URL, DEFAULT_PG_URL,
     };
     pub use super::engine::{NodeActors, StoreEngine};
-    pub use crate::store::faults::{Fault, FaultPlan, Late, StoreOp};
+    pub use crate::store::faults::{Answering, Fault, FaultPlan, Late, StoreOp};
 
     /// Makes the SQLite calls made on this thread run inline, to their end, before their
     /// futures are handed back (`on`), or on tokio's blocking threads as usual: with every

@@ -90,8 +90,10 @@ pub(crate) fn check(
         }
         let top = list.iter().map(|e| e.attempt).max().unwrap_or(0);
         // An attempt given back with no start recorded (its node died first, §7.2) is not
-        // counted; its number is reused by the next claim — unless the job expired first.
-        let given_back = i64::from(refunds > 0 && expired(job));
+        // counted; its number is reused by the next claim — unless the job was cancelled
+        // first: expired, or, pending again as far as the database knew, cancelled by hand,
+        // by a replacing enqueue or with a parent.
+        let given_back = i64::from(refunds > 0 && job.state == JobState::Cancelled);
         if i64::from(top) > i64::from(job.attempts) + given_back {
             bad.push(format!(
                 "attempts: job {id} counts {} attempts but attempt {top} ran",

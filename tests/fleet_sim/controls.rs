@@ -208,6 +208,11 @@ impl Controls {
     /// actors claim nothing: its store refuses everything).
     pub(crate) fn drain_claims(&mut self, fleet: &Fleet) {
         let seq = fleet.journal.mark();
+        self.drain_claims_at(fleet, seq);
+    }
+
+    /// [`drain_claims`](Self::drain_claims), the claims placed at `seq` in the run's order.
+    fn drain_claims_at(&mut self, fleet: &Fleet, seq: u64) {
         for (i, (node, rx)) in self.events.iter_mut().enumerate() {
             let crashed = fleet.nodes[i].status == Status::Crashed;
             while let Ok(e) = rx.try_recv() {
@@ -227,6 +232,11 @@ impl Controls {
                 }
             }
         }
+    }
+
+    /// Whether the driver knows `queue` is paused.
+    pub(crate) fn known_paused(&self, queue: &str) -> bool {
+        self.open(queue).is_some()
     }
 
     /// Whether the driver knows `queue` is paused (a window is open).
@@ -308,6 +318,40 @@ impl Controls {
             }
             Err(_) => "failed".into(),
         }
+    }
+
+    /// Node `at` claims from `queue`, and the claim's answer is held in the network while
+    /// the node's client pauses the queue and the node reads its settings; then the answer
+    /// arrives. The claim applied before the pause, so it took jobs; the pause's give-back
+    /// ran before the node tracked them, so only its start gate's pause check keeps their
+    /// handlers from starting (§7.5: no start after the node learnt of the pause). Answers
+    /// the log line.
+    pub(crate) async fn pause_in_flight(
+        &mut self,
+        fleet: &Fleet,
+        at: usize,
+        queue: &str,
+    ) -> String {
+        let node = &fleet.nodes[at];
+        let (held, release) = node.faults.hold_next_claim_answer();
+        // The claim's place in the run's order: before the pause's window opens.
+        let claimed = fleet.journal.mark();
+        let fetch = node.sim.fetch(queue);
+        tokio::pin!(fetch);
+        tokio::select! {
+            n = &mut fetch => {
+                // Nothing claimed without a fault (no free slot, a fault, the gate closed).
+                node.faults.disarm();
+                return format!("{n}, no answer held");
+            }
+            _ = held => {}
+        }
+        let paused = self.pause(fleet, at, queue).await;
+        let read = self.read_settings(fleet, at).await;
+        let _ = release.send(());
+        let n = fetch.await;
+        self.drain_claims_at(fleet, claimed);
+        format!("{n}, answer held while pause → {paused}, read settings → {read}")
     }
 
     /// Resumes every queue the run may have left paused, through node `at` (faults off).

@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use jobvisor::clock::ManualClock;
-use jobvisor::testing::{Fault, FaultPlan, Late, StoreOp};
+use jobvisor::testing::{Answering, Fault, FaultPlan, Late, StoreOp};
+use tokio::sync::oneshot;
 
 use crate::rng::{fnv, Rng, FNV_START};
 
@@ -101,6 +102,14 @@ pub(crate) struct NodeFaults {
     dead: AtomicBool,
     /// The step until which the node's connection is stalled behind a held write.
     stalled_until: AtomicUsize,
+    /// The next claim's answer, to hold ([`NodeFaults::hold_next_claim_answer`]).
+    answer_hold: Mutex<Option<AnswerHold>>,
+}
+
+/// A claim's answer held by the driver: told when it is held, waits for its release.
+struct AnswerHold {
+    held: oneshot::Sender<()>,
+    release: oneshot::Receiver<()>,
 }
 
 impl NodeFaults {
@@ -123,7 +132,23 @@ impl NodeFaults {
             per_mille,
             dead: AtomicBool::new(false),
             stalled_until: AtomicUsize::new(0),
+            answer_hold: Mutex::new(None),
         }
+    }
+
+    /// Holds the node's next claim that applies without a fault before its answer reaches
+    /// the node: the receiver hears when it is held (its rows claimed and committed), the
+    /// sender releases the answer. A hold no claim took stays until [`disarm`](Self::disarm).
+    pub(crate) fn hold_next_claim_answer(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (held, held_rx) = oneshot::channel();
+        let (release_tx, release) = oneshot::channel();
+        *self.answer_hold.lock().unwrap() = Some(AnswerHold { held, release });
+        (held_rx, release_tx)
+    }
+
+    /// Drops a hold no claim took.
+    pub(crate) fn disarm(&self) {
+        self.answer_hold.lock().unwrap().take();
     }
 
     /// Whether the node's connection is stalled behind a held write now.
@@ -214,6 +239,17 @@ impl FaultPlan for NodeFaults {
             node: self.node.clone(),
             late,
         });
+    }
+
+    fn answer(&self, op: StoreOp) -> Option<Answering> {
+        if op != StoreOp::Claim {
+            return None;
+        }
+        let AnswerHold { held, release } = self.answer_hold.lock().unwrap().take()?;
+        let _ = held.send(());
+        Some(Box::pin(async move {
+            let _ = release.await;
+        }))
     }
 
     fn end(&self, op: StoreOp) {

@@ -56,7 +56,7 @@ pub(crate) struct Node {
     pub(crate) name: String,
     pub(crate) sim: Simulation,
     clock: Arc<NodeClock>,
-    faults: Arc<NodeFaults>,
+    pub(crate) faults: Arc<NodeFaults>,
     events: broadcast::Receiver<Event>,
     pub(crate) status: Status,
 }

@@ -42,6 +42,11 @@ use crate::{deadlines, replace, sequences};
 const STEPS: std::ops::Range<u64> = 60..120;
 /// Rounds of the final phase before a run is declared not live.
 const HEAL_ROUNDS: usize = 150;
+/// Fetches (per thousand) whose claim's answer is held while the queue is paused and the node
+/// learns of it (`Controls::pause_in_flight`), when the queue is not known paused already —
+/// in odd seeds only: each such pause changes the rest of its run, and the even seeds keep the
+/// runs they had (the catalogue's only catch of `renew-token` is seed 86's).
+const PAUSED_IN_FLIGHT: u64 = 60;
 
 /// What one run found.
 #[derive(Debug)]
@@ -194,7 +199,12 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             }
             14..=27 => {
                 let queue = *rng.pick(&QUEUES);
-                format!("{step}: {name} fetch {queue} → {}", sim.fetch(queue).await)
+                if rng.chance(PAUSED_IN_FLIGHT) && seed % 2 == 1 && !controls.known_paused(queue) {
+                    let line = controls.pause_in_flight(&fleet, at, queue).await;
+                    format!("{step}: {name} fetch {queue} → {line}")
+                } else {
+                    format!("{step}: {name} fetch {queue} → {}", sim.fetch(queue).await)
+                }
             }
             28..=39 => {
                 let r = sim.renew().await;

@@ -154,7 +154,18 @@ pub trait FaultPlan: Send + Sync {
     fn hold(&self, late: Late) {
         drop(late);
     }
+    /// Called as `op` applied without a fault, before its caller sees the answer: a future
+    /// the answer waits for — an answer still in the network while other things happen (a
+    /// claim answered after its queue was paused and its node learnt of it). By default
+    /// none.
+    fn answer(&self, op: StoreOp) -> Option<Answering> {
+        let _ = op;
+        None
+    }
 }
+
+/// What an answer [`FaultPlan::answer`] delays waits for.
+pub type Answering = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The plan a store holds, if any (shared by its clones).
 #[derive(Default)]
@@ -194,7 +205,15 @@ pub(crate) async fn run<T>(
     let fault = plan.begin(which);
     let ending = Ending(plan, which);
     match fault {
-        Fault::None => bounded(op, limit, fut).await,
+        Fault::None => {
+            let res = bounded(op, limit, fut).await;
+            if res.is_ok() {
+                if let Some(answering) = ending.0.answer(which) {
+                    answering.await;
+                }
+            }
+            res
+        }
         Fault::FailBefore => Err(Error::Database(StoreError::Transient(format!(
             "{}: injected failure before it reached the database",
             which.name()
