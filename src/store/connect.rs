@@ -195,6 +195,44 @@ impl Store {
         super::timeout::bounded(op, self.inner.statement_bound(), run(self.clone(), p))
     }
 
+    /// Runs an operation that has no statement bound of its own (a schedule's fire, whose
+    /// jobs may be many after a long outage): under a test's fault plan (feature
+    /// `test-util`), as the plan decides, within the store's statement bound, as
+    /// [`bounded_owned`](Self::bounded_owned); otherwise as it is.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn faulted_owned<T, P, F, Fut>(
+        &self,
+        op: super::timeout::Op,
+        p: P,
+        run: F,
+    ) -> impl std::future::Future<Output = Result<T>>
+    where
+        P: super::faults::AtNow + Clone + Send + Sync + 'static,
+        F: Fn(Store, P) -> Fut + Copy + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        if self.inner.faults.get().is_some() {
+            futures_util::future::Either::Left(self.bounded_owned(op, p, run))
+        } else {
+            futures_util::future::Either::Right(run(self.clone(), p))
+        }
+    }
+
+    /// Runs an operation that has no statement bound of its own, as it is.
+    #[cfg(not(feature = "test-util"))]
+    pub(crate) fn faulted_owned<T, P, F, Fut>(
+        &self,
+        _op: super::timeout::Op,
+        p: P,
+        run: F,
+    ) -> impl std::future::Future<Output = Result<T>>
+    where
+        F: Fn(Store, P) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        run(self.clone(), p)
+    }
+
     /// Runs a hot-path operation for at most `limit`.
     #[cfg(not(feature = "test-util"))]
     pub(crate) fn bounded_for<T, F>(

@@ -27,8 +27,10 @@ use diesel_async::RunQueryDsl;
 use super::columns::bound;
 use super::driver::{with_conn, with_tx, with_write};
 use super::expr::DbNow;
+use super::params::ElectParams;
 use super::rows::{dur_us, from_us};
 use super::schema::jobvisor_leader as leader;
+use super::timeout::Op;
 use super::Store;
 use crate::error::Result;
 use crate::lease::NodeId;
@@ -85,9 +87,25 @@ impl Store {
         lease: Duration,
         now: Option<DateTime<Utc>>,
     ) -> Result<Option<Leadership>> {
-        let now = DbNow::new(bound(now));
-        let until = now.plus(dur_us(lease));
-        let node = node.as_str().to_string();
+        let p = ElectParams {
+            node: node.as_str().to_string(),
+            held,
+            lease,
+            now,
+        };
+        self.faulted_owned(
+            Op::Elect,
+            p,
+            |s, p| async move { s.elect_unbounded(p).await },
+        )
+        .await
+    }
+
+    /// [`leader_keep_or_take`](Self::leader_keep_or_take)'s transaction.
+    async fn elect_unbounded(&self, p: ElectParams) -> Result<Option<Leadership>> {
+        let now = DbNow::new(bound(p.now));
+        let until = now.plus(dur_us(p.lease));
+        let (node, held) = (p.node, p.held);
         let out: Option<Leadership> = with_tx!(self, |conn| {
             let mut elected = false;
             let mut n = 0;

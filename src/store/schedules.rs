@@ -37,9 +37,10 @@ use super::expr::DbNow;
 use super::leader_fence;
 use super::mutation::{on, Mutation};
 use super::outbox::OutboxConnection;
-use super::params::Enqueued;
+use super::params::{Enqueued, FireParams};
 use super::rows::{dur_us, from_us};
 use super::schema::jobvisor_schedules as s;
+use super::timeout::Op;
 use super::Store;
 use crate::error::{Error, Result, StoreError};
 use crate::job::NewJob;
@@ -307,23 +308,39 @@ impl Store {
         now: Option<DateTime<Utc>>,
     ) -> Result<Option<Vec<Enqueued>>> {
         self.validate_jobs(&f.jobs)?;
-        let bound_now = bound(now);
+        let p = FireParams {
+            name: f.name.to_owned(),
+            expected_next: f.expected_next,
+            next: f.next,
+            last_fire: f.last_fire,
+            jobs: f.jobs,
+            leader: f.leader.map(|(node, term)| (node.to_owned(), term)),
+            now,
+        };
+        self.faulted_owned(Op::Fire, p, |s, p| async move { s.fire_unbounded(p).await })
+            .await
+    }
+
+    /// [`schedule_fire`](Self::schedule_fire)'s transaction.
+    async fn fire_unbounded(&self, p: FireParams) -> Result<Option<Vec<Enqueued>>> {
+        let bound_now = bound(p.now);
         let now = DbNow::new(bound_now);
         let insert_returning = self.insert_returning();
         let live = s::table
-            .filter(s::name.eq(f.name))
-            .filter(s::next_fire_at.eq(f.expected_next))
+            .filter(s::name.eq(p.name.as_str()))
+            .filter(s::next_fire_at.eq(p.expected_next))
             .filter(s::paused_at.is_null())
             .filter(s::retired_at.is_null());
         let set = (
             // Never again: never due (listed with no next fire).
-            s::next_fire_at.eq(f.next.unwrap_or(i64::MAX)),
-            s::last_fire_at.eq(f.last_fire),
+            s::next_fire_at.eq(p.next.unwrap_or(i64::MAX)),
+            s::last_fire_at.eq(p.last_fire),
             s::updated_at.eq(now),
         );
-        let jobs = f.jobs;
+        let leader = p.leader.as_ref().map(|(node, term)| (node.as_str(), *term));
+        let jobs = p.jobs;
         with_tx!(self, |conn| {
-            let n = match f.leader.filter(|_| !on(Mutation::FireTerm)) {
+            let n = match leader.filter(|_| !on(Mutation::FireTerm)) {
                 Some((node, term)) => {
                     diesel::update(live.filter(exists(leader_fence!(node, term, now))))
                         .set(set)

@@ -83,7 +83,8 @@ pub trait StoreEngine {
     /// Live jobs per queue and state.
     fn job_counts(&self) -> impl Future<Output = Result<Vec<StateCount>>> + Send;
     /// Installs a fault plan asked by each hot-path operation of this store and its clones
-    /// (claim, renew, finalize, enqueue, reclaim); see [`FaultPlan`].
+    /// (claim, renew, finalize, enqueue, reclaim) and by the leader's elections and fires;
+    /// see [`FaultPlan`].
     fn inject_faults(&self, plan: Arc<dyn FaultPlan>);
 }
 

@@ -1,12 +1,13 @@
 //! Store faults for simulation (feature `test-util` only): a [`FaultPlan`] installed on a
 //! [`Store`](crate::store::Store) is asked before each operation of the hot path and the
 //! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
-//! under the store's statement bound) what happens to it: nothing, a failure before it
-//! applies, an answer lost after it applied (commit-unknown), an answer that arrives past
-//! the operation's bound (the caller sees the bound's timeout error while the write stood),
-//! or a write held and applied later ([`Late`]: sent in time, landing after its sender's
-//! lease moved on — the write every token guard exists for). The plan also sees each
-//! operation end, so a test can tell when none is in flight.
+//! under the store's statement bound — and the leader's election and schedule fires) what
+//! happens to it: nothing, a failure before it applies, an answer lost after it applied
+//! (commit-unknown), an answer that arrives past the operation's bound (the caller sees the
+//! bound's timeout error while the write stood), or a write held and applied later
+//! ([`Late`]: sent in time, landing after its sender's lease or term moved on — the write
+//! every token and term guard exists for). The plan also sees each operation end, so a
+//! test can tell when none is in flight.
 //!
 //! Without the feature this file is not compiled and the store carries no field for it.
 
@@ -17,7 +18,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::params::{ClaimParams, FinalizeParams, ReclaimParams, RenewParams};
+use super::params::{
+    ClaimParams, ElectParams, FinalizeParams, FireParams, ReclaimParams, RenewParams,
+};
 use super::timeout::{bounded, timeout_error, Op, Phase};
 use crate::error::{Error, Result, StoreError};
 
@@ -34,6 +37,10 @@ pub enum StoreOp {
     Enqueue,
     /// The sweeper's reclaim of expired leases and passed timeouts.
     Reclaim,
+    /// The leader's fire of a due schedule (its jobs enqueued, its next fire moved on).
+    Fire,
+    /// A node's election or renewal of its leadership.
+    Elect,
 }
 
 impl StoreOp {
@@ -44,6 +51,8 @@ impl StoreOp {
             Op::Finalize => StoreOp::Finalize,
             Op::Enqueue => StoreOp::Enqueue,
             Op::Reclaim => StoreOp::Reclaim,
+            Op::Fire => StoreOp::Fire,
+            Op::Elect => StoreOp::Elect,
         }
     }
 
@@ -55,6 +64,8 @@ impl StoreOp {
             StoreOp::Finalize => "finalize",
             StoreOp::Enqueue => "enqueue",
             StoreOp::Reclaim => "reclaim",
+            StoreOp::Fire => "fire",
+            StoreOp::Elect => "elect",
         }
     }
 }
@@ -75,8 +86,8 @@ pub enum Fault {
     /// It is held: the caller sees a transient error at once (its answer never comes), and
     /// the write applies only when whoever holds the [`Late`] handed to
     /// [`FaultPlan::hold`] applies it — a statement sent in time that lands after its
-    /// sender's lease, term or version moved on. Claims, renewals, finalizations and
-    /// reclaims can be held; for another operation it is [`Fault::LoseAnswer`].
+    /// sender's lease, term or version moved on. Claims, renewals, finalizations, reclaims,
+    /// fires and elections can be held; an enqueue cannot ([`Fault::LoseAnswer`] instead).
     ApplyLate,
 }
 
@@ -140,7 +151,14 @@ macro_rules! at_now {
         }
     )*};
 }
-at_now!(ClaimParams, RenewParams, FinalizeParams, ReclaimParams);
+at_now!(
+    ClaimParams,
+    RenewParams,
+    FinalizeParams,
+    ReclaimParams,
+    FireParams,
+    ElectParams
+);
 
 /// Decides each operation's [`Fault`]; installed with `Store::inject_faults`.
 pub trait FaultPlan: Send + Sync {

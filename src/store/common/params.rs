@@ -199,6 +199,41 @@ pub struct LeaseRef {
     pub progress: Option<String>,
 }
 
+/// A schedule's fire as the store writes it: the owned copy of
+/// [`Fire`](crate::store::Fire) that a test's fault plan can hold and apply late (a deposed
+/// leader's statement landing after its term ended, the write the term guard exists for).
+#[derive(Debug, Clone)]
+pub(crate) struct FireParams {
+    /// The schedule.
+    pub(crate) name: String,
+    /// `next_fire_at` as read (the guard).
+    pub(crate) expected_next: i64,
+    /// Its new value; `None` when the expression never matches again.
+    pub(crate) next: Option<i64>,
+    /// The schedule's last fire afterwards.
+    pub(crate) last_fire: Option<i64>,
+    /// The fire's jobs, validated.
+    pub(crate) jobs: Vec<NewJob>,
+    /// `(node, term)`: only while this leadership holds.
+    pub(crate) leader: Option<(String, i64)>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+/// A leader election or renewal as the store writes it (`Store::leader_keep_or_take`'s
+/// arguments, owned so that a test's fault plan can hold it).
+#[derive(Debug, Clone)]
+pub(crate) struct ElectParams {
+    /// The node.
+    pub(crate) node: String,
+    /// The term it holds, to renew; else it takes the row if its lease has expired.
+    pub(crate) held: Option<i64>,
+    /// The lease's length, from now.
+    pub(crate) lease: Duration,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
 /// Renew many leases in one statement.
 #[derive(Debug, Clone)]
 pub struct RenewParams {

@@ -27,7 +27,8 @@ use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolError};
 
 use crate::error::{Error, Result, StoreError};
 
-/// A hot-path operation, named in its timeout error.
+/// A hot-path operation, named in its timeout error (and a leader's election and schedule
+/// fire, which only a test's fault plan bounds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Claim,
@@ -35,6 +36,8 @@ pub(crate) enum Op {
     Finalize,
     Enqueue,
     Reclaim,
+    Fire,
+    Elect,
 }
 
 impl Op {
@@ -45,6 +48,8 @@ impl Op {
             Op::Finalize => "job_finalize_many",
             Op::Enqueue => "job_enqueue",
             Op::Reclaim => "job_reclaim_expired",
+            Op::Fire => "schedule_fire",
+            Op::Elect => "leader_keep_or_take",
         }
     }
 }
