@@ -1,14 +1,20 @@
-//! What a held renewal may change when it lands (`faults.rs`), checked around each landing
-//! (§6 invariant 1: a renewal, and the progress it carries, applies only under its holder's
-//! token; a zombie's writes change nothing): a job whose lease (expiry, heartbeat) or
-//! progress the landing changed must have been running under the sender's lease just
-//! before it, and a progress it wrote — each handler reports its node and attempt as it
-//! starts (`journal.rs`) — must be the sender's for exactly that attempt. A renewal sent in
-//! time that lands on the lease of the job's next holder must change nothing.
+//! What a held write may change when it lands (`faults.rs`), checked around each landing.
+//!
+//! * **A renewal** (§6 invariant 1: a renewal, and the progress it carries, applies only
+//!   under its holder's token; a zombie's writes change nothing): a job whose lease (expiry,
+//!   heartbeat) or progress the landing changed must have been running under the sender's
+//!   lease just before it, and a progress it wrote — each handler reports its node and
+//!   attempt as it starts (`journal.rs`) — must be the sender's for exactly that attempt. A
+//!   renewal sent in time that lands on the lease of the job's next holder must change
+//!   nothing.
+//! * **A schedule fire** (§6 invariant 11: a leader-only write commits only while its term
+//!   holds an unexpired lease): a landing that moved any schedule's fires on must have found
+//!   the sender leading, under an unexpired lease, at the instant it landed. A fire sent by
+//!   a leader whose lease has since lapsed must change nothing.
 
 use std::collections::BTreeMap;
 
-use jobvisor::{Job, JobState};
+use jobvisor::{Job, JobState, Leader, ScheduleInfo};
 
 /// What a landing of `sender`'s held renewal changed wrongly, from the jobs before and
 /// after it.
@@ -54,4 +60,42 @@ pub(crate) fn check(sender: &str, before: &[Job], after: &[Job]) -> Vec<String> 
         }
     }
     problems
+}
+
+/// What a landing of `sender`'s held schedule fire at `at_us` changed wrongly, from the
+/// schedules before and after it and the leader at that instant (`None`: nobody's lease
+/// unexpired).
+pub(crate) fn check_fire(
+    sender: &str,
+    at_us: i64,
+    before: &[ScheduleInfo],
+    after: &[ScheduleInfo],
+    leader: Option<&Leader>,
+) -> Vec<String> {
+    let fires = |s: &ScheduleInfo| (s.next_fire_at, s.last_fire_at);
+    let was: BTreeMap<&str, &ScheduleInfo> = before.iter().map(|s| (s.name.as_str(), s)).collect();
+    let moved: Vec<&str> = after
+        .iter()
+        .filter(|s| {
+            was.get(s.name.as_str())
+                .is_none_or(|old| fires(old) != fires(s))
+        })
+        .map(|s| s.name.as_str())
+        .collect();
+    let sender_leads = leader.is_some_and(|l| l.node.as_str() == sender);
+    if moved.is_empty() || sender_leads {
+        return Vec::new();
+    }
+    vec![format!(
+        "fire: {sender}'s held fire landed at {at_us} µs and fired {moved:?} while {} led",
+        leader.map_or_else(
+            || "nobody".to_string(),
+            |l| format!(
+                "{} (term {}, until {})",
+                l.node,
+                l.term,
+                l.expires_at.timestamp_micros()
+            )
+        )
+    )]
 }

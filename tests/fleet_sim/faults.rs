@@ -15,6 +15,11 @@
 //! handlers start late — past the rate-limited claim's start margin, or past the fence
 //! point — unless the start gate refuses them. Nothing else runs meanwhile; the driver then
 //! fires every node's deadline check, as their timers would have in that time.
+//! A node's elections and schedule fires meet faults too, drawn from a generator of their
+//! own (so the other operations' faults are what they were without them), a fire at
+//! [`FIRE_PER_MILLE`]: a fire held lands after its sender's leader lease may have lapsed —
+//! the write the fire's term guard exists for — and an election refused while the node's
+//! connection is stalled lets that lease lapse.
 //! All plans of a run share one [`Book`]: the operations in flight (the driver waits for
 //! none), the faults injected, the writes held and the stalls.
 
@@ -45,6 +50,13 @@ const STALL_PER_MILLE: u64 = 60;
 pub(crate) const STALLS: [std::ops::Range<u64>; 2] = [60..3_900, 25_100..29_500];
 /// Salt of a node's stall generator.
 const STALL_SALT: u64 = 0x57a1_1ed0_c1a1_3e75;
+/// Salt of a node's generator for its leader operations (elections and schedule fires),
+/// apart from the others' so that a seed's other faults are what they were without them.
+const LEADER_SALT: u64 = 0x1ead_e500_f17e_5a17;
+/// Faults per thousand schedule fires, in a run with faults at all: a node fires a few
+/// times a run, and a fire held past its sender's term is the write the fire's term guard
+/// exists for (`check_landing.rs`).
+const FIRE_PER_MILLE: u64 = 600;
 
 /// What every node's plan shares.
 #[derive(Debug, Default)]
@@ -95,6 +107,8 @@ pub(crate) struct NodeFaults {
     rng: Mutex<Rng>,
     /// Draws the stalls, apart from `rng`.
     stall_rng: Mutex<Rng>,
+    /// Draws the faults of elections and fires, apart from `rng`.
+    leader_rng: Mutex<Rng>,
     /// The run's clock, moved by a stall.
     clock: ManualClock,
     /// Faults per thousand operations.
@@ -127,6 +141,10 @@ impl NodeFaults {
             stall_rng: Mutex::new(Rng::new(fnv(
                 node.as_bytes(),
                 FNV_START ^ seed ^ STALL_SALT,
+            ))),
+            leader_rng: Mutex::new(Rng::new(fnv(
+                node.as_bytes(),
+                FNV_START ^ seed ^ LEADER_SALT,
             ))),
             clock,
             per_mille,
@@ -188,12 +206,47 @@ impl NodeFaults {
     }
 }
 
+impl NodeFaults {
+    /// The fault of an election or a schedule fire (the node neither dead nor, for the
+    /// caller, anything else decided yet): drawn from the node's leader generator, at
+    /// [`FIRE_PER_MILLE`] for a fire and the run's rate for an election; refused before it
+    /// applies while the node's connection is stalled behind a held write.
+    fn leader_fault(&self, op: StoreOp) -> Fault {
+        let mut rng = self.leader_rng.lock().unwrap();
+        let (roll, kind) = (rng.below(1000), rng.below(5));
+        if !self.book.on.load(Ordering::SeqCst) || self.per_mille == 0 {
+            return Fault::None;
+        }
+        if self.stalled() {
+            return Fault::FailBefore;
+        }
+        let rate = if op == StoreOp::Fire {
+            FIRE_PER_MILLE
+        } else {
+            self.per_mille
+        };
+        if roll >= rate {
+            return Fault::None;
+        }
+        self.book.injected.fetch_add(1, Ordering::SeqCst);
+        match kind {
+            0 => Fault::FailBefore,
+            1 => Fault::LoseAnswer,
+            2 => Fault::PastDeadline,
+            _ => Fault::ApplyLate,
+        }
+    }
+}
+
 impl FaultPlan for NodeFaults {
     fn begin(&self, op: StoreOp) -> Fault {
         self.book.in_flight.fetch_add(1, Ordering::SeqCst);
         self.book.begun.fetch_add(1, Ordering::SeqCst);
         if self.dead.load(Ordering::SeqCst) {
             return Fault::FailBefore;
+        }
+        if matches!(op, StoreOp::Elect | StoreOp::Fire) {
+            return self.leader_fault(op);
         }
         let mut rng = self.rng.lock().unwrap();
         // Drawn whether or not faults are on, so turning them off changes no later draw.
@@ -226,12 +279,12 @@ impl FaultPlan for NodeFaults {
     }
 
     fn hold(&self, late: Late) {
-        let after = HOLD_STEPS.start
-            + self
-                .rng
-                .lock()
-                .unwrap()
-                .below(HOLD_STEPS.end - HOLD_STEPS.start);
+        let rng = if matches!(late.op(), StoreOp::Elect | StoreOp::Fire) {
+            &self.leader_rng
+        } else {
+            &self.rng
+        };
+        let after = HOLD_STEPS.start + rng.lock().unwrap().below(HOLD_STEPS.end - HOLD_STEPS.start);
         let at = self.book.step.load(Ordering::SeqCst) + after as usize;
         self.stalled_until.fetch_max(at, Ordering::SeqCst);
         self.book.held.lock().unwrap().push(Held {

@@ -288,6 +288,12 @@ impl Fleet {
             } else {
                 None
             };
+            // And what a fire changes (the schedules, the leader as it lands).
+            let schedules = if op == StoreOp::Fire {
+                Some(self.reader().schedules().await.unwrap())
+            } else {
+                None
+            };
             let how = match h.late.apply(self.clock.bound_now()).await {
                 Ok(()) => "applied",
                 Err(_) => "error",
@@ -296,6 +302,17 @@ impl Fleet {
                 let after = self.all_jobs().await;
                 self.violations
                     .extend(crate::check_landing::check(&h.node, &before, &after));
+            }
+            if let Some(before) = schedules {
+                let after = self.reader().schedules().await.unwrap();
+                let leader = self.reader().leader().await.unwrap();
+                self.violations.extend(crate::check_landing::check_fire(
+                    &h.node,
+                    self.now_us(),
+                    &before,
+                    &after,
+                    leader.as_ref(),
+                ));
             }
             log.line(format!(
                 "{at}: {}'s held {} lands → {how}",
@@ -309,12 +326,7 @@ impl Fleet {
     /// Every job in the database, read through the first node not crashed (a read is
     /// never a store fault's operation).
     pub(crate) async fn all_jobs(&self) -> Vec<Job> {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.status != Status::Crashed)
-            .unwrap_or(&self.nodes[0]);
-        let client = &node.sim.client;
+        let client = self.reader();
         let mut out = Vec::new();
         let mut after = None;
         loop {
@@ -331,6 +343,17 @@ impl Fleet {
             out.extend(page);
         }
         out
+    }
+
+    /// The client of the first node not crashed: reads go through it (a read is never a
+    /// store fault's operation).
+    fn reader(&self) -> &jobvisor::Client {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.status != Status::Crashed)
+            .unwrap_or(&self.nodes[0]);
+        &node.sim.client
     }
 
     pub(crate) fn now_us(&self) -> i64 {

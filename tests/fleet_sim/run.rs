@@ -17,8 +17,8 @@
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
-//! `check_deadlines.rs`, `check_replace.rs`; `check_landing.rs` as each held renewal lands). Answers the event
-//! log's hash and what broke.
+//! `check_deadlines.rs`, `check_replace.rs`; `check_landing.rs` as each held renewal or fire
+//! lands). Answers the event log's hash and what broke.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
