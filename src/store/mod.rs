@@ -121,6 +121,9 @@ use common::{
 #[cfg(feature = "test-util")]
 pub(crate) use common::{faults, statement_count};
 use handler_tx::effects;
+/// A seeded simulation restarts the spread of retry pauses with each run.
+#[cfg(feature = "test-util")]
+pub(crate) use retry::restart_spread as restart_retry_spread;
 
 #[cfg(all(
     feature = "test-util",

@@ -79,6 +79,13 @@ pub mod internal {
     }
     pub use crate::store::statement_count::{count_statements, sent, Sent, KIND_CHARS};
 
+    /// Starts this thread's spread of the pauses between a write's retries afresh: a seeded
+    /// simulation calls it as each run begins, so that a seed's runs pause alike whatever
+    /// ran on the thread before.
+    pub fn restart_retry_spread() {
+        crate::store::restart_retry_spread();
+    }
+
     pub use crate::lease::LeaseToken;
     pub use crate::scheduler::archiver::{ArchiveNow, Archiver};
     pub use crate::scheduler::fetcher::PREFETCH_MAX_WAIT;

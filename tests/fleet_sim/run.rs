@@ -17,8 +17,8 @@
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
-//! `check_deadlines.rs`, `check_replace.rs`; `check_landing.rs` as each held renewal or fire
-//! lands). Answers the event log's hash and what broke.
+//! `check_deadlines.rs`, `check_replace.rs`; `check_landing.rs` as each held renewal, settle or
+//! fire lands). Answers the event log's hash and what broke.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -73,6 +73,7 @@ pub(crate) fn run_seed(seed: u64) -> RunReport {
 pub(crate) fn run_seed_skipping(seed: u64, skips: &Skips) -> RunReport {
     quiet_chosen_panics();
     jobvisor::testing::sqlite_calls_inline(true);
+    jobvisor::testing::restart_retry_spread();
     let system = actix::System::with_tokio_rt(|| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

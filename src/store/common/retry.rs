@@ -15,6 +15,7 @@
 //! is. A lost connection is not among these: the commit may have been applied, and only
 //! the callers that know their write is idempotent retry it.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -28,19 +29,41 @@ pub(crate) const TRANSIENT_TRIES: usize = 8;
 /// The longest pause before a try, **32 ms** (from the 6th try on).
 const MAX_PAUSE: Duration = Duration::from_millis(32);
 
+/// Threads that have drawn a spread: each starts its draws in a range of its own.
+static THREADS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's draws of a spread. Per thread, not per process, so that a seeded
+    /// simulation (one run, one thread) draws the same spreads whatever other threads
+    /// draw, and each run can start them afresh ([`restart_spread`]); each thread's range
+    /// starts apart from the others', so writers on different threads still spread out.
+    static DRAWS: Cell<u64> = Cell::new(THREADS.fetch_add(1, Ordering::Relaxed) << 32);
+}
+
 /// How long to pause after the `tries`-th try failed (1-based): between half and all of
 /// 1 ms × 2^(tries − 1), at most [`MAX_PAUSE`]. The spread within that range comes from a
-/// process-wide counter, not from the clock or the operating system, so a seeded
-/// simulation's runs stay the same.
+/// counter of the thread's (`DRAWS`), not from the clock or the operating system, so a
+/// seeded simulation's runs stay the same.
 pub(crate) fn pause_after(tries: usize) -> Duration {
-    static DRAWS: AtomicU64 = AtomicU64::new(0);
     let shift = u32::try_from(tries.saturating_sub(1)).unwrap_or(u32::MAX);
     let cap = 1_000u64
         .checked_shl(shift)
         .unwrap_or(u64::MAX)
         .min(u64::try_from(MAX_PAUSE.as_micros()).unwrap_or(u64::MAX));
-    let spread = mix(DRAWS.fetch_add(1, Ordering::Relaxed)) % (cap / 2 + 1);
+    let draw = DRAWS.with(|d| {
+        let n = d.get();
+        d.set(n.wrapping_add(1));
+        n
+    });
+    let spread = mix(draw) % (cap / 2 + 1);
     Duration::from_micros(cap / 2 + spread)
+}
+
+/// Starts this thread's draws of a spread afresh, as at its first: a seeded simulation
+/// calls it as each run begins, so that a seed's two runs pause alike.
+#[cfg(feature = "test-util")]
+pub(crate) fn restart_spread() {
+    DRAWS.with(|d| d.set(0));
 }
 
 /// Pauses before another try (see [`pause_after`]).
