@@ -27,6 +27,8 @@ use super::columns::bound;
 use super::deadlines::deadline_write;
 use super::driver::{with_conn, with_tx};
 use super::expr::{DbNow, ReleaseHold};
+use super::mutation::{on, Mutation};
+use super::params::SettleParams;
 use super::retry::{pause_before_retry, TRANSIENT_TRIES};
 use super::rows::to_us;
 use super::schema::{
@@ -34,6 +36,7 @@ use super::schema::{
     jobvisor_jobs_links as links,
 };
 use super::sequences::sequence_append;
+use super::timeout::Op;
 use super::wakes::announce_due;
 use super::{Enqueued, OutboxConnection, Store};
 use crate::dependency::{Batch, Dependencies, Link, ParentPolicy};
@@ -51,6 +54,8 @@ const MAX_GENERATIONS: usize = 1000;
 
 const SUCCEEDED: &str = JobState::Succeeded.as_str();
 const WAITING: &str = JobState::Waiting.as_str();
+const PENDING: &str = JobState::Pending.as_str();
+const RUNNING: &str = JobState::Running.as_str();
 
 /// Whether `state` (as stored) is dead or cancelled.
 fn failed(state: &str) -> bool {
@@ -469,7 +474,7 @@ impl Store {
         parents: &[i64],
         now: Option<chrono::DateTime<chrono::Utc>>,
     ) -> Result<Settled> {
-        let now = bound(now);
+        let at = now;
         let mut settled = Settled::default();
         let mut frontier: Vec<i64> = parents.to_vec();
         for _ in 0..MAX_GENERATIONS {
@@ -489,7 +494,15 @@ impl Store {
             let children: Vec<i64> = children.into_iter().collect();
             let mut next = Vec::new();
             for chunk in children.chunks(SETTLE_CHUNK) {
-                let (released, cancelled) = retrying!(self.settle_some(chunk, &frontier, now))?;
+                let (released, cancelled) = retrying!(self.faulted_owned(
+                    Op::Settle,
+                    SettleParams {
+                        children: chunk.to_vec(),
+                        parents: frontier.clone(),
+                        now: at,
+                    },
+                    |s, p| async move { s.settle_some(p).await }
+                ))?;
                 settled.released.extend(released);
                 next.extend(cancelled.iter().copied());
                 settled.cancelled.extend(cancelled.into_iter().map(JobId));
@@ -502,22 +515,25 @@ impl Store {
     /// One transaction of [`job_settle_children`](Self::job_settle_children): settles
     /// `children` (in id order, so concurrent settles lock them in one order) against the
     /// ended `parents`. Returns the released children's queues and the cancelled children.
-    async fn settle_some(
-        &self,
-        children: &[i64],
-        parents: &[i64],
-        now: Option<i64>,
-    ) -> Result<(Vec<String>, Vec<i64>)> {
-        let now = DbNow::new(now);
+    async fn settle_some(&self, p: SettleParams) -> Result<(Vec<String>, Vec<i64>)> {
+        let now = DbNow::new(bound(p.now));
+        let (children, parents) = (p.children, p.parents);
+        // The guard catalogue's switch: with it, a child is locked and released whatever
+        // its state (test builds only).
+        let waiting: &[&str] = if on(Mutation::ReleaseOnce) {
+            &[WAITING, PENDING, RUNNING, SUCCEEDED]
+        } else {
+            &[WAITING]
+        };
         with_tx!(self, |conn| {
             let mut released = Vec::new();
             let mut cancelled = Vec::new();
-            for &child in children {
+            for &child in &children {
                 // The lock: every settle of this child takes its turn here.
                 let locked = diesel::update(
                     jobs::table
                         .filter(jobs::id.eq(child))
-                        .filter(jobs::state.eq(WAITING)),
+                        .filter(jobs::state.eq_any(waiting)),
                 )
                 .set(jobs::version.eq(jobs::version + 1))
                 .execute(conn)
@@ -585,7 +601,7 @@ impl Store {
                     let n = diesel::update(
                         jobs::table
                             .filter(jobs::id.eq(child))
-                            .filter(jobs::state.eq(WAITING)),
+                            .filter(jobs::state.eq_any(waiting)),
                     )
                     .set((
                         jobs::state.eq(JobState::Pending.as_str()),

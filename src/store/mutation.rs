@@ -49,12 +49,15 @@ pub(crate) enum Mutation {
     SequenceGate,
     /// A handler starts at or past its job's start-by deadline (§7.15).
     StartDeadline,
+    /// A settle locks and releases a child whatever its state, not only while it waits
+    /// (invariant 13: a child is released once).
+    ReleaseOnce,
 }
 
 #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 impl Mutation {
     /// Every mutation, in the catalogue's order.
-    pub(crate) const ALL: [Mutation; 8] = [
+    pub(crate) const ALL: [Mutation; 9] = [
         Mutation::FinalizeToken,
         Mutation::RenewToken,
         Mutation::StartFence,
@@ -63,6 +66,7 @@ impl Mutation {
         Mutation::FireTerm,
         Mutation::SequenceGate,
         Mutation::StartDeadline,
+        Mutation::ReleaseOnce,
     ];
 
     /// Its name in `JOBVISOR_MUTATION`.
@@ -76,6 +80,7 @@ impl Mutation {
             Mutation::FireTerm => "fire-term",
             Mutation::SequenceGate => "sequence-gate",
             Mutation::StartDeadline => "start-deadline",
+            Mutation::ReleaseOnce => "release-once",
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Store faults for simulation (feature `test-util` only): a [`FaultPlan`] installed on a
 //! [`Store`](crate::store::Store) is asked before each operation of the hot path and the
 //! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
-//! under the store's statement bound — and the leader's election and schedule fires) what
-//! happens to it: nothing, a failure before it applies, an answer lost after it applied
+//! under the store's statement bound — the leader's election and schedule fires, and the
+//! settles of ended parents' children) what happens to it: nothing, a failure before it applies, an answer lost after it applied
 //! (commit-unknown), an answer that arrives past the operation's bound (the caller sees the
 //! bound's timeout error while the write stood), or a write held and applied later
 //! ([`Late`]: sent in time, landing after its sender's lease or term moved on — the write
@@ -19,7 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::params::{
-    ClaimParams, ElectParams, FinalizeParams, FireParams, ReclaimParams, RenewParams,
+    ClaimParams, ElectParams, FinalizeParams, FireParams, ReclaimParams, RenewParams, SettleParams,
 };
 use super::timeout::{bounded, timeout_error, Op, Phase};
 use crate::error::{Error, Result, StoreError};
@@ -41,6 +41,8 @@ pub enum StoreOp {
     Fire,
     /// A node's election or renewal of its leadership.
     Elect,
+    /// One transaction of a settle: children of ended parents released or cancelled.
+    Settle,
 }
 
 impl StoreOp {
@@ -53,6 +55,7 @@ impl StoreOp {
             Op::Reclaim => StoreOp::Reclaim,
             Op::Fire => StoreOp::Fire,
             Op::Elect => StoreOp::Elect,
+            Op::Settle => StoreOp::Settle,
         }
     }
 
@@ -66,6 +69,7 @@ impl StoreOp {
             StoreOp::Reclaim => "reclaim",
             StoreOp::Fire => "fire",
             StoreOp::Elect => "elect",
+            StoreOp::Settle => "settle",
         }
     }
 }
@@ -86,8 +90,8 @@ pub enum Fault {
     /// It is held: the caller sees a transient error at once (its answer never comes), and
     /// the write applies only when whoever holds the [`Late`] handed to
     /// [`FaultPlan::hold`] applies it — a statement sent in time that lands after its
-    /// sender's lease, term or version moved on. Claims, renewals, finalizations, reclaims,
-    /// fires and elections can be held; an enqueue cannot ([`Fault::LoseAnswer`] instead).
+    /// sender's lease, term or version moved on. Every operation but an enqueue can be held
+    /// (an enqueue meets [`Fault::LoseAnswer`] instead).
     ApplyLate,
 }
 
@@ -157,7 +161,8 @@ at_now!(
     FinalizeParams,
     ReclaimParams,
     FireParams,
-    ElectParams
+    ElectParams,
+    SettleParams
 );
 
 /// Decides each operation's [`Fault`]; installed with `Store::inject_faults`.

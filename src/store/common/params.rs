@@ -234,6 +234,19 @@ pub(crate) struct ElectParams {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
+/// One transaction of a parent's settle: `children` settled against the ended `parents`
+/// (owned, so that a test's fault plan can hold it and apply it late — after the sweeper's
+/// backstop released the child, the write the release-once guard exists for).
+#[derive(Debug, Clone)]
+pub(crate) struct SettleParams {
+    /// The children, in id order.
+    pub(crate) children: Vec<i64>,
+    /// The parents that ended.
+    pub(crate) parents: Vec<i64>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
 /// Renew many leases in one statement.
 #[derive(Debug, Clone)]
 pub struct RenewParams {

@@ -28,7 +28,7 @@ use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolError};
 use crate::error::{Error, Result, StoreError};
 
 /// A hot-path operation, named in its timeout error (and a leader's election and schedule
-/// fire, which only a test's fault plan bounds).
+/// fire, and a settle's transaction, which only a test's fault plan bounds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Claim,
@@ -38,6 +38,7 @@ pub(crate) enum Op {
     Reclaim,
     Fire,
     Elect,
+    Settle,
 }
 
 impl Op {
@@ -50,6 +51,7 @@ impl Op {
             Op::Reclaim => "job_reclaim_expired",
             Op::Fire => "schedule_fire",
             Op::Elect => "leader_keep_or_take",
+            Op::Settle => "job_settle_children",
         }
     }
 }
