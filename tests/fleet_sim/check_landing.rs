@@ -7,6 +7,10 @@
 //!   attempt as it starts (`journal.rs`) — must be the sender's for exactly that attempt. A
 //!   renewal sent in time that lands on the lease of the job's next holder must change
 //!   nothing.
+//! * **A settle** (§6 invariant 13: a child is released once): a landing may change only
+//!   children still waiting just before it (their version, as the settle's lock, and their
+//!   state, released or cancelled). A settle sent in time that lands after the sweeper's
+//!   backstop released the child, and it ran, must change nothing.
 //! * **A schedule fire** (§6 invariant 11: a leader-only write commits only while its term
 //!   holds an unexpired lease): a landing that moved any schedule's fires on must have found
 //!   the sender leading, under an unexpired lease, at the instant it landed. A fire sent by
@@ -60,6 +64,26 @@ pub(crate) fn check(sender: &str, before: &[Job], after: &[Job]) -> Vec<String> 
         }
     }
     problems
+}
+
+/// What a landing of `sender`'s held settle changed wrongly, from the jobs before and after
+/// it: any job not waiting before it.
+pub(crate) fn check_settle(sender: &str, before: &[Job], after: &[Job]) -> Vec<String> {
+    let was: BTreeMap<i64, &Job> = before.iter().map(|j| (j.id.0, j)).collect();
+    after
+        .iter()
+        .filter_map(|j| {
+            let old = was.get(&j.id.0)?;
+            let changed = (j.state, j.version) != (old.state, old.version);
+            (changed && old.state != JobState::Waiting).then(|| {
+                format!(
+                    "settle: {sender}'s held settle landed on job {}, {} at version {}, and \
+                     made it {} at version {}",
+                    j.id.0, old.state, old.version, j.state, j.version
+                )
+            })
+        })
+        .collect()
 }
 
 /// What a landing of `sender`'s held schedule fire at `at_us` changed wrongly, from the

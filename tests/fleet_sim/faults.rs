@@ -15,11 +15,14 @@
 //! handlers start late — past the rate-limited claim's start margin, or past the fence
 //! point — unless the start gate refuses them. Nothing else runs meanwhile; the driver then
 //! fires every node's deadline check, as their timers would have in that time.
-//! A node's elections and schedule fires meet faults too, drawn from a generator of their
-//! own (so the other operations' faults are what they were without them), a fire at
-//! [`FIRE_PER_MILLE`]: a fire held lands after its sender's leader lease may have lapsed —
+//! A node's elections and schedule fires, and its settles of ended parents' children, meet
+//! faults too, each kind drawn from a generator of its own (so the other operations' faults
+//! are what they were without them), a fire at [`FIRE_PER_MILLE`] and a settle at
+//! [`SETTLE_PER_MILLE`]: a fire held lands after its sender's leader lease may have lapsed —
 //! the write the fire's term guard exists for — and an election refused while the node's
-//! connection is stalled lets that lease lapse.
+//! connection is stalled lets that lease lapse; a settle held lands only in the final phase
+//! (from [`HEAL_LANDING`]), after the sweeper's backstop released its children and they ran
+//! — the write the release-once guard exists for.
 //! All plans of a run share one [`Book`]: the operations in flight (the driver waits for
 //! none), the faults injected, the writes held and the stalls.
 
@@ -57,6 +60,12 @@ const LEADER_SALT: u64 = 0x1ead_e500_f17e_5a17;
 /// times a run, and a fire held past its sender's term is the write the fire's term guard
 /// exists for (`check_landing.rs`).
 const FIRE_PER_MILLE: u64 = 600;
+/// Salt of a node's generator for its settles, apart from the others'.
+const SETTLE_SALT: u64 = 0x5e77_1e00_c41d_0e5e;
+/// Faults per thousand settles (a parent's children released), in a run with faults at
+/// all: a held settle that lands after the sweeper's backstop released the child is the
+/// write the release-once guard exists for.
+const SETTLE_PER_MILLE: u64 = 600;
 
 /// What every node's plan shares.
 #[derive(Debug, Default)]
@@ -109,6 +118,8 @@ pub(crate) struct NodeFaults {
     stall_rng: Mutex<Rng>,
     /// Draws the faults of elections and fires, apart from `rng`.
     leader_rng: Mutex<Rng>,
+    /// Draws the faults of settles, apart from the others.
+    settle_rng: Mutex<Rng>,
     /// The run's clock, moved by a stall.
     clock: ManualClock,
     /// Faults per thousand operations.
@@ -145,6 +156,10 @@ impl NodeFaults {
             leader_rng: Mutex::new(Rng::new(fnv(
                 node.as_bytes(),
                 FNV_START ^ seed ^ LEADER_SALT,
+            ))),
+            settle_rng: Mutex::new(Rng::new(fnv(
+                node.as_bytes(),
+                FNV_START ^ seed ^ SETTLE_SALT,
             ))),
             clock,
             per_mille,
@@ -207,12 +222,22 @@ impl NodeFaults {
 }
 
 impl NodeFaults {
-    /// The fault of an election or a schedule fire (the node neither dead nor, for the
-    /// caller, anything else decided yet): drawn from the node's leader generator, at
-    /// [`FIRE_PER_MILLE`] for a fire and the run's rate for an election; refused before it
-    /// applies while the node's connection is stalled behind a held write.
-    fn leader_fault(&self, op: StoreOp) -> Fault {
-        let mut rng = self.leader_rng.lock().unwrap();
+    /// The generator `op`'s faults are drawn from: elections and fires, and settles, have
+    /// one each of their own, so that adding them changed no other fault of a seed.
+    fn generator(&self, op: StoreOp) -> &Mutex<Rng> {
+        match op {
+            StoreOp::Elect | StoreOp::Fire => &self.leader_rng,
+            StoreOp::Settle => &self.settle_rng,
+            _ => &self.rng,
+        }
+    }
+
+    /// The fault of an election, a schedule fire or a settle (the node not dead), from its
+    /// own generator: at [`FIRE_PER_MILLE`] for a fire, [`SETTLE_PER_MILLE`] for a settle
+    /// and the run's rate for an election; refused before it applies while the node's
+    /// connection is stalled behind a held write.
+    fn own_fault(&self, op: StoreOp) -> Fault {
+        let mut rng = self.generator(op).lock().unwrap();
         let (roll, kind) = (rng.below(1000), rng.below(5));
         if !self.book.on.load(Ordering::SeqCst) || self.per_mille == 0 {
             return Fault::None;
@@ -220,10 +245,10 @@ impl NodeFaults {
         if self.stalled() {
             return Fault::FailBefore;
         }
-        let rate = if op == StoreOp::Fire {
-            FIRE_PER_MILLE
-        } else {
-            self.per_mille
+        let rate = match op {
+            StoreOp::Fire => FIRE_PER_MILLE,
+            StoreOp::Settle => SETTLE_PER_MILLE,
+            _ => self.per_mille,
         };
         if roll >= rate {
             return Fault::None;
@@ -245,8 +270,8 @@ impl FaultPlan for NodeFaults {
         if self.dead.load(Ordering::SeqCst) {
             return Fault::FailBefore;
         }
-        if matches!(op, StoreOp::Elect | StoreOp::Fire) {
-            return self.leader_fault(op);
+        if matches!(op, StoreOp::Elect | StoreOp::Fire | StoreOp::Settle) {
+            return self.own_fault(op);
         }
         let mut rng = self.rng.lock().unwrap();
         // Drawn whether or not faults are on, so turning them off changes no later draw.
@@ -279,14 +304,17 @@ impl FaultPlan for NodeFaults {
     }
 
     fn hold(&self, late: Late) {
-        let rng = if matches!(late.op(), StoreOp::Elect | StoreOp::Fire) {
-            &self.leader_rng
-        } else {
-            &self.rng
-        };
+        let rng = self.generator(late.op());
         let after = HOLD_STEPS.start + rng.lock().unwrap().below(HOLD_STEPS.end - HOLD_STEPS.start);
-        let at = self.book.step.load(Ordering::SeqCst) + after as usize;
-        self.stalled_until.fetch_max(at, Ordering::SeqCst);
+        let stall = self.book.step.load(Ordering::SeqCst) + after as usize;
+        self.stalled_until.fetch_max(stall, Ordering::SeqCst);
+        // A settle lands only in the final phase, once the sweeper's backstop has released
+        // its children and they have run: the landing the release-once guard exists for.
+        let at = if late.op() == StoreOp::Settle {
+            usize::MAX
+        } else {
+            stall
+        };
         self.book.held.lock().unwrap().push(Held {
             at,
             node: self.node.clone(),

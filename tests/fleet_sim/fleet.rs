@@ -282,8 +282,9 @@ impl Fleet {
         use jobvisor::clock::Clock as _;
         for h in self.book.due(step) {
             let op = h.late.op();
-            // What a renewal changes is checked around its landing (`check_landing.rs`).
-            let before = if op == StoreOp::Renew {
+            // What a renewal or a settle changes is checked around its landing
+            // (`check_landing.rs`).
+            let before = if matches!(op, StoreOp::Renew | StoreOp::Settle) {
                 Some(self.all_jobs().await)
             } else {
                 None
@@ -300,8 +301,11 @@ impl Fleet {
             };
             if let Some(before) = before {
                 let after = self.all_jobs().await;
-                self.violations
-                    .extend(crate::check_landing::check(&h.node, &before, &after));
+                self.violations.extend(if op == StoreOp::Renew {
+                    crate::check_landing::check(&h.node, &before, &after)
+                } else {
+                    crate::check_landing::check_settle(&h.node, &before, &after)
+                });
             }
             if let Some(before) = schedules {
                 let after = self.reader().schedules().await.unwrap();

@@ -50,8 +50,9 @@
 //! failure policies), `check_deadlines.rs` (never started at or past the deadline; never
 //! started → cancelled `expired`) and `check_replace.rs` (no replaced payload and no
 //! cancelled holder runs after the answer), `check_landing.rs` (a held renewal that lands
-//! changes only its sender's own leases, a held fire only while its sender leads); `log.rs`
-//! (the event log and its hash), `rng.rs` (the generator).
+//! changes only its sender's own leases, a held settle only waiting children, a held fire
+//! only while its sender leads); `log.rs` (the event log and its hash), `rng.rs` (the
+//! generator).
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
