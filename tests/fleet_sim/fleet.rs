@@ -8,12 +8,15 @@
 //! `controls.rs` declares. The driver acts on one node at a time and then [`Fleet::settle`]s: waits
 //! until no store operation is in flight, every live node's mailboxes are drained and its
 //! finalizations written, and every released handler has ended — so what happens next
-//! depends on the seed alone.
+//! depends on the seed alone. As it settles it checks that a job ends once (§6 invariant 2):
+//! no job is claimed after a settle in which a node reported its end (succeeded, dead,
+//! cancelled: reported only once written).
 //!
 //! The store is SQLite's own engine, not a second one written for the simulation: the
 //! conformance suite runs unchanged against exactly this store (tmpfs, calls inline, a fault
 //! plan asked before every guarded operation: `store_conformance simulated::`).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,8 +86,14 @@ pub(crate) struct Fleet {
     pub(crate) nodes: Vec<Node>,
     /// Each freeze: the node, from and to on the manual clock.
     pub(crate) freezes: Vec<(String, i64, i64)>,
-    /// What the checks made as writes landed found (`check_landing.rs`).
+    /// What the checks made as writes landed found (`check_landing.rs`), and claims of a
+    /// job after a node reported its end.
     pub(crate) violations: Vec<String>,
+    /// Jobs a node reported ended (succeeded, dead, cancelled: the end was written), with
+    /// the settle that reported it and how.
+    ended: BTreeMap<i64, (usize, String)>,
+    /// Settles so far.
+    settles: usize,
     per_mille: u64,
     /// Lines for the event log at the next settle (the clocks of nodes started).
     notes: Vec<String>,
@@ -115,6 +124,8 @@ impl Fleet {
             nodes: Vec::new(),
             freezes: Vec::new(),
             violations: Vec::new(),
+            ended: BTreeMap::new(),
+            settles: 0,
             per_mille,
             notes: Vec::new(),
             _dir: dir,
@@ -454,6 +465,8 @@ impl Fleet {
         }
         // Within one settle, a node's events are logged in a stable order: supervisors
         // started together may report in either order, and what they did is what counts.
+        self.settles += 1;
+        let mut ends = Vec::new();
         for node in &mut self.nodes {
             let mut lines = Vec::new();
             while let Ok(e) = node.events.try_recv() {
@@ -464,11 +477,32 @@ impl Fleet {
                 if let Some(line) = describe(&e) {
                     lines.push(format!("  {}: {line}", node.name));
                 }
+                match &e {
+                    // A job ends once (§6 invariant 2): none is claimed after a settle in
+                    // which a node reported its end written.
+                    Event::Claimed { id, attempt, .. } => {
+                        if let Some((at, how)) = self.ended.get(&id.0) {
+                            if *at < self.settles {
+                                self.violations.push(format!(
+                                    "ends once: {} claimed job {} attempt {attempt} after {how}",
+                                    node.name, id.0
+                                ));
+                            }
+                        }
+                    }
+                    Event::Finished { id, state, .. } if state.is_terminal() => {
+                        ends.push((id.0, format!("{} reported it {state}", node.name)));
+                    }
+                    _ => {}
+                }
             }
             lines.sort();
             for l in lines {
                 log.line(l);
             }
+        }
+        for (id, how) in ends {
+            self.ended.entry(id).or_insert((self.settles, how));
         }
     }
 }
