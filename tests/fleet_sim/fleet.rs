@@ -10,7 +10,8 @@
 //! finalizations written, and every released handler has ended — so what happens next
 //! depends on the seed alone. As it settles it checks that a job ends once (§6 invariant 2):
 //! no job is claimed after a settle in which a node reported its end (succeeded, dead,
-//! cancelled: reported only once written).
+//! cancelled: reported only once written); as nodes are elected, that a term never
+//! regresses ([`Fleet::elected`]).
 //!
 //! The store is SQLite's own engine, not a second one written for the simulation: the
 //! conformance suite runs unchanged against exactly this store (tmpfs, calls inline, a fault
@@ -94,6 +95,8 @@ pub(crate) struct Fleet {
     ended: BTreeMap<i64, (usize, String)>,
     /// Settles so far.
     settles: usize,
+    /// The highest term an election answered, and to which node.
+    top_term: Option<(u64, String)>,
     per_mille: u64,
     /// Lines for the event log at the next settle (the clocks of nodes started).
     notes: Vec<String>,
@@ -126,6 +129,7 @@ impl Fleet {
             violations: Vec::new(),
             ended: BTreeMap::new(),
             settles: 0,
+            top_term: None,
             per_mille,
             notes: Vec::new(),
             _dir: dir,
@@ -284,6 +288,22 @@ impl Fleet {
             log.line(format!("  {}: deadlines → {stopped}", self.nodes[i].name));
             self.settle(log).await;
         }
+    }
+
+    /// Records what `node`'s election answered (`Some`: it leads under that term) and checks
+    /// that a term never regresses (§6 invariant 11: each election raises the term, a renewal
+    /// keeps it): no election answers a term below one answered before.
+    pub(crate) fn elected(&mut self, node: &str, term: Option<u64>) {
+        let Some(term) = term else { return };
+        if let Some((top, by)) = &self.top_term {
+            if term < *top {
+                self.violations.push(format!(
+                    "term: {node} was elected under term {term}, after {by} led under term {top}"
+                ));
+                return;
+            }
+        }
+        self.top_term = Some((term, node.to_string()));
     }
 
     /// Lands the held writes due at `step` (every one: `None`), in the order held, each at

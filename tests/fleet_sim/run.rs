@@ -285,6 +285,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             111..=114 => {
                 let term = sim.elect().await;
                 let fired = sim.fire_schedules().await;
+                fleet.elected(&name, term);
                 format!(
                     "{step}: {name} elect → {term:?}, fire → {}",
                     fired.map_or_else(|_| "error".into(), |n| format!("{n:?}"))
@@ -539,9 +540,10 @@ async fn final_fire(fleet: &mut Fleet, controls: &mut Controls, log: &mut EventL
         let sim = &fleet.nodes[i].sim;
         let term = sim.elect().await;
         let fired = sim.fire_schedules().await.unwrap();
+        let name = fleet.nodes[i].name.clone();
+        fleet.elected(&name, term);
         log.line(format!(
-            "heal {round}: {} elect → {term:?}, fire → {fired:?}",
-            fleet.nodes[i].name
+            "heal {round}: {name} elect → {term:?}, fire → {fired:?}"
         ));
         fleet.settle(log).await;
         if fired.is_some() {
