@@ -15,6 +15,7 @@ use super::expr::{
     DbNow, JsonAppend, ReleaseHold, RetakeHold, SkipLocked, RETRYABLE_BY_HAND, RUNNING, TERMINAL,
 };
 use super::ledger::LedgerRow;
+use super::mutation::{on, Mutation};
 use super::rows::{
     dur_us, from_us, ArchiveSequenceKey, ArchiveStartBy, JobsSequenceKey, JobsStartBy,
 };
@@ -347,6 +348,7 @@ impl Store {
         expected: Option<i64>,
     ) -> Result<std::result::Result<(CancelOutcome, Vec<String>), Job>> {
         let now = DbNow::new(bound(p.now));
+        let expected = expected.filter(|_| !on(Mutation::CancelVersion));
         for _ in 0..RACE_TRIES {
             let Some(job) = self.job_get(p.id).await? else {
                 return Err(Error::NotFound { id: p.id });
@@ -448,6 +450,11 @@ impl Store {
         let Some(job) = self.job_get(id).await? else {
             return Err(Error::NotFound { id });
         };
+        let expected_version = if on(Mutation::DeleteVersion) {
+            job.version
+        } else {
+            expected_version
+        };
         if job.archived_at.is_some() {
             return Err(Error::invalid(
                 "id",
@@ -520,7 +527,8 @@ impl Store {
                 to: JobState::Pending,
             });
         }
-        if p.expected_version.is_some_and(|v| v != job.version) {
+        let expected = p.expected_version.filter(|_| !on(Mutation::RetryVersion));
+        if expected.is_some_and(|v| v != job.version) {
             return Ok(Guarded::Stale);
         }
         let id = p.id.0;

@@ -52,12 +52,20 @@ pub(crate) enum Mutation {
     /// A settle locks and releases a child whatever its state, not only while it waits
     /// (invariant 13: a child is released once).
     ReleaseOnce,
+    /// A retry by hand pinned at a version (the dashboard's) applies to the job as it is
+    /// now, whatever version it reached since (§6 invariant 1: writers without a lease are
+    /// guarded by `version`).
+    RetryVersion,
+    /// A cancel pinned at a version applies to the job as it is now.
+    CancelVersion,
+    /// A delete pinned at a version applies to the finished job as it is now.
+    DeleteVersion,
 }
 
 #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 impl Mutation {
     /// Every mutation, in the catalogue's order.
-    pub(crate) const ALL: [Mutation; 9] = [
+    pub(crate) const ALL: [Mutation; 12] = [
         Mutation::FinalizeToken,
         Mutation::RenewToken,
         Mutation::StartFence,
@@ -67,6 +75,9 @@ impl Mutation {
         Mutation::SequenceGate,
         Mutation::StartDeadline,
         Mutation::ReleaseOnce,
+        Mutation::RetryVersion,
+        Mutation::CancelVersion,
+        Mutation::DeleteVersion,
     ];
 
     /// Its name in `JOBVISOR_MUTATION`.
@@ -81,6 +92,9 @@ impl Mutation {
             Mutation::SequenceGate => "sequence-gate",
             Mutation::StartDeadline => "start-deadline",
             Mutation::ReleaseOnce => "release-once",
+            Mutation::RetryVersion => "retry-version",
+            Mutation::CancelVersion => "cancel-version",
+            Mutation::DeleteVersion => "delete-version",
         }
     }
 }

@@ -21,7 +21,8 @@ use crate::scheduler::fetcher::{FetchNow, Fetcher};
 use crate::scheduler::lease_manager::{CheckDeadlines, LeaseManager, RenewLeases, RenewReport};
 use crate::scheduler::sweeper::SweepNow;
 use crate::scheduler::{Event, Scheduler, SchedulerBuilder, SchedulerHandle};
-use crate::store::Store;
+use crate::store::params::{CancelParams, RetryParams};
+use crate::store::{CancelOutcome, Guarded, Store};
 
 /// Real-time safety net for waiting on events; only reached when something is broken.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -300,6 +301,59 @@ impl Simulation {
             .unwrap_or_else(|| panic!("no reconciler {name:?}"));
         shared.leader.current(shared.clock.monotonic())?;
         Some(crate::scheduler::reconcile_pass(shared, r, &mut 0).await)
+    }
+
+    #[doc(hidden)]
+    /// The dashboard's retry of a dead or cancelled job, pinned at the `version` its page
+    /// showed: [`Guarded::Stale`](crate::store::Guarded::Stale) if the job changed since.
+    /// Time is the simulation's clock.
+    ///
+    /// # Errors
+    /// As [`Client::retry`], for a job in another state.
+    pub async fn retry_at(&self, id: JobId, version: i64) -> crate::Result<Guarded<()>> {
+        let p = RetryParams {
+            id,
+            expected_version: Some(version),
+            now: self.clock.bound_now(),
+        };
+        Ok(match self.client.store().job_retry(p).await? {
+            Guarded::Applied(_) => Guarded::Applied(()),
+            Guarded::Stale => Guarded::Stale,
+            Guarded::LeaseLost => Guarded::LeaseLost,
+        })
+    }
+
+    #[doc(hidden)]
+    /// The dashboard's cancel, pinned at `version`: `Applied` if it cancelled the job or
+    /// requested its cancel, `Stale` if the job changed since or had already ended.
+    ///
+    /// # Errors
+    /// As [`Client::cancel`].
+    pub async fn cancel_at(&self, id: JobId, version: i64) -> crate::Result<Guarded<()>> {
+        let p = CancelParams {
+            id,
+            now: self.clock.bound_now(),
+        };
+        Ok(
+            match self
+                .client
+                .store()
+                .job_cancel_guarded(p, Some(version))
+                .await?
+            {
+                Ok((CancelOutcome::AlreadyFinished(_), _)) | Err(_) => Guarded::Stale,
+                Ok(_) => Guarded::Applied(()),
+            },
+        )
+    }
+
+    #[doc(hidden)]
+    /// The dashboard's delete of a finished job, pinned at `version`.
+    ///
+    /// # Errors
+    /// A refusal for a job that is not finished; [`Error::NotFound`](crate::Error::NotFound).
+    pub async fn delete_at(&self, id: JobId, version: i64) -> crate::Result<Guarded<()>> {
+        self.client.store().job_delete_finished(id, version).await
     }
 
     #[doc(hidden)]
