@@ -290,6 +290,12 @@ impl Fleet {
         }
     }
 
+    /// Forgets that job `id` ended: an operator retried it by hand (`operator.rs`), so it
+    /// may be claimed again.
+    pub(crate) fn forget_end(&mut self, id: i64) {
+        self.ended.remove(&id);
+    }
+
     /// Records what `node`'s election answered (`Some`: it leads under that term) and checks
     /// that a term never regresses (§6 invariant 11: each election raises the term, a renewal
     /// keeps it): no election answers a term below one answered before.

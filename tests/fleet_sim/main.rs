@@ -45,11 +45,13 @@
 //! two or three keys a run, policies `wait`, `run`, `cancel`), `deadlines.rs` (jobs with
 //! start-by deadlines, short ones often missed), `replace.rs` (a debounce key's jobs
 //! replacing or cancelling its pending holder), `runtime_schedule.rs` (a schedule added,
-//! changed and removed at run time through a node's client); the invariants: `check.rs`,
+//! changed and removed at run time through a node's client), `operator.rs` (an operator's
+//! dashboard tabs: presses pinned at the version a tab showed); the invariants: `check.rs`,
 //! `check_controls.rs`, `check_sequences.rs` (members in enqueue order, one at a time, the
 //! failure policies), `check_deadlines.rs` (never started at or past the deadline; never
-//! started → cancelled `expired`) and `check_replace.rs` (no replaced payload and no
-//! cancelled holder runs after the answer), `check_landing.rs` (a held renewal that lands
+//! started → cancelled `expired`), `check_replace.rs` (no replaced payload and no
+//! cancelled holder runs after the answer), `check_operator.rs` (a pinned press writes only
+//! while its job is still at that version) and `check_landing.rs` (a held renewal that lands
 //! changes only its sender's own leases, a held settle only waiting children, a held fire
 //! only while its sender leads); `log.rs` (the event log and its hash), `rng.rs` (the
 //! generator).
@@ -63,6 +65,7 @@ mod check;
 mod check_controls;
 mod check_deadlines;
 mod check_landing;
+mod check_operator;
 mod check_replace;
 mod check_sequences;
 mod clock;
@@ -72,6 +75,7 @@ mod faults;
 mod fleet;
 mod journal;
 mod log;
+mod operator;
 mod replace;
 mod rng;
 mod run;

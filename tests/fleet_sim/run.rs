@@ -9,7 +9,8 @@
 //! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback,
 //! enqueue members of an ordered sequence (`sequences.rs`, keys drawn once per run) or jobs
 //! with start-by deadlines (`deadlines.rs`), add, change or remove the run-time schedule
-//! (`runtime_schedule.rs`).
+//! (`runtime_schedule.rs`). After a step's action, an operator may look at a plain job's
+//! page or press a button on one it looked at before (`operator.rs`).
 //! A run may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes
 //! no action and has no clock event (a frozen node due to resume still resumes), and the
 //! steps after it draw what they would have drawn. Each step first lands the writes held
@@ -17,7 +18,7 @@
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
-//! `check_deadlines.rs`, `check_replace.rs`; `check_landing.rs` as each held renewal, settle or
+//! `check_deadlines.rs`, `check_replace.rs`, `check_operator.rs`; `check_landing.rs` as each held renewal, settle or
 //! fire lands). Answers the event log's hash and what broke.
 
 use std::collections::BTreeSet;
@@ -31,8 +32,10 @@ use crate::check_controls::Facts;
 use crate::controls::{parents, Controls, LIMITED, QUEUES};
 use crate::faults::HEAL_LANDING;
 use crate::fleet::{Fleet, Status, Wake};
+use crate::harness::side::Execution;
 use crate::journal::Release;
 use crate::log::EventLog;
+use crate::operator::Operator;
 use crate::rng::{fnv, Rng, FNV_START};
 use crate::runtime_schedule::{self, RUNTIME};
 use crate::shrink::Skips;
@@ -113,6 +116,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     let keys = sequences::draw(&mut rng);
     log.line(format!("sequences {keys:?}"));
     let mut answered = BTreeSet::new();
+    let mut operator = Operator::new(seed);
     let mut made = 0u64;
     let mut restarts = 0usize;
     let steps = (STEPS.start + rng.below(STEPS.end - STEPS.start)) as usize;
@@ -162,7 +166,8 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                         job = job.delay(Duration::from_secs(1 + rng.below(10)));
                     }
                     let mut keyed = None;
-                    if rng.chance(200) {
+                    let plain = !rng.chance(200);
+                    if !plain {
                         let mut key = format!("k{}", rng.below(4));
                         let (how, debounce) = replace::draw(seed, made);
                         if let Some(d) = debounce {
@@ -185,6 +190,9 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                                 });
                             }
                             answered.insert(e.id.0);
+                            if plain {
+                                operator.plain(e.id.0);
+                            }
                             // `~`: replaced (`replace.rs`), `=`: the holder kept.
                             let mark = match (e.replaced, e.duplicate) {
                                 (true, _) => "~",
@@ -300,7 +308,8 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
                 }
             ),
             116..=119 => {
-                let line = enqueue_dependent(sim, &mut rng, &mut answered, &mut made).await;
+                let line =
+                    enqueue_dependent(sim, &mut rng, &mut answered, &mut operator, &mut made).await;
                 format!("{step}: {name} {line}")
             }
             120..=122 => {
@@ -330,6 +339,11 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         log.line(line);
         fleet.settle(&mut log).await;
         controls.drain_claims(&fleet);
+        if let Some(line) = operator.step(&mut fleet, step).await {
+            log.line(line);
+            fleet.settle(&mut log).await;
+            controls.drain_claims(&fleet);
+        }
     }
 
     // Faults stop, everyone resumes: the fleet must finish every job.
@@ -410,12 +424,15 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
     }
     violations.append(&mut fleet.violations);
     let execs = fleet.journal.executions();
-    violations.extend(crate::check::check(
-        &jobs,
-        &answered,
-        &execs,
-        &fleet.freezes,
-    ));
+    // A job the operator deleted is neither lost nor a job that ran without a row.
+    answered.retain(|id| !operator.deleted.contains(id));
+    let kept: Vec<Execution> = execs
+        .iter()
+        .filter(|e| !operator.deleted.contains(&e.job_id))
+        .cloned()
+        .collect();
+    violations.extend(crate::check::check(&jobs, &answered, &kept, &fleet.freezes));
+    violations.extend(crate::check_operator::check(&operator.presses));
     let parents = parents(&fleet.nodes[fleet.drivable()[0]].sim.client, &jobs).await;
     let orders = fleet.journal.orders();
     let facts = Facts {
@@ -486,6 +503,7 @@ async fn enqueue_dependent(
     sim: &Simulation,
     rng: &mut Rng,
     answered: &mut BTreeSet<i64>,
+    operator: &mut Operator,
     made: &mut u64,
 ) -> String {
     let mut job = |kind: &str, rng: &mut Rng| {
@@ -495,7 +513,15 @@ async fn enqueue_dependent(
             .max_attempts(2 + u32::try_from(rng.below(3)).unwrap())
             .timeout(Duration::from_secs(5 + rng.below(50)))
     };
-    let recent: Vec<i64> = answered.iter().rev().take(6).copied().collect();
+    // Never a job the operator looked at: a parent retried or deleted by hand would change
+    // what the dependency checks read.
+    let recent: Vec<i64> = answered
+        .iter()
+        .rev()
+        .filter(|id| operator.may_parent(**id))
+        .take(6)
+        .copied()
+        .collect();
     if recent.is_empty() || rng.chance(350) {
         let members = (0..2 + rng.below(3)).map(|_| job("work", rng)).collect();
         let callback = job("callback", rng);
@@ -523,6 +549,7 @@ async fn enqueue_dependent(
     };
     let child = job("child", rng).after(&parents).on_parent_failure(policy);
     let named: Vec<i64> = parents.iter().map(|p| p.0).collect();
+    operator.named(&named);
     match sim.client.enqueue(child).await {
         Ok(e) => {
             answered.insert(e.id.0);
