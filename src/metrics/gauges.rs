@@ -3,10 +3,11 @@
 //! state — refreshed on every node, computed by one.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{
     Backend, GaugeSnapshot, Store, StoredGauges, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_POOL_SIZE,
@@ -100,16 +101,16 @@ impl DatabaseGauges {
     /// [`Error::Database`] when the database cannot be reached (the gauges keep their
     /// values) or the stored snapshot is unreadable.
     pub async fn refresh(&mut self) -> Result<bool> {
-        self.refresh_as(Turn::Anyone, None).await
+        self.refresh_as(Turn::Anyone, &crate::clock::SystemClock)
+            .await
     }
 
     /// [`refresh`](Self::refresh) with a say in who may take the turn: a scheduler's node
-    /// takes it only as the database's leader, fenced by its term (`now`: its clock).
-    pub(crate) async fn refresh_as(
-        &mut self,
-        turn: Turn,
-        now: Option<DateTime<Utc>>,
-    ) -> Result<bool> {
+    /// takes it only as the database's leader, fenced by its term. `clock`: the node's,
+    /// whose bound instant the statements take and whose monotonic time measures the
+    /// counts' duration (a simulation's: virtual, so a seeded run replays).
+    pub(crate) async fn refresh_as(&mut self, turn: Turn, clock: &dyn Clock) -> Result<bool> {
+        let now = clock.bound_now();
         let size = self
             .store
             .options()
@@ -136,13 +137,13 @@ impl DatabaseGauges {
             Turn::ReadOnly => false,
         };
         let stored = if computed {
-            let t0 = Instant::now();
+            let t0 = clock.monotonic();
             let snapshot = self.store.gauges_compute(now).await?;
             // The throughput history's rollup rides on the turn (and counts in its cost).
             if let Err(e) = self.store.throughput_roll(snapshot.at).await {
                 tracing::warn!(error = %e, "the throughput history was not rolled up");
             }
-            let took = t0.elapsed();
+            let took = clock.monotonic().saturating_sub(t0);
             self.store.gauges_save(&snapshot, took).await?;
             StoredGauges {
                 computed_at: snapshot.at,

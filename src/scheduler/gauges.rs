@@ -46,5 +46,5 @@ pub(crate) async fn refresh(shared: &Shared, gauges: &mut DatabaseGauges) -> cra
         Some(term) => Turn::Leader(term),
         None => Turn::ReadOnly,
     };
-    gauges.refresh_as(turn, shared.clock.bound_now()).await
+    gauges.refresh_as(turn, shared.clock.as_ref()).await
 }

@@ -28,10 +28,13 @@ use super::driver::{with_conn, with_write};
 use super::expr::DbNow;
 use super::expr::TERMINAL;
 use super::leader_fence;
+use super::mutation::{on, Mutation};
+use super::params::GaugeTurnParams;
 use super::rows::dur_us;
 use super::schema::{
     jobvisor_gauges as gauges, jobvisor_jobs as jobs, jobvisor_jobs_archive as archive,
 };
+use super::timeout::Op;
 use super::Store;
 use crate::error::{Error, Result, StoreError};
 use crate::job::JobState;
@@ -98,9 +101,28 @@ impl Store {
         leader_term: Option<i64>,
         now: Option<DateTime<Utc>>,
     ) -> Result<bool> {
+        let p = GaugeTurnParams {
+            node: node.to_string(),
+            every,
+            leader_term,
+            now,
+        };
+        self.faulted_owned(Op::Gauges, p, |s, p| async move {
+            s.take_turn_unbounded(p).await
+        })
+        .await
+    }
+
+    async fn take_turn_unbounded(&self, p: GaugeTurnParams) -> Result<bool> {
+        let GaugeTurnParams {
+            node,
+            every,
+            leader_term,
+            now,
+        } = p;
+        let leader_term = leader_term.filter(|_| !on(Mutation::GaugeTerm));
         let now = DbNow::new(bound(now));
         let before = now.plus(-dur_us(every));
-        let node = node.to_string();
         let due = gauges::table
             .filter(gauges::id.eq(1))
             .filter(gauges::computed_at.le(before))

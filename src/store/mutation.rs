@@ -60,12 +60,14 @@ pub(crate) enum Mutation {
     CancelVersion,
     /// A delete pinned at a version applies to the finished job as it is now.
     DeleteVersion,
+    /// A leader's take of the gauges' turn checks no term (invariant 11).
+    GaugeTerm,
 }
 
 #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 impl Mutation {
     /// Every mutation, in the catalogue's order.
-    pub(crate) const ALL: [Mutation; 12] = [
+    pub(crate) const ALL: [Mutation; 13] = [
         Mutation::FinalizeToken,
         Mutation::RenewToken,
         Mutation::StartFence,
@@ -78,6 +80,7 @@ impl Mutation {
         Mutation::RetryVersion,
         Mutation::CancelVersion,
         Mutation::DeleteVersion,
+        Mutation::GaugeTerm,
     ];
 
     /// Its name in `JOBVISOR_MUTATION`.
@@ -95,6 +98,7 @@ impl Mutation {
             Mutation::RetryVersion => "retry-version",
             Mutation::CancelVersion => "cancel-version",
             Mutation::DeleteVersion => "delete-version",
+            Mutation::GaugeTerm => "gauge-term",
         }
     }
 }

@@ -286,6 +286,17 @@ impl Simulation {
     }
 
     #[doc(hidden)]
+    /// The gauges' last turn as stored: the instant it was taken (µs) and the node that
+    /// took it.
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database).
+    pub async fn gauge_turn(&self) -> crate::Result<(i64, Option<String>)> {
+        let g = self.client.store().gauges_read().await?;
+        Ok((g.computed_at, g.computed_by))
+    }
+
+    #[doc(hidden)]
     /// One pass of the reconciler `name` (its interval's tick), if this node leads the
     /// database: answers the [`Event::Reconciled`] or [`Event::ReconcileFailed`] it reported
     /// (each call counts failures from zero); `None` if it does not lead.

@@ -1,8 +1,8 @@
 //! Store faults for simulation (feature `test-util` only): a [`FaultPlan`] installed on a
 //! [`Store`](crate::store::Store) is asked before each operation of the hot path and the
 //! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
-//! under the store's statement bound — the leader's election and schedule fires, and the
-//! settles of ended parents' children) what happens to it: nothing, a failure before it applies, an answer lost after it applied
+//! under the store's statement bound — the leader's election, schedule fires and gauge
+//! turns, and the settles of ended parents' children) what happens to it: nothing, a failure before it applies, an answer lost after it applied
 //! (commit-unknown), an answer that arrives past the operation's bound (the caller sees the
 //! bound's timeout error while the write stood), or a write held and applied later
 //! ([`Late`]: sent in time, landing after its sender's lease or term moved on — the write
@@ -19,7 +19,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::params::{
-    ClaimParams, ElectParams, FinalizeParams, FireParams, ReclaimParams, RenewParams, SettleParams,
+    ClaimParams, ElectParams, FinalizeParams, FireParams, GaugeTurnParams, ReclaimParams,
+    RenewParams, SettleParams,
 };
 use super::timeout::{bounded, timeout_error, Op, Phase};
 use crate::error::{Error, Result, StoreError};
@@ -43,6 +44,9 @@ pub enum StoreOp {
     Elect,
     /// One transaction of a settle: children of ended parents released or cancelled.
     Settle,
+    /// A node's take of the database gauges' turn (on a scheduler's node, the leader's,
+    /// fenced by its term).
+    Gauges,
 }
 
 impl StoreOp {
@@ -56,6 +60,7 @@ impl StoreOp {
             Op::Fire => StoreOp::Fire,
             Op::Elect => StoreOp::Elect,
             Op::Settle => StoreOp::Settle,
+            Op::Gauges => StoreOp::Gauges,
         }
     }
 
@@ -70,6 +75,7 @@ impl StoreOp {
             StoreOp::Fire => "fire",
             StoreOp::Elect => "elect",
             StoreOp::Settle => "settle",
+            StoreOp::Gauges => "gauges",
         }
     }
 }
@@ -162,7 +168,8 @@ at_now!(
     ReclaimParams,
     FireParams,
     ElectParams,
-    SettleParams
+    SettleParams,
+    GaugeTurnParams
 );
 
 /// Decides each operation's [`Fault`]; installed with `Store::inject_faults`.

@@ -247,6 +247,21 @@ pub(crate) struct SettleParams {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
+/// A take of the gauges' turn (`Store::gauges_take_turn`), owned so that a test's fault
+/// plan can hold it and apply it late (a deposed leader's take landing after its term
+/// ended, the write the term guard exists for).
+#[derive(Debug, Clone)]
+pub(crate) struct GaugeTurnParams {
+    /// The node taking it.
+    pub(crate) node: String,
+    /// The least age of the last turn.
+    pub(crate) every: std::time::Duration,
+    /// `Some(term)`: only while `node` leads the database under it.
+    pub(crate) leader_term: Option<i64>,
+    /// `None`: the database clock; `Some`: a test clock.
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
 /// Renew many leases in one statement.
 #[derive(Debug, Clone)]
 pub struct RenewParams {

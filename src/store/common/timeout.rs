@@ -28,7 +28,8 @@ use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolError};
 use crate::error::{Error, Result, StoreError};
 
 /// A hot-path operation, named in its timeout error (and a leader's election and schedule
-/// fire, and a settle's transaction, which only a test's fault plan bounds).
+/// fire, a settle's transaction and a gauge turn's take, which only a test's fault plan
+/// bounds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Claim,
@@ -39,6 +40,7 @@ pub(crate) enum Op {
     Fire,
     Elect,
     Settle,
+    Gauges,
 }
 
 impl Op {
@@ -52,6 +54,7 @@ impl Op {
             Op::Fire => "schedule_fire",
             Op::Elect => "leader_keep_or_take",
             Op::Settle => "job_settle_children",
+            Op::Gauges => "gauges_take_turn",
         }
     }
 }
