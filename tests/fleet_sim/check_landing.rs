@@ -15,6 +15,8 @@
 //!   holds an unexpired lease): a landing that moved any schedule's fires on must have found
 //!   the sender leading, under an unexpired lease, at the instant it landed. A fire sent by
 //!   a leader whose lease has since lapsed must change nothing.
+//! * **A take of the gauges' turn** (the same invariant: counting is leader-only work): a
+//!   landing that took the turn must have found the sender leading at that instant.
 
 use std::collections::BTreeMap;
 
@@ -106,20 +108,49 @@ pub(crate) fn check_fire(
         })
         .map(|s| s.name.as_str())
         .collect();
-    let sender_leads = leader.is_some_and(|l| l.node.as_str() == sender);
-    if moved.is_empty() || sender_leads {
+    if moved.is_empty() {
         return Vec::new();
     }
-    vec![format!(
-        "fire: {sender}'s held fire landed at {at_us} µs and fired {moved:?} while {} led",
-        leader.map_or_else(
-            || "nobody".to_string(),
-            |l| format!(
-                "{} (term {}, until {})",
-                l.node,
-                l.term,
-                l.expires_at.timestamp_micros()
+    led_by(sender, leader)
+        .map(|who| {
+            format!("fire: {sender}'s held fire landed at {at_us} µs and fired {moved:?} while {who} led")
+        })
+        .into_iter()
+        .collect()
+}
+
+/// What a landing of `sender`'s held take of the gauges' turn at `at_us` did wrongly, from
+/// the turn (its instant and taker) before and after it and the leader at that instant.
+pub(crate) fn check_gauges(
+    sender: &str,
+    at_us: i64,
+    before: &(i64, Option<String>),
+    after: &(i64, Option<String>),
+    leader: Option<&Leader>,
+) -> Vec<String> {
+    if before == after {
+        return Vec::new();
+    }
+    led_by(sender, leader)
+        .map(|who| {
+            format!(
+                "gauges: {sender}'s held take landed at {at_us} µs and took the turn while {who} led"
             )
-        )
-    )]
+        })
+        .into_iter()
+        .collect()
+}
+
+/// `None` if `sender` leads; else who does ("nobody": no lease unexpired).
+fn led_by(sender: &str, leader: Option<&Leader>) -> Option<String> {
+    match leader {
+        Some(l) if l.node.as_str() == sender => None,
+        Some(l) => Some(format!(
+            "{} (term {}, until {})",
+            l.node,
+            l.term,
+            l.expires_at.timestamp_micros()
+        )),
+        None => Some("nobody".to_string()),
+    }
 }

@@ -15,11 +15,12 @@
 //! handlers start late — past the rate-limited claim's start margin, or past the fence
 //! point — unless the start gate refuses them. Nothing else runs meanwhile; the driver then
 //! fires every node's deadline check, as their timers would have in that time.
-//! A node's elections and schedule fires, and its settles of ended parents' children, meet
-//! faults too, each kind drawn from a generator of its own (so the other operations' faults
-//! are what they were without them), a fire at [`FIRE_PER_MILLE`] and a settle at
-//! [`SETTLE_PER_MILLE`]: a fire held lands after its sender's leader lease may have lapsed —
-//! the write the fire's term guard exists for — and an election refused while the node's
+//! A node's elections, schedule fires and takes of the gauges' turn, and its settles of
+//! ended parents' children, meet faults too, each kind drawn from a generator of its own
+//! (so the other operations' faults are what they were without them), a fire at
+//! [`FIRE_PER_MILLE`], a take at [`GAUGE_PER_MILLE`] and a settle at [`SETTLE_PER_MILLE`]: a
+//! fire or a take held lands after its sender's leader lease may have lapsed — the write
+//! the term guard exists for — and an election refused while the node's
 //! connection is stalled lets that lease lapse; a settle held lands only in the final phase
 //! (from [`HEAL_LANDING`]), after the sweeper's backstop released its children and they ran
 //! — the write the release-once guard exists for.
@@ -66,6 +67,11 @@ const SETTLE_SALT: u64 = 0x5e77_1e00_c41d_0e5e;
 /// all: a held settle that lands after the sweeper's backstop released the child is the
 /// write the release-once guard exists for.
 const SETTLE_PER_MILLE: u64 = 600;
+/// Salt of a node's generator for its takes of the gauges' turn, apart from the others'.
+const GAUGE_SALT: u64 = 0x6a06_e500_7a4e_0001;
+/// Faults per thousand takes of the gauges' turn, in a run with faults at all: a take held
+/// past its sender's term is the write the gauges' term guard exists for.
+const GAUGE_PER_MILLE: u64 = 600;
 
 /// What every node's plan shares.
 #[derive(Debug, Default)]
@@ -120,6 +126,8 @@ pub(crate) struct NodeFaults {
     leader_rng: Mutex<Rng>,
     /// Draws the faults of settles, apart from the others.
     settle_rng: Mutex<Rng>,
+    /// Draws the faults of gauge turns' takes, apart from the others.
+    gauge_rng: Mutex<Rng>,
     /// The run's clock, moved by a stall.
     clock: ManualClock,
     /// Faults per thousand operations.
@@ -160,6 +168,10 @@ impl NodeFaults {
             settle_rng: Mutex::new(Rng::new(fnv(
                 node.as_bytes(),
                 FNV_START ^ seed ^ SETTLE_SALT,
+            ))),
+            gauge_rng: Mutex::new(Rng::new(fnv(
+                node.as_bytes(),
+                FNV_START ^ seed ^ GAUGE_SALT,
             ))),
             clock,
             per_mille,
@@ -222,19 +234,22 @@ impl NodeFaults {
 }
 
 impl NodeFaults {
-    /// The generator `op`'s faults are drawn from: elections and fires, and settles, have
-    /// one each of their own, so that adding them changed no other fault of a seed.
+    /// The generator `op`'s faults are drawn from: elections and fires, settles, and gauge
+    /// turns have one each of their own, so that adding them changed no other fault of a
+    /// seed.
     fn generator(&self, op: StoreOp) -> &Mutex<Rng> {
         match op {
             StoreOp::Elect | StoreOp::Fire => &self.leader_rng,
             StoreOp::Settle => &self.settle_rng,
+            StoreOp::Gauges => &self.gauge_rng,
             _ => &self.rng,
         }
     }
 
-    /// The fault of an election, a schedule fire or a settle (the node not dead), from its
-    /// own generator: at [`FIRE_PER_MILLE`] for a fire, [`SETTLE_PER_MILLE`] for a settle
-    /// and the run's rate for an election; refused before it applies while the node's
+    /// The fault of an election, a schedule fire, a settle or a gauge turn's take (the node
+    /// not dead), from its own generator: at [`FIRE_PER_MILLE`] for a fire,
+    /// [`SETTLE_PER_MILLE`] for a settle, [`GAUGE_PER_MILLE`] for a take and the run's rate
+    /// for an election; refused before it applies while the node's
     /// connection is stalled behind a held write.
     fn own_fault(&self, op: StoreOp) -> Fault {
         let mut rng = self.generator(op).lock().unwrap();
@@ -248,6 +263,7 @@ impl NodeFaults {
         let rate = match op {
             StoreOp::Fire => FIRE_PER_MILLE,
             StoreOp::Settle => SETTLE_PER_MILLE,
+            StoreOp::Gauges => GAUGE_PER_MILLE,
             _ => self.per_mille,
         };
         if roll >= rate {
@@ -270,7 +286,10 @@ impl FaultPlan for NodeFaults {
         if self.dead.load(Ordering::SeqCst) {
             return Fault::FailBefore;
         }
-        if matches!(op, StoreOp::Elect | StoreOp::Fire | StoreOp::Settle) {
+        if matches!(
+            op,
+            StoreOp::Elect | StoreOp::Fire | StoreOp::Settle | StoreOp::Gauges
+        ) {
             return self.own_fault(op);
         }
         let mut rng = self.rng.lock().unwrap();

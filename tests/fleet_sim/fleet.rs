@@ -332,6 +332,12 @@ impl Fleet {
             } else {
                 None
             };
+            // And what a take of the gauges' turn changes (the turn, the leader as it lands).
+            let turn = if op == StoreOp::Gauges {
+                Some(self.reader_sim().gauge_turn().await.unwrap())
+            } else {
+                None
+            };
             let how = match h.late.apply(self.clock.bound_now()).await {
                 Ok(()) => "applied",
                 Err(_) => "error",
@@ -348,6 +354,17 @@ impl Fleet {
                 let after = self.reader().schedules().await.unwrap();
                 let leader = self.reader().leader().await.unwrap();
                 self.violations.extend(crate::check_landing::check_fire(
+                    &h.node,
+                    self.now_us(),
+                    &before,
+                    &after,
+                    leader.as_ref(),
+                ));
+            }
+            if let Some(before) = turn {
+                let after = self.reader_sim().gauge_turn().await.unwrap();
+                let leader = self.reader().leader().await.unwrap();
+                self.violations.extend(crate::check_landing::check_gauges(
                     &h.node,
                     self.now_us(),
                     &before,
@@ -389,12 +406,17 @@ impl Fleet {
     /// The client of the first node not crashed: reads go through it (a read is never a
     /// store fault's operation).
     fn reader(&self) -> &jobvisor::Client {
+        &self.reader_sim().client
+    }
+
+    /// The first node not crashed.
+    fn reader_sim(&self) -> &Simulation {
         let node = self
             .nodes
             .iter()
             .find(|n| n.status != Status::Crashed)
             .unwrap_or(&self.nodes[0]);
-        &node.sim.client
+        &node.sim
     }
 
     pub(crate) fn now_us(&self) -> i64 {

@@ -5,8 +5,8 @@
 //! queue, with priorities, delays, unique keys — a debounce key's job replaces or cancels
 //! the pending holder, `replace.rs`), fetch a queue, renew, check deadlines,
 //! sweep, release a waiting handler, advance the clock, freeze, crash or start a node,
-//! pause or resume a queue, have a node read its queues' settings, elect and fire the
-//! schedule, declare it again, enqueue a child of recent jobs or a batch with its callback,
+//! pause or resume a queue, have a node read its queues' settings, elect, fire the
+//! schedule and refresh the gauges, declare it again, enqueue a child of recent jobs or a batch with its callback,
 //! enqueue members of an ordered sequence (`sequences.rs`, keys drawn once per run) or jobs
 //! with start-by deadlines (`deadlines.rs`), add, change or remove the run-time schedule
 //! (`runtime_schedule.rs`). After a step's action, an operator may look at a plain job's
@@ -293,10 +293,13 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             111..=114 => {
                 let term = sim.elect().await;
                 let fired = sim.fire_schedules().await;
+                // The gauge loop's tick: the leader takes the interval's turn and counts.
+                let counted = sim.refresh_gauges().await;
                 fleet.elected(&name, term);
                 format!(
-                    "{step}: {name} elect → {term:?}, fire → {}",
-                    fired.map_or_else(|_| "error".into(), |n| format!("{n:?}"))
+                    "{step}: {name} elect → {term:?}, fire → {}, gauges → {}",
+                    fired.map_or_else(|_| "error".into(), |n| format!("{n:?}")),
+                    counted.map_or_else(|_| "error".into(), |c| format!("counted {c}"))
                 )
             }
             115 => format!(
