@@ -392,6 +392,17 @@ impl JobContext {
         if gate.lapsed(crate::scheduler::micros(self.node_clock().monotonic())) {
             return Err(TxError::LeaseLost);
         }
+        // A test build's guard catalogue may present the job's current token instead of the
+        // attempt's (read before the transaction holds SQLite's writer).
+        #[cfg(feature = "test-util")]
+        let mutated = store
+            .mutate_tx_token(self.id, self.lease_token())
+            .await
+            .map_err(TxError::Database)?;
+        #[cfg(feature = "test-util")]
+        let token = &mutated;
+        #[cfg(not(feature = "test-util"))]
+        let token = self.lease_token();
         let mut pooled = C::checkout(store).await.map_err(TxError::Database)?;
         let conn: &mut C = &mut pooled;
         let guarded = C::guarded(store);
@@ -415,7 +426,7 @@ impl JobContext {
             Ok(v) => v,
             Err(e) => return Err(rollback(conn, guarded, TxError::Database(e)).await),
         };
-        let token = self.lease_token().as_str();
+        let token = token.as_str();
         let held = match &result {
             Some(value) => {
                 let started_ago_us = gate

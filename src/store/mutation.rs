@@ -62,12 +62,15 @@ pub(crate) enum Mutation {
     DeleteVersion,
     /// A leader's take of the gauges' turn checks no term (invariant 11).
     GaugeTerm,
+    /// A handler's transaction guards its commit with whatever lease holds the job, not its
+    /// attempt's (invariant 12).
+    TxToken,
 }
 
 #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 impl Mutation {
     /// Every mutation, in the catalogue's order.
-    pub(crate) const ALL: [Mutation; 13] = [
+    pub(crate) const ALL: [Mutation; 14] = [
         Mutation::FinalizeToken,
         Mutation::RenewToken,
         Mutation::StartFence,
@@ -81,6 +84,7 @@ impl Mutation {
         Mutation::CancelVersion,
         Mutation::DeleteVersion,
         Mutation::GaugeTerm,
+        Mutation::TxToken,
     ];
 
     /// Its name in `JOBVISOR_MUTATION`.
@@ -99,6 +103,7 @@ impl Mutation {
             Mutation::CancelVersion => "cancel-version",
             Mutation::DeleteVersion => "delete-version",
             Mutation::GaugeTerm => "gauge-term",
+            Mutation::TxToken => "tx-token",
         }
     }
 }
@@ -153,6 +158,17 @@ impl Store {
             }
         }
         Ok(p)
+    }
+
+    /// The token a handler's transaction guards its commit with: the one job `id`'s row
+    /// holds now if [`Mutation::TxToken`] is on (and it holds one), else `own`.
+    pub(crate) async fn mutate_tx_token(&self, id: JobId, own: &LeaseToken) -> Result<LeaseToken> {
+        if on(Mutation::TxToken) {
+            if let Some(held) = self.held_tokens(&[id]).await?.pop().flatten() {
+                return Ok(held);
+            }
+        }
+        Ok(own.clone())
     }
 
     /// The token each job's row holds now (`None`: none, or no such job).
