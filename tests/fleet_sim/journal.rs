@@ -14,12 +14,20 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use jobvisor::clock::{Clock as _, ManualClock};
-use jobvisor::{handler_fn, JobContext, JobError, JobHandler, JobOutcome};
+use jobvisor::{
+    handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobTx, SqliteJobConnection,
+};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::harness::side::Execution;
 use crate::rng::{fnv, FNV_START};
+
+/// Salt of the hash that picks a succeeding handler's way to succeed.
+const TX_SALT: u64 = 0x7a5c_0de0_0000_0012;
+/// The prefix of the effect a handler succeeding in its own transaction records, followed
+/// by its node and attempt (`check_effects.rs`).
+pub(crate) const DONE_EFFECT: &str = "done/";
 
 /// What a handler panics with when the seed chooses a panic.
 pub(crate) const CHOSEN_PANIC: &str = "the seed chose a panic";
@@ -27,7 +35,10 @@ pub(crate) const CHOSEN_PANIC: &str = "the seed chose a panic";
 /// How the driver lets a waiting handler go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Release {
-    /// It returns success (its result names its node, claim and attempt).
+    /// It succeeds (its result names its node, claim and attempt): by returning success,
+    /// or, for half the executions (a hash of the seed and the execution), in a transaction
+    /// of its own that records the effect `done/<node>/<attempt>` and completes the job
+    /// (`JobContext::complete_in_transaction`) — its commit guarded by the attempt's lease.
     Success,
     /// It returns a failure to retry.
     Retry,
@@ -130,7 +141,30 @@ impl Journal {
                         () = ctx.cancelled() => None,
                     }
                 };
+                let in_tx =
+                    fnv(key.as_bytes(), FNV_START ^ journal.seed ^ TX_SALT).is_multiple_of(2);
                 match release {
+                    Some(Release::Success) if in_tx => {
+                        let result = json!({
+                            "node": node, "claim": claim, "attempt": ctx.attempt,
+                        });
+                        let effect = format!("{DONE_EFFECT}{node}/{}", ctx.attempt);
+                        let done = ctx
+                            .complete_in_transaction(
+                                async |mut tx: JobTx<'_, SqliteJobConnection>| {
+                                    tx.record_effect(&effect, ()).await?;
+                                    Ok::<_, JobError>(result)
+                                },
+                            )
+                            .await;
+                        match done {
+                            Ok(outcome) => {
+                                journal.complete(idx);
+                                Ok(outcome)
+                            }
+                            Err(e) => Err(JobError::retry(format!("not committed: {e}"))),
+                        }
+                    }
                     Some(Release::Success) => {
                         journal.complete(idx);
                         JobOutcome::success(json!({

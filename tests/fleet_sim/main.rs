@@ -51,7 +51,8 @@
 //! failure policies), `check_deadlines.rs` (never started at or past the deadline; never
 //! started → cancelled `expired`), `check_replace.rs` (no replaced payload and no
 //! cancelled holder runs after the answer), `check_operator.rs` (a pinned press writes only
-//! while its job is still at that version) and `check_landing.rs` (a held renewal that lands
+//! while its job is still at that version), `check_effects.rs` (a handler's transaction
+//! commits its effect and its job's end once, under its own lease) and `check_landing.rs` (a held renewal that lands
 //! changes only its sender's own leases, a held settle only waiting children, a held fire
 //! only while its sender leads); `log.rs` (the event log and its hash), `rng.rs` (the
 //! generator).
@@ -64,6 +65,7 @@ mod harness;
 mod check;
 mod check_controls;
 mod check_deadlines;
+mod check_effects;
 mod check_landing;
 mod check_operator;
 mod check_replace;

@@ -18,7 +18,8 @@
 //! fires on the leader, the writes still held land from round [`HEAL_LANDING`] on, and the
 //! fleet is driven until every job is terminal and nothing is held (liveness);
 //! then the invariants are checked (`check.rs`, `check_controls.rs`, `check_sequences.rs`,
-//! `check_deadlines.rs`, `check_replace.rs`, `check_operator.rs`; `check_landing.rs` as each held renewal, settle or
+//! `check_deadlines.rs`, `check_replace.rs`, `check_operator.rs`, `check_effects.rs`;
+//! `check_landing.rs` as each held renewal, settle or
 //! fire lands). Answers the event log's hash and what broke.
 
 use std::collections::BTreeSet;
@@ -436,6 +437,13 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         .collect();
     violations.extend(crate::check::check(&jobs, &answered, &kept, &fleet.freezes));
     violations.extend(crate::check_operator::check(&operator.presses));
+    let reader = &fleet.nodes[fleet.drivable()[0]].sim.client;
+    let mut effects = std::collections::BTreeMap::new();
+    for j in &jobs {
+        let keys = reader.effects(j.id).await.unwrap_or_default();
+        effects.insert(j.id.0, keys.into_iter().map(|e| e.key).collect::<Vec<_>>());
+    }
+    violations.extend(crate::check_effects::check(&jobs, &effects));
     let parents = parents(&fleet.nodes[fleet.drivable()[0]].sim.client, &jobs).await;
     let orders = fleet.journal.orders();
     let facts = Facts {
