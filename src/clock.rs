@@ -41,7 +41,9 @@ impl Clock for SystemClock {
     }
 
     /// [`Instant`] (`CLOCK_MONOTONIC` on Linux) since the first call: immune to wall-clock
-    /// steps, and it keeps counting while the process is stopped (`SIGSTOP`).
+    /// steps, and it keeps counting while the process is stopped (`SIGSTOP`). It does not
+    /// count a system suspend (a suspended VM or laptop): after one, a node's fence points
+    /// are late by the time suspended, and only the database's token guards stand.
     fn monotonic(&self) -> Duration {
         static ORIGIN: OnceLock<Instant> = OnceLock::new();
         ORIGIN.get_or_init(Instant::now).elapsed()

@@ -1,6 +1,6 @@
 //! The rule of the handlers' own transactions (§6 invariant 12: a handler's transaction
 //! commits only while its attempt holds the lease; an effect key is recorded at most once
-//! per job). Half the successes commit in a transaction that records the effect
+//! per job). A quarter of the successes commit in a transaction that records the effect
 //! `done/<node>/<attempt>` and completes the job (`journal.rs`), so a commit that stands
 //! leaves exactly that effect and that result: a job records at most one such effect, and
 //! a job that records one is `succeeded` with a result naming the same node and attempt. A
