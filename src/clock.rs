@@ -6,7 +6,7 @@
 //! simulation tests drive leases, timeouts and backoff without sleeping.
 
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 
@@ -40,14 +40,36 @@ impl Clock for SystemClock {
         None
     }
 
-    /// [`Instant`] (`CLOCK_MONOTONIC` on Linux) since the first call: immune to wall-clock
-    /// steps, and it keeps counting while the process is stopped (`SIGSTOP`). It does not
-    /// count a system suspend (a suspended VM or laptop): after one, a node's fence points
-    /// are late by the time suspended, and only the database's token guards stand.
+    /// Time since the first call on a clock that never jumps back, is immune to wall-clock
+    /// steps, and keeps counting while the process is stopped (`SIGSTOP`) and — on Linux and
+    /// Android, where it is `CLOCK_BOOTTIME` — while the machine is suspended. So a node that
+    /// wakes from a suspend sees its fence points passed and stops its handlers before they
+    /// act. Elsewhere it is [`Instant`](std::time::Instant), which on some systems does not count a suspend;
+    /// there, as for a virtual machine stopped by a hypervisor that hides the stop from its
+    /// guest's clocks, the database's token guards are what stand (ARCHITECTURE.md §6).
     fn monotonic(&self) -> Duration {
-        static ORIGIN: OnceLock<Instant> = OnceLock::new();
-        ORIGIN.get_or_init(Instant::now).elapsed()
+        static ORIGIN: OnceLock<Duration> = OnceLock::new();
+        let now = counting_suspend();
+        now.saturating_sub(*ORIGIN.get_or_init(|| now))
     }
+}
+
+/// `CLOCK_BOOTTIME`: monotonic, counting a suspend.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn counting_suspend() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    // Never negative: seconds since boot, nanoseconds below 10⁹.
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// [`Instant`](std::time::Instant) since the first call, where `CLOCK_BOOTTIME` is not at hand.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn counting_suspend() -> Duration {
+    static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
 }
 
 /// A clock that only moves when told to; cloning shares the same instant.
@@ -115,5 +137,24 @@ mod tests {
         assert_eq!(c2.now() - t0, chrono::Duration::seconds(5));
         assert_eq!(c2.bound_now(), Some(t0 + chrono::Duration::seconds(5)));
         assert_eq!(SystemClock.bound_now(), None);
+    }
+
+    /// The system clock's monotonic reading runs at real time's pace (Instant's, with no
+    /// suspend in between) and never goes back.
+    #[test]
+    fn the_system_monotonic_clock_keeps_real_time_and_never_goes_back() {
+        let (m0, i0) = (SystemClock.monotonic(), std::time::Instant::now());
+        let mut last = m0;
+        while i0.elapsed() < Duration::from_millis(50) {
+            let m = SystemClock.monotonic();
+            assert!(m >= last, "{m:?} after {last:?}");
+            last = m;
+        }
+        let (m, i) = (SystemClock.monotonic() - m0, i0.elapsed());
+        let off = m.abs_diff(i);
+        assert!(
+            off < Duration::from_millis(5),
+            "monotonic {m:?} against Instant {i:?}"
+        );
     }
 }
