@@ -68,18 +68,27 @@ pub(crate) struct Facts<'a> {
     pub(crate) execs: &'a [Execution],
     pub(crate) orders: &'a [Order],
     pub(crate) freezes: &'a [(String, i64, i64)],
+    /// Each freeze hidden from its node's clock (`Fleet::blind`).
+    pub(crate) blind: &'a [(String, i64, i64)],
     pub(crate) controls: &'a Controls,
     pub(crate) parents: &'a Parents,
 }
 
 impl Facts<'_> {
     /// Whether execution `e` may be left out at manual time `t`: its node was frozen then
-    /// and the execution ended as the node resumed.
+    /// and the execution ended as the node resumed — or it ran on a node's belief that a
+    /// hidden freeze made stale (`check::blind_at`).
     pub(crate) fn frozen_then(&self, e: usize, t: i64) -> bool {
         let x = &self.execs[e];
         self.freezes.iter().any(|(node, from, to)| {
             *node == x.node && x.ended_at_us == Some(*to) && (*from..=*to).contains(&t)
-        })
+        }) || crate::check::blind_at(self.blind, x, t)
+    }
+
+    /// Whether execution `e` was started on a node's belief that a hidden freeze made stale
+    /// (`check::started_blind`): the rules of executions do not judge its start.
+    pub(crate) fn started_blind(&self, e: usize) -> bool {
+        crate::check::started_blind(self.blind, &self.execs[e])
     }
 
     /// Whether execution `e` was running when execution `y` started (in the run's order).
@@ -107,7 +116,7 @@ fn limits(f: &Facts<'_>, bad: &mut Vec<String>) {
         .filter(|i| f.orders[*i].queue == LIMITED)
         .collect();
     let limit = f.controls.limits.concurrency as usize;
-    for &y in &limited {
+    for &y in limited.iter().filter(|y| !f.started_blind(**y)) {
         let running: Vec<usize> = limited
             .iter()
             .copied()
@@ -141,7 +150,11 @@ fn limits(f: &Facts<'_>, bad: &mut Vec<String>) {
         }
     }
     let period = i64::try_from(RATE_PERIOD.as_micros()).unwrap();
-    let mut starts: Vec<i64> = limited.iter().map(|e| f.execs[*e].started_at_us).collect();
+    let mut starts: Vec<i64> = limited
+        .iter()
+        .filter(|e| !f.started_blind(**e))
+        .map(|e| f.execs[*e].started_at_us)
+        .collect();
     starts.sort_unstable();
     for w in starts.windows(rate as usize + 1) {
         if w[rate as usize] - w[0] < period {
@@ -240,7 +253,9 @@ fn dependencies(f: &Facts<'_>, bad: &mut Vec<String>) {
                     ));
                 }
             }
-            let Some(x) = first else { continue };
+            let Some(x) = first.filter(|x| !f.started_blind(*x)) else {
+                continue;
+            };
             for &e in runs.get(p).map(Vec::as_slice).unwrap_or_default() {
                 let ended_before = f.orders[e].end.is_some_and(|end| end < f.orders[x].start);
                 if !ended_before && !f.frozen_then(e, f.execs[x].started_at_us) {
@@ -284,7 +299,7 @@ fn callback(f: &Facts<'_>, job: &Job, mine: &[usize], bad: &mut Vec<String>) {
         .copied()
         .find(|i| std::ptr::eq(&f.execs[*i], list[w]))
         .unwrap();
-    for &e in mine {
+    for &e in mine.iter().filter(|e| !f.started_blind(**e)) {
         if f.orders[writer]
             .end
             .is_some_and(|end| f.orders[e].start > end)

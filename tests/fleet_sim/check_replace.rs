@@ -23,8 +23,12 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
     for act in &f.controls.replaces {
         match act.how {
             OnDuplicate::Replace => {
-                for (x, o) in f.execs.iter().zip(f.orders) {
-                    if x.job_id == act.id && o.start > act.mark && o.payload_n < Some(act.n) {
+                for (i, (x, o)) in f.execs.iter().zip(f.orders).enumerate() {
+                    if x.job_id == act.id
+                        && o.start > act.mark
+                        && !f.started_blind(i)
+                        && o.payload_n < Some(act.n)
+                    {
                         bad.push(format!(
                             "replace: job {} ran payload n={:?} after its replacement by \
                              n={} was answered: {x:?}",
@@ -37,8 +41,8 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
                 for j in f.jobs.iter().filter(|j| {
                     j.id.0 < act.id && j.unique_key.as_deref() == Some(act.key.as_str())
                 }) {
-                    for (x, o) in f.execs.iter().zip(f.orders) {
-                        if x.job_id == j.id.0 && o.start > act.mark {
+                    for (i, (x, o)) in f.execs.iter().zip(f.orders).enumerate() {
+                        if x.job_id == j.id.0 && o.start > act.mark && !f.started_blind(i) {
                             bad.push(format!(
                                 "replace: job {} of key {} ({}) started after job {} was \
                                  answered inserted in its place: {x:?}",

@@ -38,7 +38,7 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
         for (n, m) in members.iter().enumerate() {
             let mine = of(m);
             let first = mine.iter().copied().min_by_key(|i| f.orders[*i].start);
-            if let Some(x) = first {
+            if let Some(x) = first.filter(|x| !f.started_blind(*x)) {
                 for before in &members[..n] {
                     for e in of(before) {
                         let ended = f.orders[e].end.is_some_and(|end| end < f.orders[x].start);
@@ -77,7 +77,7 @@ pub(crate) fn check(f: &Facts<'_>) -> Vec<String> {
             }
         }
         let all: Vec<usize> = members.iter().flat_map(|m| of(m)).collect();
-        for &y in &all {
+        for &y in all.iter().filter(|y| !f.started_blind(**y)) {
             for &e in &all {
                 if f.execs[e].job_id != f.execs[y].job_id && f.running_at_start_of(e, y) {
                     bad.push(format!(

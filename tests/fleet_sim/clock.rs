@@ -12,9 +12,16 @@
 //! simulation holds each node's rate within ±10 %, and the invariants must hold at it; a rate
 //! slower than −16.7 % would reach the fence point after the database's expiry.
 //!
+//! A freeze may also be *hidden* from the node ([`NodeClock::stand_still`]): its monotonic
+//! clock stands still from the freeze until it resumes, as a virtual machine's does when its
+//! hypervisor stops it and hides the stop from the guest's clocks (or a suspend, on a system
+//! whose monotonic clock does not count one). That is outside the bound: the node wakes
+//! believing in leases the database let go, and only the database's guards stand.
+//!
 //! The monotonic clock is piecewise linear in the shared clock: a rate change re-anchors it
-//! at its current reading, and the shared clock never goes back, so it never goes back
-//! either. Integer arithmetic throughout: the same seed reads the same microseconds.
+//! at its current reading, as does a resume after standing still, and the shared clock never
+//! goes back, so it never goes back either. Integer arithmetic throughout: the same seed
+//! reads the same microseconds.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -45,6 +52,8 @@ struct State {
     anchor_shared_us: i64,
     /// …and the monotonic clock's then (µs).
     anchor_mono_us: i64,
+    /// The shared clock's reading (µs) since which the monotonic clock stands still.
+    still_since_us: Option<i64>,
 }
 
 impl NodeClock {
@@ -58,11 +67,13 @@ impl NodeClock {
                 rate_ppm: rate_ppm.clamp(-MAX_RATE_PPM, MAX_RATE_PPM),
                 anchor_shared_us: at,
                 anchor_mono_us: at,
+                still_since_us: None,
             }),
         }
     }
 
     fn mono_us(s: &State, shared_us: i64) -> i64 {
+        let shared_us = s.still_since_us.unwrap_or(shared_us);
         let elapsed = i128::from(shared_us - s.anchor_shared_us);
         let scaled = elapsed * i128::from(1_000_000 + s.rate_ppm) / 1_000_000;
         s.anchor_mono_us + i64::try_from(scaled).unwrap()
@@ -79,8 +90,27 @@ impl NodeClock {
         let shared_us = self.shared.now().timestamp_micros();
         let mut s = self.state.lock().unwrap();
         s.anchor_mono_us = Self::mono_us(&s, shared_us);
-        s.anchor_shared_us = shared_us;
+        s.anchor_shared_us = s.still_since_us.unwrap_or(shared_us);
         s.rate_ppm = rate_ppm.clamp(-MAX_RATE_PPM, MAX_RATE_PPM);
+    }
+
+    /// From now on the monotonic clock stands still, until [`run_on`](Self::run_on): a
+    /// freeze hidden from the node.
+    pub(crate) fn stand_still(&self) {
+        let shared_us = self.shared.now().timestamp_micros();
+        let mut s = self.state.lock().unwrap();
+        s.still_since_us.get_or_insert(shared_us);
+    }
+
+    /// The monotonic clock runs on from where it stood: the time it stood still is lost to it.
+    pub(crate) fn run_on(&self) {
+        let shared_us = self.shared.now().timestamp_micros();
+        let mut s = self.state.lock().unwrap();
+        if s.still_since_us.is_some() {
+            s.anchor_mono_us = Self::mono_us(&s, shared_us);
+            s.anchor_shared_us = shared_us;
+            s.still_since_us = None;
+        }
     }
 }
 

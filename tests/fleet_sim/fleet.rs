@@ -43,14 +43,26 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 /// Polls in a row (1 ms apart) that must see a quiet fleet unchanged.
 const STABLE_POLLS: usize = 3;
 
+/// How long after a hidden freeze ends its node may still act on a lease it believed in
+/// before the freeze: the lease (30 s). The node's clock lost the freeze, so a claim or
+/// renewal sent before it reaches its fence point up to 25 s (the fence point's distance
+/// from the send) after the resume; whatever the node sends after the resume is measured
+/// right again.
+pub(crate) const BLIND_FOR: Duration = Duration::from_secs(30);
+
 /// Where a node is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
     /// Driven.
     Live,
     /// Not driven (its process paused) since `since_us` on the manual clock until step
-    /// `until`; then a zombie.
-    Frozen { until: usize, since_us: i64 },
+    /// `until`; then a zombie. `hidden`: its monotonic clock stands still meanwhile
+    /// ([`NodeClock::stand_still`]).
+    Frozen {
+        until: usize,
+        since_us: i64,
+        hidden: bool,
+    },
     /// Gone, with no goodbye.
     Crashed,
 }
@@ -71,6 +83,9 @@ pub(crate) struct Node {
 pub(crate) enum Wake {
     /// One of its waiting handlers returns.
     Handler,
+    /// Every one of its waiting handlers returns, one after the other (a virtual machine
+    /// resumed with its handlers mid-way: `run.rs`'s long stop).
+    Handlers,
     /// Its renewal goes out.
     Renewal,
     /// Nothing: the deadline check comes first.
@@ -87,6 +102,9 @@ pub(crate) struct Fleet {
     pub(crate) nodes: Vec<Node>,
     /// Each freeze: the node, from and to on the manual clock.
     pub(crate) freezes: Vec<(String, i64, i64)>,
+    /// Each freeze hidden from its node's clock: the node, from, and the end of the span in
+    /// which it may act on what it believed before the freeze ([`BLIND_FOR`] past the resume).
+    pub(crate) blind: Vec<(String, i64, i64)>,
     /// What the checks made as writes landed found (`check_landing.rs`), and claims of a
     /// job after a node reported its end.
     pub(crate) violations: Vec<String>,
@@ -126,6 +144,7 @@ impl Fleet {
             book: Arc::default(),
             nodes: Vec::new(),
             freezes: Vec::new(),
+            blind: Vec::new(),
             violations: Vec::new(),
             ended: BTreeMap::new(),
             settles: 0,
@@ -227,10 +246,18 @@ impl Fleet {
         }
     }
 
-    /// Freezes node `i` until step `until`.
-    pub(crate) fn freeze(&mut self, i: usize, until: usize) {
+    /// Freezes node `i` until step `until`; `hidden`: its monotonic clock stands still
+    /// until then.
+    pub(crate) fn freeze(&mut self, i: usize, until: usize, hidden: bool) {
         let since_us = self.now_us();
-        self.nodes[i].status = Status::Frozen { until, since_us };
+        if hidden {
+            self.nodes[i].clock.stand_still();
+        }
+        self.nodes[i].status = Status::Frozen {
+            until,
+            since_us,
+            hidden,
+        };
     }
 
     /// Resumes node `i` (frozen) as a zombie: first, as `wake` says, one of its waiting
@@ -238,17 +265,35 @@ impl Fleet {
     /// nothing; then its overdue deadline check, which stops the handlers whose fence point
     /// passed while it slept. Logs it and settles.
     pub(crate) async fn resume(&mut self, i: usize, wake: Wake, log: &mut EventLog, at: &str) {
-        let Status::Frozen { since_us, .. } = self.nodes[i].status else {
+        let Status::Frozen {
+            since_us, hidden, ..
+        } = self.nodes[i].status
+        else {
             return;
         };
         let now = self.now_us();
         self.freezes
             .push((self.nodes[i].name.clone(), since_us, now));
+        if hidden {
+            self.nodes[i].clock.run_on();
+            let blind_to = now + i64::try_from(BLIND_FOR.as_micros()).unwrap();
+            self.blind
+                .push((self.nodes[i].name.clone(), since_us, blind_to));
+        }
         self.nodes[i].status = Status::Live;
         let name = self.nodes[i].name.clone();
         match wake {
             Wake::Handler => {
                 if let Some((idx, job, attempt)) = self.journal.waiting(&name).first().copied() {
+                    self.journal.release(idx, Release::Success);
+                    log.line(format!(
+                        "{at}: {name} wakes; its handler of job {job} attempt {attempt} returns"
+                    ));
+                    self.settle(log).await;
+                }
+            }
+            Wake::Handlers => {
+                for (idx, job, attempt) in self.journal.waiting(&name) {
                     self.journal.release(idx, Release::Success);
                     log.line(format!(
                         "{at}: {name} wakes; its handler of job {job} attempt {attempt} returns"
@@ -298,9 +343,19 @@ impl Fleet {
 
     /// Records what `node`'s election answered (`Some`: it leads under that term) and checks
     /// that a term never regresses (§6 invariant 11: each election raises the term, a renewal
-    /// keeps it): no election answers a term below one answered before.
+    /// keeps it): no election answers a term below one answered before. A node in the blind
+    /// span of a freeze hidden from its clock is not judged: an election whose statement failed
+    /// answers the term the node still believes in, which the database may have let go.
     pub(crate) fn elected(&mut self, node: &str, term: Option<u64>) {
         let Some(term) = term else { return };
+        let now = self.now_us();
+        if self
+            .blind
+            .iter()
+            .any(|(n, from, to)| n == node && (*from..=*to).contains(&now))
+        {
+            return;
+        }
         if let Some((top, by)) = &self.top_term {
             if term < *top {
                 self.violations.push(format!(

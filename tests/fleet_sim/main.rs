@@ -22,8 +22,9 @@
 //! after and the command that replays the shrunk run.
 //!
 //! Each node reads time through a clock of its own over the shared manual clock (`clock.rs`):
-//! its wall clock jumps and its monotonic clock drifts within ±10 %, as the seed chooses;
-//! the invariants are measured on the shared clock, the database's.
+//! its wall clock jumps and its monotonic clock drifts within ±10 %, as the seed chooses, or
+//! stands still through a stop hidden from it (outside the bound: only the database's guards
+//! stand then); the invariants are measured on the shared clock, the database's.
 //!
 //! Why a seed replays exactly: one run is one thread. Its runtime is current-thread (the
 //! actix system's) with tokio's time paused, so timers fire only when nothing else can run,

@@ -10,7 +10,9 @@
 //! enqueue members of an ordered sequence (`sequences.rs`, keys drawn once per run) or jobs
 //! with start-by deadlines (`deadlines.rs`), add, change or remove the run-time schedule
 //! (`runtime_schedule.rs`). After a step's action, an operator may look at a plain job's
-//! page or press a button on one it looked at before (`operator.rs`).
+//! page or press a button on one it looked at before (`operator.rs`), and a busy node's
+//! machine may stop for a long stop hidden from its clock ([`vm_stop`]; half the freezes of a
+//! busy node are hidden too), waking on leases the database let go.
 //! A run may skip steps (a [`Skips`] set, for shrinking a failing run): a skipped step takes
 //! no action and has no clock event (a frozen node due to resume still resumes), and the
 //! steps after it draw what they would have drawn. Each step first lands the writes held
@@ -51,6 +53,90 @@ const HEAL_ROUNDS: usize = 150;
 /// in odd seeds only: each such pause changes the rest of its run, and the even seeds keep the
 /// runs they had (the catalogue's only catch of `renew-token` is seed 86's).
 const PAUSED_IN_FLIGHT: u64 = 60;
+
+/// Salt of a freeze's draw of whether it is hidden from its node's clock.
+const HIDDEN_SALT: u64 = 0x41dd_e4f2_ee2e_0001;
+/// Freezes (per thousand) hidden from their node's monotonic clock (`clock.rs`): a virtual
+/// machine stopped by its hypervisor. Drawn apart from the step's generator, so the step
+/// draws what it drew before.
+const HIDDEN_PER_MILLE: u64 = 500;
+
+/// Whether the freeze of `step` in `seed` is hidden from its node's clock.
+fn hidden_freeze(seed: u64, step: usize) -> bool {
+    fnv(&(step as u64).to_le_bytes(), FNV_START ^ seed ^ HIDDEN_SALT) % 1000 < HIDDEN_PER_MILLE
+}
+
+/// Steps (per thousand) after which a node with handlers running is stopped at once for a
+/// long stop hidden from its clock ([`long_stop`]), as a virtual machine is by its hypervisor.
+/// Drawn apart from the step's generator.
+const VM_STOP_PER_MILLE: u64 = 20;
+
+/// Maybe (at [`VM_STOP_PER_MILLE`]) stops a live node with handlers running, when another is
+/// live: its clock stands still through a [`long_stop`], then it wakes with its handlers'
+/// last steps.
+async fn vm_stop(
+    fleet: &mut Fleet,
+    controls: &mut Controls,
+    seed: u64,
+    step: usize,
+    log: &mut EventLog,
+) {
+    let h = fnv(
+        &(step as u64).to_le_bytes(),
+        FNV_START ^ seed ^ HIDDEN_SALT ^ 2,
+    );
+    let live = fleet.drivable();
+    if h % 1000 >= VM_STOP_PER_MILLE || live.len() < 2 {
+        return;
+    }
+    let busy: Vec<usize> = live
+        .into_iter()
+        .filter(|i| !fleet.journal.waiting(&fleet.nodes[*i].name).is_empty())
+        .collect();
+    let Some(&i) = busy.get((h / 1000) as usize % busy.len().max(1)) else {
+        return;
+    };
+    log.line(format!(
+        "{step}: {}'s machine stops (its clock stands still)",
+        fleet.nodes[i].name
+    ));
+    fleet.freeze(i, step, true);
+    long_stop(fleet, seed, step, log).await;
+    controls.drain_claims(fleet);
+    fleet
+        .resume(i, Wake::Handlers, log, &step.to_string())
+        .await;
+    controls.drain_claims(fleet);
+}
+
+/// A hidden freeze ends after a stop of a virtual machine (`clock.rs`), as long as the lease
+/// at least, so that the database lets its leases go: the clock moves on by 31–60 s (every
+/// live node's deadline check runs, as its timer would), then each live node sweeps and
+/// fetches both queues — the frozen node's jobs, reclaimed, may have a new holder when it
+/// wakes (always with its handlers' last steps, `Wake::Handlers`) on leases it still believes
+/// in.
+async fn long_stop(fleet: &mut Fleet, seed: u64, step: usize, log: &mut EventLog) {
+    let h = fnv(
+        &(step as u64).to_le_bytes(),
+        FNV_START ^ seed ^ HIDDEN_SALT ^ 1,
+    );
+    let at = step.to_string();
+    fleet
+        .advance(Duration::from_secs(31 + h % 30), log, &at)
+        .await;
+    for i in fleet.drivable() {
+        let sim = &fleet.nodes[i].sim;
+        let line = format!(
+            "{at}: {} sweep → {} fetch {} {}",
+            fleet.nodes[i].name,
+            sim.sweep().await,
+            sim.fetch("default").await,
+            sim.fetch(LIMITED).await
+        );
+        log.line(line);
+        fleet.settle(log).await;
+    }
+}
 
 /// What one run found.
 #[derive(Debug)]
@@ -136,9 +222,18 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             .store(step, std::sync::atomic::Ordering::SeqCst);
         fleet.land(Some(step), &mut log, &step.to_string()).await;
         for i in 0..fleet.nodes.len() {
-            if matches!(fleet.nodes[i].status, Status::Frozen { until, .. } if until <= step) {
-                let wake = *rng.pick(&[Wake::Handler, Wake::Renewal, Wake::Deadlines]);
-                fleet.resume(i, wake, &mut log, &step.to_string()).await;
+            if let Status::Frozen { until, hidden, .. } = fleet.nodes[i].status {
+                if until <= step {
+                    let wake = *rng.pick(&[Wake::Handler, Wake::Renewal, Wake::Deadlines]);
+                    let wake = if hidden {
+                        long_stop(&mut fleet, seed, step, &mut log).await;
+                        controls.drain_claims(&fleet);
+                        Wake::Handlers
+                    } else {
+                        wake
+                    };
+                    fleet.resume(i, wake, &mut log, &step.to_string()).await;
+                }
             }
         }
         if skips.contains(step) {
@@ -263,8 +358,15 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             }
             90..=93 if live.len() >= 2 => {
                 let until = step + 3 + rng.below(13) as usize;
-                fleet.freeze(at, until);
-                format!("{step}: freeze {name} until step {until}")
+                // Hidden only where it can matter: a node with a handler running.
+                let hidden = hidden_freeze(seed, step) && !fleet.journal.waiting(&name).is_empty();
+                fleet.freeze(at, until, hidden);
+                let clock = if hidden {
+                    " (its clock stands still)"
+                } else {
+                    ""
+                };
+                format!("{step}: freeze {name} until step {until}{clock}")
             }
             94..=96 if live.len() >= 2 => {
                 fleet.crash(at);
@@ -348,6 +450,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
             fleet.settle(&mut log).await;
             controls.drain_claims(&fleet);
         }
+        vm_stop(&mut fleet, &mut controls, seed, step, &mut log).await;
     }
 
     // Faults stop, everyone resumes: the fleet must finish every job.
@@ -435,7 +538,13 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         .filter(|e| !operator.deleted.contains(&e.job_id))
         .cloned()
         .collect();
-    violations.extend(crate::check::check(&jobs, &answered, &kept, &fleet.freezes));
+    violations.extend(crate::check::check(
+        &jobs,
+        &answered,
+        &kept,
+        &fleet.freezes,
+        &fleet.blind,
+    ));
     violations.extend(crate::check_operator::check(&operator.presses));
     let reader = &fleet.nodes[fleet.drivable()[0]].sim.client;
     let mut effects = std::collections::BTreeMap::new();
@@ -451,6 +560,7 @@ async fn run(seed: u64, skips: &Skips) -> RunReport {
         execs: &execs,
         orders: &orders,
         freezes: &fleet.freezes,
+        blind: &fleet.blind,
         controls: &controls,
         parents: &parents,
     };
