@@ -454,7 +454,13 @@ impl JobContext {
             return Err(rollback(conn, guarded, TxError::LeaseLost).await);
         }
         let mut ending = CommitGuard(gate, true);
-        match conn.commit(guarded).await {
+        let commit = async { conn.commit(guarded).await.map_err(Error::from) };
+        // A test build's fault plan may fail the commit, or lose its answer after it applied.
+        #[cfg(feature = "test-util")]
+        let committed = store.faulted_commit(commit).await;
+        #[cfg(not(feature = "test-util"))]
+        let committed = commit.await;
+        match committed {
             Ok(()) => {
                 ending.1 = false;
                 gate.end_commit(result);
@@ -463,7 +469,9 @@ impl JobContext {
             Err(e) => {
                 ending.1 = false;
                 gate.end_commit(None);
-                Err(TxError::Database(e.into()))
+                // A commit that failed may leave its transaction open (SQLite's busy writer, a
+                // commit that never left): end it. After one that applied, this is a no-op.
+                Err(rollback(conn, guarded, TxError::Database(e)).await)
             }
         }
     }

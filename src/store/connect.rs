@@ -247,6 +247,30 @@ impl Store {
         super::timeout::bounded(op, limit, fut)
     }
 
+    /// Runs a handler transaction's `COMMIT` (`fut`) as a test's fault plan decides
+    /// ([`StoreOp::Commit`](super::faults::StoreOp::Commit), never held), within the store's
+    /// statement bound; without a plan, as it is.
+    #[cfg(feature = "test-util")]
+    pub(crate) async fn faulted_commit(
+        &self,
+        fut: impl std::future::Future<Output = Result<()>>,
+    ) -> Result<()> {
+        match self.inner.faults.get() {
+            Some(plan) => {
+                let limit = self.inner.statement_bound();
+                super::faults::run(
+                    plan,
+                    super::timeout::Op::Commit,
+                    limit,
+                    fut,
+                    None::<fn() -> super::faults::Late>,
+                )
+                .await
+            }
+            None => fut.await,
+        }
+    }
+
     /// Installs a fault plan: from now on every hot-path operation of this store and its
     /// clones asks it what happens (see `testing::FaultPlan`).
     #[cfg(feature = "test-util")]

@@ -73,6 +73,12 @@ const GAUGE_SALT: u64 = 0x6a06_e500_7a4e_0001;
 /// past its sender's term is the write the gauges' term guard exists for.
 const GAUGE_PER_MILLE: u64 = 600;
 
+/// Salt of a node's generator for its handler transactions' commits, apart from the others'.
+const COMMIT_SALT: u64 = 0xc0_3317_0000_0013;
+/// Faults per thousand commits of a handler's transaction, in a run with faults at all: a
+/// commit whose answer is lost after it applied is the case effect records exist for.
+const COMMIT_PER_MILLE: u64 = 600;
+
 /// What every node's plan shares.
 #[derive(Debug, Default)]
 pub(crate) struct Book {
@@ -128,6 +134,8 @@ pub(crate) struct NodeFaults {
     settle_rng: Mutex<Rng>,
     /// Draws the faults of gauge turns' takes, apart from the others.
     gauge_rng: Mutex<Rng>,
+    /// Draws the faults of handler transactions' commits, apart from the others.
+    commit_rng: Mutex<Rng>,
     /// The run's clock, moved by a stall.
     clock: ManualClock,
     /// Faults per thousand operations.
@@ -172,6 +180,10 @@ impl NodeFaults {
             gauge_rng: Mutex::new(Rng::new(fnv(
                 node.as_bytes(),
                 FNV_START ^ seed ^ GAUGE_SALT,
+            ))),
+            commit_rng: Mutex::new(Rng::new(fnv(
+                node.as_bytes(),
+                FNV_START ^ seed ^ COMMIT_SALT,
             ))),
             clock,
             per_mille,
@@ -242,6 +254,7 @@ impl NodeFaults {
             StoreOp::Elect | StoreOp::Fire => &self.leader_rng,
             StoreOp::Settle => &self.settle_rng,
             StoreOp::Gauges => &self.gauge_rng,
+            StoreOp::Commit => &self.commit_rng,
             _ => &self.rng,
         }
     }
@@ -264,6 +277,7 @@ impl NodeFaults {
             StoreOp::Fire => FIRE_PER_MILLE,
             StoreOp::Settle => SETTLE_PER_MILLE,
             StoreOp::Gauges => GAUGE_PER_MILLE,
+            StoreOp::Commit => COMMIT_PER_MILLE,
             _ => self.per_mille,
         };
         if roll >= rate {
@@ -288,7 +302,7 @@ impl FaultPlan for NodeFaults {
         }
         if matches!(
             op,
-            StoreOp::Elect | StoreOp::Fire | StoreOp::Settle | StoreOp::Gauges
+            StoreOp::Elect | StoreOp::Fire | StoreOp::Settle | StoreOp::Gauges | StoreOp::Commit
         ) {
             return self.own_fault(op);
         }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use jobvisor::clock::{Clock as _, ManualClock};
 use jobvisor::{
-    handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobTx, SqliteJobConnection,
+    handler_fn, JobContext, JobError, JobHandler, JobOutcome, JobTx, SqliteJobConnection, TxError,
 };
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -150,6 +150,7 @@ impl Journal {
                             "node": node, "claim": claim, "attempt": ctx.attempt,
                         });
                         let effect = format!("{DONE_EFFECT}{node}/{}", ctx.attempt);
+                        let kept = result.clone();
                         let done = ctx
                             .complete_in_transaction(
                                 async |mut tx: JobTx<'_, SqliteJobConnection>| {
@@ -162,6 +163,17 @@ impl Journal {
                             Ok(outcome) => {
                                 journal.complete(idx);
                                 Ok(outcome)
+                            }
+                            // The commit's answer lost (a store fault): whether it committed,
+                            // the effect record tells — as a careful handler asks it.
+                            Err(TxError::Database(e)) => {
+                                let effects = ctx.effects().await.unwrap_or_default();
+                                if effects.iter().any(|x| x.key == effect) {
+                                    journal.complete(idx);
+                                    JobOutcome::success(kept)
+                                } else {
+                                    Err(JobError::retry(format!("not committed: {e}")))
+                                }
                             }
                             Err(e) => Err(JobError::retry(format!("not committed: {e}"))),
                         }

@@ -2,7 +2,8 @@
 //! [`Store`](crate::store::Store) is asked before each operation of the hot path and the
 //! maintenance path (claim, renew, finalize, enqueue, reclaim — every operation that runs
 //! under the store's statement bound — the leader's election, schedule fires and gauge
-//! turns, and the settles of ended parents' children) what happens to it: nothing, a failure before it applies, an answer lost after it applied
+//! turns, the settles of ended parents' children, and a handler transaction's commit) what
+//! happens to it: nothing, a failure before it applies, an answer lost after it applied
 //! (commit-unknown), an answer that arrives past the operation's bound (the caller sees the
 //! bound's timeout error while the write stood), or a write held and applied later
 //! ([`Late`]: sent in time, landing after its sender's lease or term moved on — the write
@@ -47,6 +48,13 @@ pub enum StoreOp {
     /// A node's take of the database gauges' turn (on a scheduler's node, the leader's,
     /// fenced by its term).
     Gauges,
+    /// The `COMMIT` of a handler's own transaction (`JobContext::transaction`,
+    /// `complete_in_transaction`), its lease guard already applied. It fails before the
+    /// database, loses its answer (commit-unknown: the case effect records exist for) or
+    /// answers late; it is never held ([`Fault::ApplyLate`] loses the answer instead): its
+    /// guard holds the job's row (SQLite's writer) until the commit, so nothing can move the
+    /// lease on before it lands.
+    Commit,
 }
 
 impl StoreOp {
@@ -61,6 +69,7 @@ impl StoreOp {
             Op::Elect => StoreOp::Elect,
             Op::Settle => StoreOp::Settle,
             Op::Gauges => StoreOp::Gauges,
+            Op::Commit => StoreOp::Commit,
         }
     }
 
@@ -76,6 +85,7 @@ impl StoreOp {
             StoreOp::Elect => "elect",
             StoreOp::Settle => "settle",
             StoreOp::Gauges => "gauges",
+            StoreOp::Commit => "commit",
         }
     }
 }

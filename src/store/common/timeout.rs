@@ -28,8 +28,8 @@ use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolError};
 use crate::error::{Error, Result, StoreError};
 
 /// A hot-path operation, named in its timeout error (and a leader's election and schedule
-/// fire, a settle's transaction and a gauge turn's take, which only a test's fault plan
-/// bounds).
+/// fire, a settle's transaction, a gauge turn's take and a handler transaction's commit,
+/// which only a test's fault plan bounds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Claim,
@@ -41,6 +41,7 @@ pub(crate) enum Op {
     Elect,
     Settle,
     Gauges,
+    Commit,
 }
 
 impl Op {
@@ -55,6 +56,7 @@ impl Op {
             Op::Elect => "leader_keep_or_take",
             Op::Settle => "job_settle_children",
             Op::Gauges => "gauges_take_turn",
+            Op::Commit => "handler_tx_commit",
         }
     }
 }
