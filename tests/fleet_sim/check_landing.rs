@@ -6,7 +6,8 @@
 //!   lease just before it, and a progress it wrote — each handler reports its node and
 //!   attempt as it starts (`journal.rs`) — must be the sender's for exactly that attempt. A
 //!   renewal sent in time that lands on the lease of the job's next holder must change
-//!   nothing.
+//!   nothing; nor may one a node sends as it wakes from a stop hidden from its clock
+//!   (`Fleet::resume`), for leases the database let go meanwhile.
 //! * **A settle** (§6 invariant 13: a child is released once): a landing may change only
 //!   children still waiting just before it (their version, as the settle's lock, and their
 //!   state, released or cancelled). A settle sent in time that lands after the sweeper's
@@ -22,8 +23,8 @@ use std::collections::BTreeMap;
 
 use jobvisor::{Job, JobState, Leader, ScheduleInfo};
 
-/// What a landing of `sender`'s held renewal changed wrongly, from the jobs before and
-/// after it.
+/// What a landing of `sender`'s renewal (held, or sent by a node waking from a stop hidden
+/// from its clock) changed wrongly, from the jobs before and after it.
 pub(crate) fn check(sender: &str, before: &[Job], after: &[Job]) -> Vec<String> {
     let was: BTreeMap<i64, &Job> = before.iter().map(|j| (j.id.0, j)).collect();
     let mut problems = Vec::new();
@@ -52,7 +53,7 @@ pub(crate) fn check(sender: &str, before: &[Job], after: &[Job]) -> Vec<String> 
         };
         if !sender_held || (progressed && !reported.as_ref().is_some_and(own)) {
             problems.push(format!(
-                "renewal: {sender}'s held renewal landed on job {}, {} attempt {} held by \
+                "renewal: {sender}'s renewal landed on job {}, {} attempt {} held by \
                  {holder:?}, and changed its {} (progress now {reported:?})",
                 j.id.0,
                 old.state,

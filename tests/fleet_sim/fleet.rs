@@ -28,7 +28,7 @@ use jobvisor::testing::{
     sim_config, FlushFinalizations, GetFetcherStatus, GetLeaseManagerStatus, Simulation,
     StoreEngine as _, StoreOp,
 };
-use jobvisor::{Job, ListParams, Store, StoreOptions};
+use jobvisor::{Job, JobState, ListParams, Store, StoreOptions};
 use tokio::sync::broadcast;
 
 use crate::clock::{NodeClock, MAX_JUMP_S, MAX_RATE_PPM};
@@ -83,8 +83,9 @@ pub(crate) struct Node {
 pub(crate) enum Wake {
     /// One of its waiting handlers returns.
     Handler,
-    /// Every one of its waiting handlers returns, one after the other (a virtual machine
-    /// resumed with its handlers mid-way: `run.rs`'s long stop).
+    /// Every one of its waiting handlers returns, one after the other, then its renewal goes
+    /// out, checked as it lands (a virtual machine resumed with its handlers mid-way:
+    /// `run.rs`'s long stop).
     Handlers,
     /// Its renewal goes out.
     Renewal,
@@ -300,6 +301,30 @@ impl Fleet {
                     ));
                     self.settle(log).await;
                 }
+                // Then its overdue renewal, of leases it still believes in: what it changes
+                // is checked as a held renewal's landing is (`check_landing.rs`).
+                let before = self.all_jobs().await;
+                let r = self.nodes[i].sim.renew().await;
+                let after = self.all_jobs().await;
+                // Only jobs running under one same holder throughout: the node's own actors
+                // claim and finish jobs meanwhile (its handlers' ends freed their workers).
+                let owner = |j: &Job| j.lease.as_ref().map(|l| l.owner.to_string());
+                let same: BTreeMap<i64, Option<String>> =
+                    before.iter().map(|j| (j.id.0, owner(j))).collect();
+                let after: Vec<Job> = after
+                    .into_iter()
+                    .filter(|j| {
+                        j.state == JobState::Running
+                            && same.get(&j.id.0).is_some_and(|o| *o == owner(j))
+                    })
+                    .collect();
+                self.violations
+                    .extend(crate::check_landing::check(&name, &before, &after));
+                log.line(format!(
+                    "{at}: {name}'s renewal → renewed {} lost {}",
+                    r.renewed, r.lost
+                ));
+                self.settle(log).await;
             }
             Wake::Renewal => {
                 // Timers overdue together fire in any order: a renewal of leases whose
