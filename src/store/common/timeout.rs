@@ -41,6 +41,8 @@ pub(crate) enum Op {
     Elect,
     Settle,
     Gauges,
+    /// Only a test build's fault plan sees a handler transaction's commit.
+    #[cfg(feature = "test-util")]
     Commit,
 }
 
@@ -56,6 +58,7 @@ impl Op {
             Op::Elect => "leader_keep_or_take",
             Op::Settle => "job_settle_children",
             Op::Gauges => "gauges_take_turn",
+            #[cfg(feature = "test-util")]
             Op::Commit => "handler_tx_commit",
         }
     }
